@@ -1,0 +1,39 @@
+# The two commands of the README: `make run` and `make test`.
+# Everything is installed into .venv; system packages come from scripts/system-packages.sh.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/nautilus $(if $(CONFIG),--config $(CONFIG),)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	bash scripts/system-packages.sh mosquitto
+	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .hypothesis

@@ -1,0 +1,1 @@
+"""event_relay: placeholder package; built in a later issue (see issues)."""

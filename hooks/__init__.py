@@ -1,0 +1,1 @@
+"""hooks: placeholder package; built in a later issue (see issues)."""

@@ -1,0 +1,1 @@
+"""plugins: placeholder package; built in a later issue (see issues)."""

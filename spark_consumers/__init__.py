@@ -1,0 +1,1 @@
+"""spark_consumers: placeholder package; built in a later issue (see issues)."""
