@@ -1,0 +1,132 @@
+# The incremental decoder: bytes in, in any chunking; packets out.
+#
+# Theory of operation: `receive_data` appends to one buffer; `next_packet` reads the fixed
+# header, checks the remaining length against `max_packet_size` before waiting for the body
+# (so an oversized packet is refused without buffering it), slices the body out once and
+# hands it to the reader for its type. Which packet types may arrive, and when, is the
+# table in _state.py. After an error the decoder is broken for good: a stream that lost
+# framing cannot be trusted again.
+from __future__ import annotations
+
+from typing import Literal
+
+from ._errors import ProtocolError, RemoteProtocolError, malformed, protocol_error
+from ._events import Connect, Packet
+from ._readers import READERS, REQUIRED_FLAGS
+from ._reasons import ReasonCode
+from ._state import allowed_types
+
+MAX_PACKET_SIZE = 268_435_460  # 1 + 4 byte varint + the largest remaining length
+
+
+class Decoder:
+    """Decodes the packets of one connection.
+
+    Args:
+        role: "server" decodes what clients send; "client" what servers send.
+        protocol_level: 3, 4 or 5; for a server it is set by the CONNECT packet.
+        max_packet_size: the largest whole packet accepted (0x95 beyond it).
+    """
+
+    __slots__ = (
+        "_allowed",
+        "_buffer",
+        "_error",
+        "_pos",
+        "max_packet_size",
+        "protocol_level",
+        "role",
+    )
+
+    def __init__(
+        self,
+        role: Literal["server", "client"] = "server",
+        protocol_level: int | None = None,
+        max_packet_size: int = MAX_PACKET_SIZE,
+    ) -> None:
+        if role == "client" and protocol_level is None:
+            raise ValueError("a client decoder needs the protocol level it connected with")
+        self.role = role
+        self.protocol_level = protocol_level
+        self.max_packet_size = max_packet_size
+        self._buffer = bytearray()
+        self._pos = 0
+        self._error: ProtocolError | None = None
+        self._allowed = allowed_types(role, protocol_level)
+
+    def receive_data(self, data: bytes) -> None:
+        if self._pos:
+            del self._buffer[: self._pos]
+            self._pos = 0
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet decoded (a partial packet)."""
+        return len(self._buffer) - self._pos
+
+    def next_packet(self) -> Packet | None:
+        """The next complete packet, or None until more bytes arrive.
+
+        Raises:
+            RemoteProtocolError: the bytes break the protocol; its reason_code says how.
+        """
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next_packet()
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+
+    def _next_packet(self) -> Packet | None:
+        buf = self._buffer
+        pos = self._pos
+        end = len(buf)
+        if end - pos < 2:
+            return None
+        first = buf[pos]
+        # Remaining length: a variable byte integer of at most four bytes [MQTT-1.5.5].
+        length = 0
+        shift = 0
+        i = pos + 1
+        while True:
+            if i >= end:
+                return None
+            byte = buf[i]
+            length |= (byte & 0x7F) << shift
+            i += 1
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift == 28:
+                raise malformed("remaining length longer than four bytes")
+        if i - pos + length > self.max_packet_size:
+            raise RemoteProtocolError(
+                f"packet of {i - pos + length} bytes exceeds the maximum of {self.max_packet_size}",
+                ReasonCode.PACKET_TOO_LARGE,
+            )
+        if end - i < length:
+            return None
+        self._pos = i + length
+        packet_type = first >> 4
+        if packet_type not in self._allowed:
+            raise self._unexpected(packet_type)
+        flags = first & 0x0F
+        required = REQUIRED_FLAGS.get(packet_type)
+        if required is not None and flags != required:
+            raise malformed(f"invalid fixed header flags {flags:#x} [MQTT-2.1.3-1]")
+        packet = READERS[packet_type](flags, bytes(buf[i : i + length]), self.protocol_level)
+        if type(packet) is Connect:
+            self.protocol_level = packet.protocol_level
+            self._allowed = allowed_types(self.role, self.protocol_level)
+        return packet
+
+    def _unexpected(self, packet_type: int) -> RemoteProtocolError:
+        if packet_type == 0:
+            return malformed("packet type 0 is reserved")
+        if self.protocol_level is None:
+            return protocol_error(f"packet type {packet_type} before CONNECT [MQTT-3.1.0-1]")
+        if packet_type == 1:
+            return protocol_error("second CONNECT on one connection [MQTT-3.1.0-2]")
+        return protocol_error(f"packet type {packet_type} is not sent to a {self.role}")
