@@ -1,0 +1,69 @@
+"""The `nautilus` command (also `python -m broker`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from broker import __version__
+from broker.config import ConfigError, load_config
+
+log = logging.getLogger("nautilus")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="nautilus", description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker."
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
+    parser.add_argument("--version", action="version", version=f"nautilus {__version__}")
+    return parser.parse_args(argv)
+
+
+async def serve(config) -> None:
+    from broker.server import Broker
+
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await broker.start()
+    try:
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"nautilus: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional: plain asyncio works, only slower
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(serve(config))
+    except OSError as exc:  # e.g. the listener's port is taken
+        print(f"nautilus: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

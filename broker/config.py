@@ -1,0 +1,209 @@
+"""Configuration: one TOML file, every key with a default, environment overrides.
+
+The schema below is the single source of truth: each section is a dataclass whose fields
+are the keys, with their defaults. `docs/configuration.md` documents the same keys; a test
+keeps the two in step. Unknown keys and bad values raise `ConfigError` naming the key, so
+start-up fails with one clear line.
+
+Environment variables override keys: `NAUTILUS_BROKER__ALLOW_ANONYMOUS=false` sets
+`broker.allow_anonymous`. Values are parsed as TOML values where they parse, else taken as
+strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+ENV_PREFIX = "NAUTILUS_"
+_DURATION = re.compile(r"^(\d+)\s*([smhdw]?)$")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class ConfigError(ValueError):
+    """A config file, key or value that cannot be used; the message names it."""
+
+
+class Duration(int):
+    """Seconds, given as an integer or a string such as "30s", "5m", "1h", "1d", "1w"."""
+
+
+@dataclass(slots=True)
+class BrokerSettings:
+    allow_anonymous: bool = True
+    max_client_id_size: int = 100
+    connect_timeout: Duration = 10  # type: ignore[assignment]
+    max_inflight_messages: int = 20
+    max_online_messages: int = 1000
+    max_offline_messages: int = 1000
+    queue_type: Literal["fifo", "lifo"] = "fifo"
+    max_message_size: int = 0
+    persistent_client_expiration: Duration = 0  # type: ignore[assignment]
+    receive_max_broker: int = 65535
+
+
+@dataclass(slots=True)
+class ListenerSettings:
+    type: Literal["tcp"] = "tcp"
+    address: str = "127.0.0.1:1883"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+@dataclass(slots=True)
+class StoreSettings:
+    backend: Literal["leveldb", "memory"] = "leveldb"
+    path: str = "./data"
+
+
+@dataclass(slots=True)
+class LogSettings:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(slots=True)
+class Config:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    listeners: list[ListenerSettings] = field(default_factory=lambda: [ListenerSettings()])
+    store: StoreSettings = field(default_factory=StoreSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+# Keys whose value must satisfy more than its type says.
+_NON_NEGATIVE = {"max_client_id_size", "max_inflight_messages", "max_message_size"}
+_AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
+
+
+def load_config(path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the TOML file at `path` (defaults only when None) and apply env overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    _apply_environment(data, os.environ if environ is None else environ)
+    return config_from_dict(data)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> Config:
+    """Build a validated Config from parsed TOML (sections as dicts)."""
+    return validate(_build(Config, data, ""))
+
+
+def _apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if section == "listeners":
+            raise ConfigError(f"{name}: listeners cannot be set from the environment")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"{name}: [{section}] is not a section")
+        data[section][key] = value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or 'config'}: expected a table, got {_kind(data)}")
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            name = f"{where}.{key}" if where else key
+            raise ConfigError(f"unknown config key {name!r}")
+    values = {}
+    for key, value in data.items():
+        name = f"{where}.{key}" if where else key
+        values[key] = _convert(hints[key], value, name)
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, name: str) -> Any:
+    origin = get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, name)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected an array of tables, got {_kind(value)}")
+        (item,) = get_args(hint)
+        return [_convert(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{name}: {value!r} is not one of {allowed}")
+        return value
+    if hint is Duration:
+        return _duration(value, name)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        return _integer(value, name)
+    if not isinstance(value, hint):
+        raise ConfigError(f"{name}: expected {hint.__name__}, got {_kind(value)}")
+    return value
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    key = name.rpartition(".")[2]
+    if key in _NON_NEGATIVE and value < 0:
+        raise ConfigError(f"{name}: must be 0 or more, got {value}")
+    if key in _AT_LEAST_MINUS_ONE and value < -1:
+        raise ConfigError(f"{name}: must be -1 (no limit) or more, got {value}")
+    if key == "receive_max_broker" and not 1 <= value <= 65535:
+        raise ConfigError(f"{name}: must be between 1 and 65535, got {value}")
+    return value
+
+
+def _duration(value: Any, name: str) -> Duration:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return Duration(value)
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ConfigError(f"{name}: expected seconds or a duration like '30s', '1h', got {value!r}")
+    return Duration(int(match[1]) * _DURATION_UNITS[match[2]])
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def validate(config: Config) -> Config:
+    """Cross-key checks that a single value cannot show."""
+    for i, listener in enumerate(config.listeners):
+        try:
+            _, port = listener.host_port
+        except ValueError:
+            port = -1
+        if not 0 <= port <= 65535:
+            raise ConfigError(
+                f"listeners[{i}].address: expected 'host:port', got {listener.address!r}"
+            )
+    if not config.listeners:
+        raise ConfigError("listeners: at least one listener is needed")
+    return config

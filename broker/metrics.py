@@ -1,0 +1,33 @@
+"""Broker counters, named as VerneMQ names its metrics (see docs/operations.md).
+
+Plain integer attributes: incrementing one is the cheapest thing Python can do on the hot
+path. Readers (the $SYS tree and /metrics of later issues, tests) call `snapshot()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class Metrics:
+    socket_open: int = 0
+    socket_close: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    mqtt_connect_received: int = 0
+    mqtt_connack_sent: int = 0
+    mqtt_publish_received: int = 0
+    mqtt_publish_sent: int = 0
+    mqtt_subscribe_received: int = 0
+    mqtt_unsubscribe_received: int = 0
+    mqtt_invalid_msg_size_error: int = 0
+    mqtt_protocol_error: int = 0  # malformed or illegal packets; the connection is closed
+    client_keepalive_expired: int = 0
+    queue_message_in: int = 0
+    queue_message_out: int = 0
+    queue_message_drop: int = 0
+    queue_message_unhandled: int = 0  # QoS 0 messages for an offline session
+
+    def snapshot(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,106 @@
+"""Client id -> session: takeover, clean start, session expiry and delayed wills.
+
+The lifetime rules, MQTT 5 wording (MQTT 3 maps clean session on to expiry 0 and off to
+`persistent_client_expiration`, 0 meaning never):
+- A CONNECT for a client id that is connected takes the session over: the old connection
+  is closed (MQTT 5: DISCONNECT 0x8E) [MQTT-3.1.4-3].
+- Clean start discards an existing session; otherwise the session resumes and a will still
+  waiting for its delay is cancelled [MQTT-3.1.2-4/5, 3.1.3.2.2].
+- When the connection ends the session lives on for its expiry interval; its will is
+  published after min(will delay, session expiry), or at once when the session ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from broker.session import Session
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.server import Broker
+
+log = logging.getLogger("nautilus.registry")
+
+
+class Registry:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.sessions: dict[str, Session] = {}
+
+    def connect(
+        self, connection: Connection, client_id: str, clean_start: bool, expiry: int | None
+    ) -> tuple[Session, bool]:
+        """Attach `connection` to its session; returns (session, session_present)."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            old = session.connection
+            old.take_over()
+            self._release(old)
+            session = self.sessions.get(client_id)
+        if session is not None:
+            if session.expiry_timer is not None:
+                session.expiry_timer.cancel()
+                session.expiry_timer = None
+            if clean_start:
+                self.end(session)
+                session = None
+            elif session.pending_will is not None:
+                session.pending_will[0].cancel()
+                session.pending_will = None
+        present = session is not None
+        if session is None:
+            session = self.broker.new_session(client_id)
+            self.sessions[client_id] = session
+        session.expiry = expiry
+        return session, present
+
+    def disconnected(self, connection: Connection) -> None:
+        session = connection.session
+        if session is not None and session.connection is connection:
+            self._release(connection)
+
+    def _release(self, connection: Connection) -> None:
+        session = connection.session
+        connection.session = None
+        session.detach()
+        will, connection.will = connection.will, None
+        if session.expiry == 0:
+            if will is not None:
+                self.broker.publish(will)
+            self.end(session)
+            return
+        if will is not None:
+            delay = connection.will_delay
+            if session.expiry is not None:
+                delay = min(delay, session.expiry)
+            if delay:
+                timer = self.broker.loop.call_later(delay, self._publish_will, session)
+                session.pending_will = (timer, will)
+            else:
+                self.broker.publish(will)
+        if session.expiry is not None:
+            session.expiry_timer = self.broker.loop.call_later(session.expiry, self.end, session)
+
+    def _publish_will(self, session: Session) -> None:
+        _, will = session.pending_will
+        session.pending_will = None
+        self.broker.publish(will)
+
+    def end(self, session: Session) -> None:
+        """The session is over: publish a will still pending, forget its state."""
+        if session.pending_will is not None:
+            timer, will = session.pending_will
+            timer.cancel()
+            session.pending_will = None
+            self.broker.publish(will)
+        if session.expiry_timer is not None:
+            session.expiry_timer.cancel()
+            session.expiry_timer = None
+        for topic_filter in list(session.subscriptions):
+            self.broker.unsubscribe(session, topic_filter)
+        session.queue.clear()
+        session.inflight.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]

@@ -1,0 +1,27 @@
+"""Retained messages: the last retained message per topic [MQTT-3.3.1-5..7]."""
+
+from __future__ import annotations
+
+from broker.message import Message
+from broker.topics import topic_matches
+
+
+class RetainedMessages:
+    def __init__(self) -> None:
+        self._by_topic: dict[str, Message] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_topic)
+
+    def update(self, message: Message) -> None:
+        """Store, replace, or (empty payload) clear the topic's retained message."""
+        if message.payload:
+            self._by_topic[message.topic] = message
+        else:
+            self._by_topic.pop(message.topic, None)
+
+    def matching(self, topic_filter: str) -> list[Message]:
+        if "+" not in topic_filter and "#" not in topic_filter:
+            message = self._by_topic.get(topic_filter)
+            return [message] if message is not None else []
+        return [m for t, m in self._by_topic.items() if topic_matches(topic_filter, t)]

@@ -1,0 +1,115 @@
+"""The Broker: owns the listeners, the registry, the router and retained messages.
+
+Routing lives here because it joins those parts: `publish` updates retained messages,
+matches the topic in the router and offers the message to each matching session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from broker.config import Config
+from broker.connection import Connection
+from broker.message import Message
+from broker.metrics import Metrics
+from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
+from broker.registry import Registry
+from broker.retain import RetainedMessages
+from broker.router import Router, SubOptions
+from broker.session import Session
+
+log = logging.getLogger("nautilus")
+
+MQTT5 = 5
+
+
+class Broker:
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.config = config
+        self.settings = config.broker
+        self.loop = loop or asyncio.get_running_loop()
+        self.metrics = Metrics()
+        self.router = Router()
+        self.retained = RetainedMessages()
+        self.registry = Registry(self)
+        self.connections: set[Connection] = set()
+        self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
+        self.connack_properties = self._connack_properties()
+        self.listening: list[tuple[str, int]] = []
+        self._servers: list[asyncio.Server] = []
+
+    def _connack_properties(self) -> dict:
+        """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
+        props = {
+            Property.RECEIVE_MAXIMUM: self.settings.receive_max_broker,
+            Property.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+        }
+        if self.settings.max_message_size:
+            props[Property.MAXIMUM_PACKET_SIZE] = self.settings.max_message_size
+        return props
+
+    async def start(self) -> None:
+        for listener in self.config.listeners:
+            host, port = listener.host_port
+            server = await self.loop.create_server(
+                lambda: Connection(self), host, port, reuse_address=True, backlog=4096
+            )
+            self._servers.append(server)
+            address = server.sockets[0].getsockname()[:2]
+            self.listening.append(address)
+            log.info("listening for MQTT on %s:%s (%s)", *address, listener.type)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close(ReasonCode.SERVER_SHUTTING_DOWN)
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+    def new_session(self, client_id: str) -> Session:
+        s = self.settings
+        return Session(
+            client_id,
+            max_inflight=s.max_inflight_messages,
+            max_online=s.max_online_messages,
+            max_offline=s.max_offline_messages,
+            lifo=s.queue_type == "lifo",
+            metrics=self.metrics,
+        )
+
+    def publish(self, message: Message) -> None:
+        """Route one message to every matching session (and keep it if retained)."""
+        if message.retain:
+            self.retained.update(message)
+        sender = message.sender
+        qos = message.qos
+        retain = message.retain
+        for route in self.router.match(message.topic):
+            session = route.subscriber
+            if route.no_local and session.client_id == sender:
+                route = route.without_no_local()  # [MQTT-3.8.3-3]
+                if route is None:
+                    continue
+            session.deliver(
+                message,
+                qos if qos < route.qos else route.qos,
+                retain and route.retain_as_published,
+                route.subscription_ids,
+            )
+
+    def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
+        session.subscriptions[topic_filter] = options
+        return self.router.subscribe(session, topic_filter, options)
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        session.subscriptions.pop(topic_filter, None)
+        return self.router.unsubscribe(session, topic_filter)
+
+    def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:
+        """Retained messages for a new subscription, with the retain flag set [MQTT-3.3.1-6]."""
+        sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
+        for message in self.retained.matching(topic_filter):
+            session.deliver(message, min(message.qos, options.qos), True, sub_ids)

@@ -1,0 +1,194 @@
+"""One client's session: subscriptions, the outbound queue and in-flight window, packet ids.
+
+A Session outlives its network connections when the client asked for a persistent session
+(MQTT 3: clean session off; MQTT 5: a session expiry interval). While no connection is
+attached, QoS 1/2 messages wait in the queue and QoS 0 messages are discarded, as VerneMQ
+does. The queue is bounded: `max_online_messages` while connected, `max_offline_messages`
+while not (-1: no limit). When it is full a fifo queue drops the new message, a lifo queue
+the oldest; a lifo queue delivers newest first.
+
+Outbound QoS 1/2 messages get a packet id and stay in `inflight` until acknowledged; at
+most `window` are in flight [MQTT-4.9.0-2]. Unacknowledged ones are sent again, with DUP,
+when the session resumes on a new connection [MQTT-4.4.0-1].
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING
+
+from broker.message import Message
+from broker.protocol import PubRel, ReasonCode
+from broker.router import SubOptions
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.metrics import Metrics
+
+# A message waiting for delivery: (message, qos, retain flag, subscription ids).
+Delivery = tuple[Message, int, bool, tuple[int, ...]]
+
+AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
+AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
+
+
+class Session:
+    __slots__ = (
+        "_next_id",
+        "client_id",
+        "connection",
+        "expiry",
+        "expiry_timer",
+        "inflight",
+        "lifo",
+        "max_inflight",
+        "max_offline",
+        "max_online",
+        "metrics",
+        "pending_will",
+        "queue",
+        "received_qos2",
+        "subscriptions",
+        "window",
+    )
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        max_inflight: int,
+        max_online: int,
+        max_offline: int,
+        lifo: bool,
+        metrics: Metrics,
+    ) -> None:
+        self.client_id = client_id
+        self.connection: Connection | None = None
+        self.subscriptions: dict[str, SubOptions] = {}
+        self.queue: deque[Delivery] = deque()
+        self.inflight: dict[int, list] = {}  # packet id -> [Delivery, state]
+        self.received_qos2: set[int] = set()  # inbound QoS 2 ids awaiting PUBREL
+        self.max_inflight = max_inflight or 65535  # 0 means no limit
+        self.window = self.max_inflight
+        self.max_online = max_online
+        self.max_offline = max_offline
+        self.lifo = lifo
+        self.metrics = metrics
+        self.expiry: int | None = 0  # seconds after disconnect; None: never expires
+        self.expiry_timer = None
+        self.pending_will: tuple[asyncio.TimerHandle, Message] | None = None
+        self._next_id = 1
+
+    def __repr__(self) -> str:
+        return f"<Session {self.client_id!r} online={self.connection is not None}>"
+
+    # -- attaching connections ---------------------------------------------------------
+
+    def attach(self, connection: Connection, receive_maximum: int) -> None:
+        """Resume on a new connection: resend what was in flight, then drain the queue."""
+        self.connection = connection
+        self.window = min(self.max_inflight, receive_maximum)
+        for packet_id, entry in self.inflight.items():
+            (message, qos, retain, sub_ids), state = entry
+            if state == AWAITING_ACK:
+                template = message.template(connection.protocol_level, qos, retain, sub_ids)
+                connection.write(template.with_packet_id(packet_id, dup=True))
+            else:
+                connection.send(PubRel(packet_id))
+        self.drain()
+
+    def detach(self) -> None:
+        self.connection = None
+
+    # -- outbound messages -------------------------------------------------------------
+
+    def deliver(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
+        """Offer one routed message to this session (the hot path of fan-out)."""
+        connection = self.connection
+        if connection is None:
+            if qos == 0:
+                self.metrics.queue_message_unhandled += 1
+                return
+            self._enqueue((message, qos, retain, sub_ids), self.max_offline)
+            return
+        if (
+            not self.queue
+            and connection.writable
+            and (qos == 0 or len(self.inflight) < self.window)
+        ):
+            self._send(connection, message, qos, retain, sub_ids)
+        else:
+            self._enqueue((message, qos, retain, sub_ids), self.max_online)
+
+    def _enqueue(self, delivery: Delivery, limit: int) -> None:
+        queue = self.queue
+        if 0 <= limit <= len(queue):
+            self.metrics.queue_message_drop += 1
+            if not self.lifo or not queue:
+                return  # fifo: tail drop, the new message is lost
+            queue.popleft()  # lifo: the oldest makes room
+        queue.append(delivery)
+        self.metrics.queue_message_in += 1
+
+    def _send(
+        self,
+        connection: Connection,
+        message: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+    ) -> None:
+        template = message.template(connection.protocol_level, qos, retain, sub_ids)
+        if qos == 0:
+            connection.write(template.data)
+        else:
+            packet_id = self._allocate_packet_id()
+            self.inflight[packet_id] = [(message, qos, retain, sub_ids), AWAITING_ACK]
+            connection.write(template.with_packet_id(packet_id))
+        self.metrics.queue_message_out += 1
+
+    def drain(self) -> None:
+        """Move queued messages to the connection while the window and transport allow."""
+        connection = self.connection
+        queue = self.queue
+        pop = queue.pop if self.lifo else queue.popleft
+        while queue and connection is not None and connection.writable:
+            message, qos, retain, sub_ids = queue[-1] if self.lifo else queue[0]
+            if qos and len(self.inflight) >= self.window:
+                return
+            pop()
+            self._send(connection, message, qos, retain, sub_ids)
+
+    def _allocate_packet_id(self) -> int:
+        packet_id = self._next_id
+        while packet_id in self.inflight:
+            packet_id = packet_id % 65535 + 1
+        self._next_id = packet_id % 65535 + 1
+        return packet_id
+
+    # -- acknowledgements from the client ----------------------------------------------
+
+    def on_puback(self, packet_id: int) -> None:
+        entry = self.inflight.get(packet_id)
+        if entry is not None and entry[0][1] == 1:
+            del self.inflight[packet_id]
+            self.drain()
+
+    def on_pubrec(self, packet_id: int, reason_code: int) -> int:
+        """Returns the reason code for our PUBREL [MQTT-4.3.3]."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry[0][1] != 2:
+            return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
+            del self.inflight[packet_id]
+            self.drain()
+            return -1
+        entry[1] = AWAITING_COMP
+        return ReasonCode.SUCCESS
+
+    def on_pubcomp(self, packet_id: int) -> None:
+        entry = self.inflight.get(packet_id)
+        if entry is not None and entry[1] == AWAITING_COMP:
+            del self.inflight[packet_id]
+            self.drain()

@@ -1,0 +1,40 @@
+"""Topic names and topic filters: validation rules of MQTT section 4.7."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+def valid_topic_name(topic: str, max_depth: int = 0) -> bool:
+    """A PUBLISH topic: non-empty, no wildcards [MQTT-4.7.3-1, MQTT-3.3.2-2]."""
+    if not topic or "+" in topic or "#" in topic:
+        return False
+    return not max_depth or topic.count("/") < max_depth
+
+
+@lru_cache(maxsize=4096)
+def valid_topic_filter(topic_filter: str) -> bool:
+    """A SUBSCRIBE filter: '+' alone in its level, '#' alone and last [MQTT-4.7.1-1/2]."""
+    if not topic_filter:
+        return False
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether a topic name matches a filter, with the '$' rule [MQTT-4.7.2-1]."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    filter_levels = topic_filter.split("/")
+    topic_levels = topic.split("/")
+    for i, level in enumerate(filter_levels):
+        if level == "#":
+            return True
+        if i >= len(topic_levels) or (level != "+" and level != topic_levels[i]):
+            return False
+    return len(filter_levels) == len(topic_levels)
