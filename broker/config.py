@@ -62,6 +62,7 @@ class ListenerSettings:
 class StoreSettings:
     backend: Literal["leveldb", "memory"] = "leveldb"
     path: str = "./data"
+    sync: bool = True
 
 
 @dataclass(slots=True)

@@ -126,6 +126,10 @@ class Connection(asyncio.Protocol):
             self.broker.metrics.mqtt_protocol_error += 1
             log.info("%s: protocol error: %s", self._name(), exc)
             self.close(exc.reason_code)
+        except Exception:
+            # A bug of ours: this connection ends, the broker and everyone else go on.
+            log.exception("%s: internal error; closing the connection", self._name())
+            self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True

@@ -54,7 +54,17 @@ class Registry:
             session = self.broker.new_session(client_id)
             self.sessions[client_id] = session
         session.expiry = expiry
+        if expiry == 0:
+            self.broker.store.delete_session(client_id)
+        else:
+            self.broker.save_session(session)
         return session, present
+
+    def adopt(self, session: Session, expires_in: float | None) -> None:
+        """Register an offline session restored from the store."""
+        self.sessions[session.client_id] = session
+        if expires_in is not None:
+            session.expiry_timer = self.broker.loop.call_later(expires_in, self.end, session)
 
     def disconnected(self, connection: Connection) -> None:
         session = connection.session
@@ -65,6 +75,7 @@ class Registry:
         session = connection.session
         connection.session = None
         session.detach()
+        self.broker.save_session(session)
         will, connection.will = connection.will, None
         if session.expiry == 0:
             if will is not None:
@@ -102,5 +113,6 @@ class Registry:
             self.broker.unsubscribe(session, topic_filter)
         session.queue.clear()
         session.inflight.clear()
+        self.broker.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]

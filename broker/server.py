@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from broker.config import Config
 from broker.connection import Connection
@@ -18,6 +19,7 @@ from broker.registry import Registry
 from broker.retain import RetainedMessages
 from broker.router import Router, SubOptions
 from broker.session import Session
+from broker.store import SessionRecord, open_store
 
 log = logging.getLogger("nautilus")
 
@@ -33,6 +35,7 @@ class Broker:
         self.router = Router()
         self.retained = RetainedMessages()
         self.registry = Registry(self)
+        self.store = open_store(config.store, self.loop)
         self.connections: set[Connection] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
@@ -50,6 +53,7 @@ class Broker:
         return props
 
     async def start(self) -> None:
+        self._restore()
         for listener in self.config.listeners:
             host, port = listener.host_port
             server = await self.loop.create_server(
@@ -65,9 +69,46 @@ class Broker:
             server.close()
         for connection in list(self.connections):
             connection.close(ReasonCode.SERVER_SHUTTING_DOWN)
+            self.registry.disconnected(connection)  # sessions go offline (and to the store) now
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        self.store.close()
+
+    def _restore(self) -> None:
+        """Load retained messages and persistent sessions a previous run stored."""
+        for message in self.store.load_retained():
+            self.retained.update(message)
+        now = time.time()
+        for record in self.store.load_sessions():
+            remaining = None
+            if record.expiry is not None:
+                remaining = record.offline_since + record.expiry - now
+                if remaining <= 0:
+                    self.store.delete_session(record.client_id)
+                    continue
+            session = self.new_session(record.client_id)
+            session.expiry = record.expiry
+            for topic_filter, options in record.subscriptions.items():
+                session.subscriptions[topic_filter] = options
+                self.router.subscribe(session, topic_filter, options)
+            session.restore(record.queue)
+            self.registry.adopt(session, remaining)
+        if self.registry.sessions or len(self.retained):
+            log.info(
+                "restored %d sessions and %d retained messages",
+                len(self.registry.sessions),
+                len(self.retained),
+            )
+
+    def save_session(self, session: Session) -> None:
+        """Write a persistent session's record (not its queue) to the store."""
+        if self.store.persistent and session.expiry != 0:
+            offline_since = time.time() if session.connection is None else 0.0
+            record = SessionRecord(
+                session.client_id, session.expiry, offline_since, dict(session.subscriptions)
+            )
+            self.store.put_session(record)
 
     def new_session(self, client_id: str) -> Session:
         s = self.settings
@@ -78,12 +119,17 @@ class Broker:
             max_offline=s.max_offline_messages,
             lifo=s.queue_type == "lifo",
             metrics=self.metrics,
+            store=self.store,
         )
 
     def publish(self, message: Message) -> None:
         """Route one message to every matching session (and keep it if retained)."""
         if message.retain:
             self.retained.update(message)
+            if message.payload:
+                self.store.put_retained(message)
+            else:
+                self.store.delete_retained(message.topic)
         sender = message.sender
         qos = message.qos
         retain = message.retain
@@ -102,10 +148,12 @@ class Broker:
 
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
         session.subscriptions[topic_filter] = options
+        self.save_session(session)
         return self.router.subscribe(session, topic_filter, options)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
-        session.subscriptions.pop(topic_filter, None)
+        if session.subscriptions.pop(topic_filter, None) is not None:
+            self.save_session(session)
         return self.router.unsubscribe(session, topic_filter)
 
     def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:

@@ -25,6 +25,7 @@ from broker.router import SubOptions
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.metrics import Metrics
+    from broker.store import MessageStore
 
 # A message waiting for delivery: (message, qos, retain flag, subscription ids).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
@@ -36,6 +37,7 @@ AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
 class Session:
     __slots__ = (
         "_next_id",
+        "_next_seq",
         "client_id",
         "connection",
         "expiry",
@@ -49,6 +51,8 @@ class Session:
         "pending_will",
         "queue",
         "received_qos2",
+        "store",
+        "stored_seqs",
         "subscriptions",
         "window",
     )
@@ -62,6 +66,7 @@ class Session:
         max_offline: int,
         lifo: bool,
         metrics: Metrics,
+        store: MessageStore,
     ) -> None:
         self.client_id = client_id
         self.connection: Connection | None = None
@@ -79,6 +84,11 @@ class Session:
         self.expiry_timer = None
         self.pending_will: tuple[asyncio.TimerHandle, Message] | None = None
         self._next_id = 1
+        # While offline, a persistent session's queue is mirrored in the store; these are
+        # the store's sequence numbers of the queued messages, in queue order.
+        self.store = store
+        self.stored_seqs: deque[int] = deque()
+        self._next_seq = 0
 
     def __repr__(self) -> str:
         return f"<Session {self.client_id!r} online={self.connection is not None}>"
@@ -89,6 +99,9 @@ class Session:
         """Resume on a new connection: resend what was in flight, then drain the queue."""
         self.connection = connection
         self.window = min(self.max_inflight, receive_maximum)
+        if self.store.persistent and self.expiry != 0:
+            self.store.clear_queue(self.client_id)  # the queue lives in memory again
+            self.stored_seqs.clear()
         for packet_id, entry in self.inflight.items():
             (message, qos, retain, sub_ids), state = entry
             if state == AWAITING_ACK:
@@ -99,7 +112,27 @@ class Session:
         self.drain()
 
     def detach(self) -> None:
+        """Go offline. A persistent session's undelivered messages are written to the store."""
         self.connection = None
+        if self.store.persistent and self.expiry != 0:
+            for delivery, _ in self.inflight.values():
+                self._store(delivery)
+            self.stored_seqs.clear()  # only queued messages can be dropped while offline
+            for delivery in self.queue:
+                self._store(delivery)
+
+    def _store(self, delivery: Delivery) -> None:
+        seq = self._next_seq
+        self._next_seq += 1
+        self.store.enqueue(self.client_id, seq, delivery)
+        self.stored_seqs.append(seq)
+
+    def restore(self, queue: list[tuple[int, Delivery]]) -> None:
+        """Take back the offline queue a previous run of the broker stored."""
+        for seq, delivery in queue:
+            self.queue.append(delivery)
+            self.stored_seqs.append(seq)
+        self._next_seq = queue[-1][0] + 1 if queue else 0
 
     # -- outbound messages -------------------------------------------------------------
 
@@ -128,8 +161,12 @@ class Session:
             if not self.lifo or not queue:
                 return  # fifo: tail drop, the new message is lost
             queue.popleft()  # lifo: the oldest makes room
+            if self.stored_seqs:
+                self.store.dequeue(self.client_id, self.stored_seqs.popleft())
         queue.append(delivery)
         self.metrics.queue_message_in += 1
+        if self.connection is None and self.store.persistent and self.expiry != 0:
+            self._store(delivery)
 
     def _send(
         self,

@@ -1,0 +1,26 @@
+"""Message stores: where retained messages and persistent sessions outlive the process.
+
+`open_store(settings, loop)` returns the backend named by `[store] backend`:
+- "memory": nothing is written; a restart starts empty.
+- "leveldb": retained messages, persistent sessions (their subscriptions and expiry) and
+  the messages queued for them while offline are kept in LevelDB under `[store] path`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.config import StoreSettings
+from broker.store.base import MessageStore, SessionRecord
+from broker.store.memory import MemoryStore
+
+
+def open_store(settings: StoreSettings, loop: asyncio.AbstractEventLoop) -> MessageStore:
+    if settings.backend == "memory":
+        return MemoryStore()
+    from broker.store.leveldb import LevelDBStore
+
+    return LevelDBStore(settings.path, loop, sync=settings.sync)
+
+
+__all__ = ["MemoryStore", "MessageStore", "SessionRecord", "open_store"]
