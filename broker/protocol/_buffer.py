@@ -95,4 +95,6 @@ def encode_binary(value: bytes) -> bytes:
 
 
 def encode_string(value: str) -> bytes:
+    if "\x00" in value:
+        raise ValueError("string contains U+0000 [MQTT-1.5.4-2]")
     return encode_binary(value.encode("utf-8"))

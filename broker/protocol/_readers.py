@@ -138,6 +138,9 @@ def read_connect(flags: int, data: bytes, level: int) -> Connect:
     # The level comes from the packet itself: CONNECT is what sets it for the stream.
     name, pos = read_string(data, 0)
     level, pos = read_byte(data, pos)
+    if name not in ("MQTT", "MQIsdp"):
+        # Not an MQTT client at all: the server may simply disconnect [MQTT-3.1.2-1].
+        raise protocol_error(f"unknown protocol name {name!r}")
     if PROTOCOL_NAMES.get(level) != name:
         # [MQTT-3.1.2-2]: answered with CONNACK "unsupported protocol version".
         raise UnsupportedProtocolVersion(f"unsupported protocol {name!r} level {level}", level)
@@ -159,6 +162,8 @@ def read_connect(flags: int, data: bytes, level: int) -> Connect:
     props: Properties = {}
     if level == MQTT5:
         props, pos = read_properties(data, pos, "CONNECT")
+        if Property.AUTHENTICATION_DATA in props and Property.AUTHENTICATION_METHOD not in props:
+            raise protocol_error("authentication data without a method [3.1.2.11.10]")
     client_id, pos = read_string(data, pos)
     will = None
     if will_flag:
@@ -233,8 +238,15 @@ def _ack_reader(cls: type, where: str) -> Callable[[int, bytes, int], Packet]:
     return read_ack
 
 
-def read_subscribe(flags: int, data: bytes, level: int) -> Subscribe:
+def _read_packet_id(data: bytes) -> tuple[int, int]:
     packet_id, pos = read_u16(data, 0)
+    if not packet_id:
+        raise malformed("packet identifier 0 [MQTT-2.2.1-3]")
+    return packet_id, pos
+
+
+def read_subscribe(flags: int, data: bytes, level: int) -> Subscribe:
+    packet_id, pos = _read_packet_id(data)
     props: Properties = {}
     if level == MQTT5:
         props, pos = read_properties(data, pos, "SUBSCRIBE")
@@ -249,8 +261,9 @@ def read_subscribe(flags: int, data: bytes, level: int) -> Subscribe:
             raise malformed("reserved subscription option bits set [MQTT-3.8.3-5]")
         qos = options & 0x03
         retain_handling = (options >> 4) & 0x03
-        if qos == 3:
-            raise malformed("subscription QoS 3 [MQTT-3-8.3-4]")
+        if qos == 3:  # 3.1.1 calls it malformed [MQTT-3-8.3-4], 5.0 a protocol error
+            message = "subscription QoS 3 [MQTT-3.8.3-4]"
+            raise protocol_error(message) if level == MQTT5 else malformed(message)
         if retain_handling == 3:
             raise protocol_error("retain handling 3 [MQTT-3.8.3-1]")
         subscriptions.append(
@@ -268,11 +281,14 @@ def read_suback(flags: int, data: bytes, level: int) -> SubAck:
     props: Properties = {}
     if level == MQTT5:
         props, pos = read_properties(data, pos, "SUBACK")
-    return SubAck(packet_id, list(data[pos:]), props)
+    codes = list(data[pos:])
+    if level < MQTT5 and any(c > 2 and c != 0x80 for c in codes):
+        raise malformed("invalid SUBACK return code [MQTT-3.9.3-2]")
+    return SubAck(packet_id, codes, props)
 
 
 def read_unsubscribe(flags: int, data: bytes, level: int) -> Unsubscribe:
-    packet_id, pos = read_u16(data, 0)
+    packet_id, pos = _read_packet_id(data)
     props: Properties = {}
     if level == MQTT5:
         props, pos = read_properties(data, pos, "UNSUBSCRIBE")

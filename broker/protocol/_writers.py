@@ -30,7 +30,7 @@ from ._events import (
     UnsubAck,
     Unsubscribe,
 )
-from ._properties import PROPERTY_SPEC, PropertyType
+from ._properties import PROPERTY_SPEC, Property, PropertyType
 from ._readers import MQTT5, PROTOCOL_NAMES
 
 _u32 = struct.Struct(">I").pack
@@ -52,13 +52,15 @@ def _encode_value(kind: PropertyType, value) -> bytes:
     return encode_string(value[0]) + encode_string(value[1])
 
 
-def encode_properties(props: Properties) -> bytes:
-    """A property block: its length, then each property (lists become repeats)."""
+def encode_properties(props: Properties, where: str) -> bytes:
+    """A property block for the packet named `where`: its length, then each property."""
     if not props:
         return b"\x00"
     chunks = []
     for prop, value in props.items():
-        kind = PROPERTY_SPEC[prop][0]
+        kind, allowed = PROPERTY_SPEC[prop]
+        if where not in allowed:
+            raise ValueError(f"property {Property(prop).name} is not allowed in {where}")
         for item in value if isinstance(value, list) else (value,):
             chunks.append(encode_varint(prop))
             chunks.append(_encode_value(kind, item))
@@ -66,8 +68,14 @@ def encode_properties(props: Properties) -> bytes:
     return encode_varint(len(body)) + body
 
 
-def _props(level: int, props: Properties) -> list[bytes]:
-    return [encode_properties(props)] if level == MQTT5 else []
+def _props(level: int, props: Properties, where: str) -> list[bytes]:
+    return [encode_properties(props, where)] if level == MQTT5 else []
+
+
+def _check_qos(qos: int) -> int:
+    if not 0 <= qos <= 2:
+        raise ValueError(f"QoS {qos}")
+    return qos
 
 
 def write_connect(p: Connect, level: int) -> tuple[int, list[bytes]]:
@@ -75,12 +83,12 @@ def write_connect(p: Connect, level: int) -> tuple[int, list[bytes]]:
     flags = (p.clean_start << 1) | ((p.password is not None) << 6)
     flags |= (p.username is not None) << 7
     if will is not None:
-        flags |= 0x04 | (will.qos << 3) | (will.retain << 5)
+        flags |= 0x04 | (_check_qos(will.qos) << 3) | (will.retain << 5)
     chunks = [encode_string(PROTOCOL_NAMES[level]), bytes((level, flags)), encode_u16(p.keepalive)]
-    chunks += _props(level, p.properties)
+    chunks += _props(level, p.properties, "CONNECT")
     chunks.append(encode_string(p.client_id))
     if will is not None:
-        chunks += _props(level, will.properties)
+        chunks += _props(level, will.properties, "WILL")
         chunks += [encode_string(will.topic), encode_binary(will.payload)]
     if p.username is not None:
         chunks.append(encode_string(p.username))
@@ -90,25 +98,28 @@ def write_connect(p: Connect, level: int) -> tuple[int, list[bytes]]:
 
 
 def write_connack(p: ConnAck, level: int) -> tuple[int, list[bytes]]:
-    return 0x20, [bytes((p.session_present, p.reason_code)), *_props(level, p.properties)]
+    return 0x20, [
+        bytes((p.session_present, p.reason_code)),
+        *_props(level, p.properties, "CONNACK"),
+    ]
 
 
-def _ack_writer(first_byte: int) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
+def _ack_writer(first_byte: int, where: str) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
     def write_ack(p: PubAck, level: int) -> tuple[int, list[bytes]]:
         chunks = [encode_u16(p.packet_id)]
         if level == MQTT5 and (p.reason_code or p.properties):
             chunks.append(bytes((p.reason_code,)))
             if p.properties:
-                chunks.append(encode_properties(p.properties))
+                chunks.append(encode_properties(p.properties, where))
         return first_byte, chunks
 
     return write_ack
 
 
 def write_subscribe(p: Subscribe, level: int) -> tuple[int, list[bytes]]:
-    chunks = [encode_u16(p.packet_id), *_props(level, p.properties)]
+    chunks = [encode_u16(p.packet_id), *_props(level, p.properties, "SUBSCRIBE")]
     for sub in p.subscriptions:
-        options = sub.qos
+        options = _check_qos(sub.qos)
         if level == MQTT5:
             options |= (sub.no_local << 2) | (sub.retain_as_published << 3)
             options |= sub.retain_handling << 4
@@ -117,11 +128,12 @@ def write_subscribe(p: Subscribe, level: int) -> tuple[int, list[bytes]]:
 
 
 def write_suback(p: SubAck, level: int) -> tuple[int, list[bytes]]:
-    return 0x90, [encode_u16(p.packet_id), *_props(level, p.properties), bytes(p.reason_codes)]
+    props = _props(level, p.properties, "SUBACK")
+    return 0x90, [encode_u16(p.packet_id), *props, bytes(p.reason_codes)]
 
 
 def write_unsubscribe(p: Unsubscribe, level: int) -> tuple[int, list[bytes]]:
-    chunks = [encode_u16(p.packet_id), *_props(level, p.properties)]
+    chunks = [encode_u16(p.packet_id), *_props(level, p.properties, "UNSUBSCRIBE")]
     chunks += [encode_string(f) for f in p.topic_filters]
     return 0xA2, chunks
 
@@ -129,11 +141,11 @@ def write_unsubscribe(p: Unsubscribe, level: int) -> tuple[int, list[bytes]]:
 def write_unsuback(p: UnsubAck, level: int) -> tuple[int, list[bytes]]:
     chunks = [encode_u16(p.packet_id)]
     if level == MQTT5:
-        chunks += [encode_properties(p.properties), bytes(p.reason_codes)]
+        chunks += [encode_properties(p.properties, "UNSUBACK"), bytes(p.reason_codes)]
     return 0xB0, chunks
 
 
-def _reason_writer(first_byte: int) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
+def _reason_writer(first_byte: int, where: str) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
     """DISCONNECT and AUTH: in MQTT 5 the reason and properties may be left out."""
 
     def write_reason(p: Disconnect, level: int) -> tuple[int, list[bytes]]:
@@ -141,7 +153,7 @@ def _reason_writer(first_byte: int) -> Callable[[Packet, int], tuple[int, list[b
             return first_byte, []
         chunks = [bytes((p.reason_code,))]
         if p.properties:
-            chunks.append(encode_properties(p.properties))
+            chunks.append(encode_properties(p.properties, where))
         return first_byte, chunks
 
     return write_reason
@@ -162,7 +174,7 @@ def write_publish(p: Publish, level: int) -> tuple[int, list[bytes]]:
     chunks = [encode_string(p.topic)]
     if p.qos:
         chunks.append(encode_u16(p.packet_id))
-    chunks += _props(level, p.properties)
+    chunks += _props(level, p.properties, "PUBLISH")
     chunks.append(p.payload)
     return first, chunks
 
@@ -171,18 +183,18 @@ WRITERS: dict[type, Callable[[Packet, int], tuple[int, list[bytes]]]] = {
     Connect: write_connect,
     ConnAck: write_connack,
     Publish: write_publish,
-    PubAck: _ack_writer(0x40),
-    PubRec: _ack_writer(0x50),
-    PubRel: _ack_writer(0x62),
-    PubComp: _ack_writer(0x70),
+    PubAck: _ack_writer(0x40, "PUBACK"),
+    PubRec: _ack_writer(0x50, "PUBREC"),
+    PubRel: _ack_writer(0x62, "PUBREL"),
+    PubComp: _ack_writer(0x70, "PUBCOMP"),
     Subscribe: write_subscribe,
     SubAck: write_suback,
     Unsubscribe: write_unsubscribe,
     UnsubAck: write_unsuback,
     PingReq: write_pingreq,
     PingResp: write_pingresp,
-    Disconnect: _reason_writer(0xE0),
-    Auth: _reason_writer(0xF0),
+    Disconnect: _reason_writer(0xE0, "DISCONNECT"),
+    Auth: _reason_writer(0xF0, "AUTH"),
 }
 
 
@@ -198,7 +210,7 @@ def encode(packet: Packet, protocol_level: int) -> bytes:
         first, chunks = WRITERS[type(packet)](packet, protocol_level)
         body = b"".join(chunks)
         return bytes((first,)) + encode_varint(len(body)) + body
-    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+    except (ValueError, TypeError, KeyError, OverflowError, AttributeError, struct.error) as exc:
         raise LocalProtocolError(f"cannot encode {type(packet).__name__}: {exc}") from exc
 
 
