@@ -278,7 +278,14 @@ class Connection(asyncio.Protocol):
             received.add(packet.packet_id)
         if not topic.startswith("$SYS"):  # $SYS belongs to the broker
             message = Message(
-                topic, packet.payload, qos, packet.retain, packet.properties, self.client_id
+                topic,
+                packet.payload,
+                qos,
+                packet.retain,
+                packet.properties,
+                self.client_id,
+                packet.raw,
+                self.protocol_level,
             )
             self.broker.publish(message)
         if qos == 1:

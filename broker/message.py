@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.protocol import Properties, Publish, PublishTemplate
+from broker.protocol import Properties, Property, Publish, PublishTemplate
 
 MQTT5 = 5
 
@@ -15,7 +15,17 @@ class Message:
     form, not once per subscriber.
     """
 
-    __slots__ = ("payload", "properties", "qos", "retain", "sender", "topic", "wire")
+    __slots__ = (
+        "payload",
+        "properties",
+        "qos",
+        "raw",
+        "raw_level",
+        "retain",
+        "sender",
+        "topic",
+        "wire",
+    )
 
     def __init__(
         self,
@@ -25,6 +35,8 @@ class Message:
         retain: bool = False,
         properties: Properties | None = None,
         sender: str | None = None,
+        raw: bytes | None = None,
+        raw_level: int = 0,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -33,6 +45,10 @@ class Message:
         self.properties = properties or {}
         self.sender = sender  # client id of the publisher, for No Local
         self.wire: dict[tuple, PublishTemplate] = {}
+        # The PUBLISH as the publisher sent it: for subscribers of the same protocol family
+        # at the same QoS and without subscription ids it is the outbound encoding already.
+        self.raw = raw
+        self.raw_level = raw_level
 
     def template(
         self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
@@ -40,9 +56,21 @@ class Message:
         key = (level, qos, retain, subscription_ids)
         template = self.wire.get(key)
         if template is None:
-            properties = self.properties if level == MQTT5 else {}
-            if subscription_ids and level == MQTT5:
-                properties = {**properties, 0x0B: list(subscription_ids)}
-            packet = Publish(self.topic, self.payload, qos, retain, False, None, properties)
-            template = self.wire[key] = PublishTemplate(packet, level)
+            if (
+                self.raw is not None
+                and qos == self.qos
+                and not subscription_ids
+                and (level == MQTT5) == (self.raw_level == MQTT5)  # 3.1 and 3.1.1 agree
+            ):
+                template = PublishTemplate(self.raw, retain)
+            else:
+                properties = self.properties if level == MQTT5 else {}
+                if subscription_ids and level == MQTT5:
+                    properties = {
+                        **properties,
+                        Property.SUBSCRIPTION_IDENTIFIER: list(subscription_ids),
+                    }
+                packet = Publish(self.topic, self.payload, qos, retain, False, None, properties)
+                template = PublishTemplate.encode(packet, level)
+            self.wire[key] = template
         return template

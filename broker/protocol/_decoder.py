@@ -12,10 +12,11 @@ from typing import Literal
 
 from ._errors import ProtocolError, RemoteProtocolError, malformed, protocol_error
 from ._events import Connect, Packet
-from ._readers import READERS, REQUIRED_FLAGS
+from ._readers import READERS, REQUIRED_FLAGS, read_publish
 from ._reasons import ReasonCode
 from ._state import allowed_types
 
+PUBLISH = 3
 MAX_PACKET_SIZE = 268_435_460  # 1 + 4 byte varint + the largest remaining length
 
 
@@ -116,6 +117,8 @@ class Decoder:
         required = REQUIRED_FLAGS.get(packet_type)
         if required is not None and flags != required:
             raise malformed(f"invalid fixed header flags {flags:#x} [MQTT-2.1.3-1]")
+        if packet_type == PUBLISH:  # the hot path: one copy, which the packet keeps as raw
+            return read_publish(flags, bytes(buf[pos : i + length]), self.protocol_level, i - pos)
         packet = READERS[packet_type](flags, bytes(buf[i : i + length]), self.protocol_level)
         if type(packet) is Connect:
             self.protocol_level = packet.protocol_level

@@ -75,6 +75,8 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=dict)
+    # Set by the decoder: the packet's own bytes, reusable as the outbound encoding.
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._buffer import (
+    decode_utf8,
     read_binary,
     read_byte,
     read_string,
@@ -203,14 +204,25 @@ def read_connack(flags: int, data: bytes, level: int) -> ConnAck:
     return _end(data, pos, ConnAck(code, bool(ack_flags & 0x01), props))
 
 
-def read_publish(flags: int, data: bytes, level: int) -> Publish:
+def read_publish(flags: int, data: bytes, level: int, start: int = 0) -> Publish:
+    """The hot path: `data` is the whole packet, kept as `raw`; the body begins at `start`.
+
+    The topic is read inline rather than through read_string: this runs once per message.
+    """
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise malformed("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
     dup = bool(flags & 0x08)
     if dup and not qos:
         raise malformed("DUP flag set on a QoS 0 PUBLISH [MQTT-3.3.1-2]")
-    topic, pos = read_string(data, 0)
+    pos = start + 2
+    if pos > len(data):
+        raise malformed("truncated packet: expected a topic")
+    topic_end = pos + ((data[start] << 8) | data[start + 1])
+    if topic_end > len(data):
+        raise malformed("truncated packet: topic runs past the end")
+    topic = decode_utf8(data[pos:topic_end])
+    pos = topic_end
     packet_id = None
     if qos:
         packet_id, pos = read_u16(data, pos)
@@ -219,7 +231,9 @@ def read_publish(flags: int, data: bytes, level: int) -> Publish:
     props: Properties = {}
     if level == MQTT5:
         props, pos = read_properties(data, pos, "PUBLISH")
-    return Publish(topic, data[pos:], qos, bool(flags & 0x01), dup, packet_id, props)
+    packet = Publish(topic, data[pos:], qos, bool(flags & 0x01), dup, packet_id, props)
+    packet.raw = data if start else None
+    return packet
 
 
 def _ack_reader(cls: type, where: str) -> Callable[[int, bytes, int], Packet]:

@@ -219,20 +219,29 @@ class PublishTemplate:
 
     MQTT puts the packet id right after the topic [3.3.2.2], so for QoS > 0 the bytes are
     copied once per subscriber and two bytes patched; QoS 0 bytes are shared as they are.
+    `data` may also be a PUBLISH as received (`Publish.raw`): same layout, reused as is.
     """
 
     __slots__ = ("data", "id_offset")
 
-    def __init__(self, packet: Publish, protocol_level: int) -> None:
-        if packet.qos and packet.packet_id is None:
-            packet.packet_id = 1  # placeholder, patched by with_packet_id
-        self.data = encode(packet, protocol_level)
+    def __init__(self, data: bytes, retain: bool | None = None) -> None:
+        if retain is not None and bool(data[0] & 0x01) != retain:
+            data = bytes((data[0] ^ 0x01,)) + data[1:]
+        if data[0] & 0x08:
+            data = bytes((data[0] & 0xF7,)) + data[1:]  # DUP is set per delivery
+        self.data = data
         # The packet id follows the fixed header (type byte + remaining-length varint,
         # whose last byte has no continuation bit) and the topic (2-byte length + text).
         header_len = 2
-        while self.data[header_len - 1] & 0x80:
+        while data[header_len - 1] & 0x80:
             header_len += 1
-        self.id_offset = header_len + 2 + len(packet.topic.encode("utf-8"))
+        self.id_offset = header_len + 2 + ((data[header_len] << 8) | data[header_len + 1])
+
+    @classmethod
+    def encode(cls, packet: Publish, protocol_level: int) -> PublishTemplate:
+        if packet.qos and packet.packet_id is None:
+            packet.packet_id = 1  # placeholder, patched by with_packet_id
+        return cls(encode(packet, protocol_level))
 
     def with_packet_id(self, packet_id: int, dup: bool = False) -> bytes:
         out = bytearray(self.data)
