@@ -32,8 +32,8 @@ async def serve(config) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await broker.start()
     try:
+        await broker.start()
         await stop.wait()
         log.info("shutting down")
     finally:

@@ -54,8 +54,15 @@ class ListenerSettings:
 
     @property
     def host_port(self) -> tuple[str, int]:
+        """("127.0.0.1", 1883) from "127.0.0.1:1883"; IPv6 hosts in brackets: "[::1]:1883"."""
         host, _, port = self.address.rpartition(":")
-        return host.strip("[]"), int(port)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            raise ValueError("IPv6 hosts need brackets")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError("expected host:port")
+        return host, int(port)
 
 
 @dataclass(slots=True)
@@ -106,16 +113,28 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
 
 
 def _apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    sections = get_type_hints(Config)
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+        if not name.startswith(ENV_PREFIX):
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if not key:
+            if any(section.startswith(f"{known}_") for known in sections):
+                # Most likely a typo for a real key: say so rather than ignore it.
+                raise ConfigError(
+                    f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY> (two underscores)"
+                )
+            continue  # another program's variable
         if section == "listeners":
             raise ConfigError(f"{name}: listeners cannot be set from the environment")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
+        hint = get_type_hints(sections[section]).get(key) if section in sections else None
+        if hint is str:
+            value: Any = raw  # a path or name stays text even if it looks like a number
+        else:
+            try:
+                value = tomllib.loads(f"v = {raw}")["v"]
+            except tomllib.TOMLDecodeError:
+                value = raw
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
             raise ConfigError(f"{name}: [{section}] is not a section")
@@ -198,13 +217,12 @@ def validate(config: Config) -> Config:
     """Cross-key checks that a single value cannot show."""
     for i, listener in enumerate(config.listeners):
         try:
-            _, port = listener.host_port
+            _ = listener.host_port
         except ValueError:
-            port = -1
-        if not 0 <= port <= 65535:
             raise ConfigError(
-                f"listeners[{i}].address: expected 'host:port', got {listener.address!r}"
-            )
+                f"listeners[{i}].address: expected 'host:port' (IPv6: '[::1]:port'), "
+                f"got {listener.address!r}"
+            ) from None
     if not config.listeners:
         raise ConfigError("listeners: at least one listener is needed")
     return config
