@@ -29,7 +29,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	bash scripts/system-packages.sh mosquitto

@@ -84,9 +84,12 @@ class Decoder:
         buf = self._buffer
         pos = self._pos
         end = len(buf)
-        if end - pos < 2:
+        if end - pos < 1:
             return None
         first = buf[pos]
+        packet_type = first >> 4
+        if packet_type not in self._allowed:  # judged on the first byte: garbage fails fast
+            raise self._unexpected(packet_type)
         # Remaining length: a variable byte integer of at most four bytes [MQTT-1.5.5].
         length = 0
         shift = 0
@@ -110,9 +113,6 @@ class Decoder:
         if end - i < length:
             return None
         self._pos = i + length
-        packet_type = first >> 4
-        if packet_type not in self._allowed:
-            raise self._unexpected(packet_type)
         flags = first & 0x0F
         required = REQUIRED_FLAGS.get(packet_type)
         if required is not None and flags != required:
