@@ -6,6 +6,13 @@ flushed with one `writelines` per event-loop turn, so a burst of deliveries cost
 system call. When the transport's buffer passes its high-water mark, `writable` turns
 false and deliveries wait in the session's bounded queue until `resume_writing`.
 
+Back-pressure: a publisher whose message had to wait for a congested subscriber stops
+being read (`pause_reading`) until that subscriber's queue has drained, so a flood slows
+to the pace of its readers instead of filling queues and being dropped. A subscriber that
+stays congested for STALL_LIMIT seconds is deemed stuck: the publishers waiting for it go
+on, and until its transport drains its queue's limit and drop policy apply instead, so one
+stuck client cannot stall the broker.
+
 Timers are `loop.call_later` handles: a connect timeout until CONNECT arrives, then one
 keepalive timer that re-arms itself for the time left instead of being reset per packet.
 """
@@ -54,6 +61,7 @@ log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 PINGRESP = b"\xd0\x00"
+STALL_LIMIT = 1.0  # seconds a congested subscriber may hold publishers back
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never" [3.1.2.11.2]
 
 
@@ -61,6 +69,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_closing",
         "_out",
+        "_stall_timer",
         "_timer",
         "broker",
         "client_id",
@@ -70,8 +79,11 @@ class Connection(asyncio.Protocol):
         "loop",
         "peer",
         "protocol_level",
+        "reading_paused",
         "session",
+        "stuck",
         "transport",
+        "waiting_publishers",
         "will",
         "will_delay",
         "writable",
@@ -91,6 +103,10 @@ class Connection(asyncio.Protocol):
         self.will: Message | None = None
         self.will_delay = 0
         self.writable = True
+        self.reading_paused = False
+        self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
+        self.stuck = False  # congested too long: holds no publisher back any more
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._out: list[bytes] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -107,10 +123,14 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_seen = self.loop.time()
         self.broker.metrics.bytes_received += len(data)
+        self.decoder.receive_data(data)
+        self._process()
+
+    def _process(self) -> None:
+        """Handle every complete packet buffered, unless closed or paused meanwhile."""
         decoder = self.decoder
-        decoder.receive_data(data)
         try:
-            while not self._closing:
+            while not self._closing and not self.reading_paused:
                 packet = decoder.next_packet()
                 if packet is None:
                     return
@@ -138,6 +158,7 @@ class Connection(asyncio.Protocol):
         self.broker.connections.discard(self)
         self.broker.metrics.socket_close += 1
         self._out.clear()
+        self._release_publishers()
         if self.session is not None:
             self.broker.registry.disconnected(self)
 
@@ -146,8 +167,45 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable = True
+        self.stuck = False
         if self.session is not None:
             self.session.drain()
+        self._release_publishers()
+
+    # -- back-pressure -----------------------------------------------------------------
+
+    def wait_for(self, congested: list[Connection]) -> None:
+        """Stop reading from this publisher until the congested subscribers drain."""
+        if not self.reading_paused and not self._closing:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        for subscriber in congested:
+            subscriber.waiting_publishers.add(self)
+            if subscriber._stall_timer is None:
+                subscriber._stall_timer = self.loop.call_later(STALL_LIMIT, subscriber._stalled)
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if not self.writable:
+            log.info("%s: not reading; publishers no longer wait for it", self._name())
+            self.stuck = True
+        self._release_publishers()
+
+    def _release_publishers(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        waiting = self.waiting_publishers
+        if waiting:
+            self.waiting_publishers = set()
+            for publisher in waiting:
+                publisher._resume_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and not self._closing:
+            self.reading_paused = False
+            self.transport.resume_reading()
+            self.loop.call_soon(self._process)  # packets that arrived before the pause
 
     # -- writing -----------------------------------------------------------------------
 
@@ -166,6 +224,11 @@ class Connection(asyncio.Protocol):
             self.transport.writelines(out)
             self.broker.metrics.bytes_sent += sum(map(len, out))
         self._out = []
+        session = self.session
+        if session is not None and self.writable:
+            if session.queue:
+                session.drain()  # the next step of a long queue, one step per loop turn
+            self._release_publishers()
 
     def close(self, reason_code: int | None = None) -> None:
         """Close this connection; MQTT 5 clients past CONNECT are told why first."""
@@ -188,6 +251,8 @@ class Connection(asyncio.Protocol):
 
     def _check_keepalive(self) -> None:
         # The client must send something every keepalive seconds; we allow 1.5x [MQTT-3.1.2-22].
+        if self.reading_paused:  # we stopped reading it: its silence is ours
+            self.last_seen = self.loop.time()
         deadline = self.last_seen + self.keepalive * 1.5
         remaining = deadline - self.loop.time()
         if remaining > 0:
@@ -287,7 +352,9 @@ class Connection(asyncio.Protocol):
                 packet.raw,
                 self.protocol_level,
             )
-            self.broker.publish(message)
+            congested = self.broker.publish(message)
+            if congested:
+                self.wait_for(congested)
         if qos == 1:
             self.write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
         elif qos == 2:

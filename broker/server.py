@@ -122,8 +122,11 @@ class Broker:
             store=self.store,
         )
 
-    def publish(self, message: Message) -> None:
-        """Route one message to every matching session (and keep it if retained)."""
+    def publish(self, message: Message) -> list[Connection] | None:
+        """Route one message to every matching session (and keep it if retained).
+
+        Returns the subscriber connections too congested to take it now, if any.
+        """
         if message.retain:
             self.retained.update(message)
             if message.payload:
@@ -133,18 +136,24 @@ class Broker:
         sender = message.sender
         qos = message.qos
         retain = message.retain
+        congested = None
         for route in self.router.match(message.topic):
             session = route.subscriber
             if route.no_local and session.client_id == sender:
                 route = route.without_no_local()  # [MQTT-3.8.3-3]
                 if route is None:
                     continue
-            session.deliver(
+            blocked = session.deliver(
                 message,
                 qos if qos < route.qos else route.qos,
                 retain and route.retain_as_published,
                 route.subscription_ids,
             )
+            if blocked is not None:
+                if congested is None:
+                    congested = []
+                congested.append(blocked)
+        return congested
 
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
         session.subscriptions[topic_filter] = options

@@ -32,6 +32,7 @@ Delivery = tuple[Message, int, bool, tuple[int, ...]]
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
+DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
 class Session:
@@ -136,37 +137,51 @@ class Session:
 
     # -- outbound messages -------------------------------------------------------------
 
-    def deliver(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
-        """Offer one routed message to this session (the hot path of fan-out)."""
+    def deliver(
+        self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]
+    ) -> Connection | None:
+        """Offer one routed message to this session (the hot path of fan-out).
+
+        Returns the connection when the message had to wait for its congested transport
+        and the queue still has room: the publisher should wait for it (back-pressure).
+        """
         connection = self.connection
         if connection is None:
             if qos == 0:
                 self.metrics.queue_message_unhandled += 1
-                return
-            self._enqueue((message, qos, retain, sub_ids), self.max_offline)
-            return
+            else:
+                self._enqueue((message, qos, retain, sub_ids), self.max_offline)
+            return None
         if (
             not self.queue
             and connection.writable
             and (qos == 0 or len(self.inflight) < self.window)
         ):
             self._send(connection, message, qos, retain, sub_ids)
-        else:
-            self._enqueue((message, qos, retain, sub_ids), self.max_online)
+            return None
+        queued = self._enqueue((message, qos, retain, sub_ids), self.max_online)
+        if queued and not connection.writable and not connection.stuck:
+            return connection
+        return None
 
-    def _enqueue(self, delivery: Delivery, limit: int) -> None:
+    def _enqueue(self, delivery: Delivery, limit: int) -> bool:
+        """Queue a delivery; False when the queue was full and a message was dropped."""
         queue = self.queue
         if 0 <= limit <= len(queue):
             self.metrics.queue_message_drop += 1
             if not self.lifo or not queue:
-                return  # fifo: tail drop, the new message is lost
+                return False  # fifo: tail drop, the new message is lost
             queue.popleft()  # lifo: the oldest makes room
             if self.stored_seqs:
                 self.store.dequeue(self.client_id, self.stored_seqs.popleft())
+            queue.append(delivery)
+            self.metrics.queue_message_in += 1
+            return False
         queue.append(delivery)
         self.metrics.queue_message_in += 1
         if self.connection is None and self.store.persistent and self.expiry != 0:
             self._store(delivery)
+        return True
 
     def _send(
         self,
@@ -186,11 +201,17 @@ class Session:
         self.metrics.queue_message_out += 1
 
     def drain(self) -> None:
-        """Move queued messages to the connection while the window and transport allow."""
+        """Move queued messages to the connection while the window and transport allow.
+
+        At most DRAIN_STEP per call: the connection asks for the next step after it has
+        flushed, so a long queue goes out in bounded writes, one per loop turn.
+        """
         connection = self.connection
         queue = self.queue
         pop = queue.pop if self.lifo else queue.popleft
-        while queue and connection is not None and connection.writable:
+        for _ in range(DRAIN_STEP):
+            if not queue or connection is None or not connection.writable:
+                return
             message, qos, retain, sub_ids = queue[-1] if self.lifo else queue[0]
             if qos and len(self.inflight) >= self.window:
                 return

@@ -1,0 +1,208 @@
+# `python -m bench.compare`: every scenario against every broker, one broker at a time.
+#
+# Strategy: each measurement gets a fresh broker process, so no backlog, memory or client
+# of one measurement leaks into the next. Brokers take turns within each repeat, so slow
+# drift of the machine touches all of them alike; the report shows the median of the
+# repeats and bench/results/ keeps every raw figure. A failed measurement is recorded with
+# its error and the run goes on.
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shlex
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from . import report
+from .brokers import BROKERS, REPO, BrokerError, BrokerSpec, RunningBroker, raise_fd_limit
+from .scenarios import BY_NAME, SCENARIOS, Measurement, Scenario, Settings, measure
+
+DEFAULT_BROKERS = "nautilus,mosquitto,amqtt"
+RESULTS = REPO / "bench" / "results"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    raise_fd_limit()
+    # Ctrl-C and SIGTERM stop the run and its brokers, also when started in the background
+    # (where SIGINT is inherited as ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    scenarios = [BY_NAME[name] for name in args.scenarios.split(",")]
+    brokers = [BROKERS[name] for name in args.brokers.split(",")]
+    busy = report.cpu_busy()
+    if busy > 0.1:
+        print(f"warning: CPUs already {busy:.0%} busy, figures will be low", file=sys.stderr)
+    machine0, own0 = report.cpu_seconds()
+    started = time.monotonic()
+    try:
+        raw, calibration = _run_all(args, scenarios, brokers)
+    except KeyboardInterrupt:
+        print("interrupted: every broker started has been stopped", file=sys.stderr)
+        return 130
+    machine1, own1 = report.cpu_seconds()
+    others = (machine1 - machine0 - (own1 - own0)) / (time.monotonic() - started)
+    load = {
+        "CPU busy before the run": f"{busy:.0%}",
+        "Other processes during the run": f"{others:.2f} CPUs on average",
+    }
+    page = report.render(_summary(args, scenarios, brokers, raw, calibration, load))
+    print(page)
+    if args.write:
+        Path(args.write).write_text(page)
+    _save_raw(raw, calibration)
+    return 0
+
+
+def _run_all(
+    args: argparse.Namespace, scenarios: list[Scenario], brokers: list[BrokerSpec]
+) -> tuple[dict[tuple[str, str], list[Measurement]], list[Measurement]]:
+    raw: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
+    calibration = []
+    if args.calibrate:
+        for _ in range(args.repeats):
+            calibration.append(_measure_on(BROKERS["null"], BY_NAME["qos0-1to1"], args))
+    for scenario in scenarios:
+        for _ in range(args.repeats):
+            for broker in brokers:
+                raw[scenario.name, broker.name].append(_measure_on(broker, scenario, args))
+    return raw, calibration
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # As SIGINT: the event loop's runner turns that into cancelling the measurement.
+    signal.raise_signal(signal.SIGINT)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare",
+        description="Run the benchmark scenarios against several MQTT brokers, one at a time.",
+    )
+    parser.add_argument("--brokers", default=DEFAULT_BROKERS, help=f"from {', '.join(BROKERS)}")
+    parser.add_argument(
+        "--scenarios", default=",".join(s.name for s in SCENARIOS), help="comma-separated"
+    )
+    parser.add_argument("--duration", type=float, default=defaults.duration, help="seconds")
+    parser.add_argument("--warmup", type=float, default=defaults.warmup, help="seconds")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per cell")
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=defaults.backlog,
+        help="QoS 0 deliveries owed before floods wait; 0 floods without bound",
+    )
+    parser.add_argument("--idle-connections", type=int, default=defaults.idle_connections)
+    parser.add_argument(
+        "--idle-timeout", type=float, default=defaults.idle_timeout, help="seconds to connect"
+    )
+    parser.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the generator against the null broker",
+    )
+    parser.add_argument("--write", metavar="PATH", help="write the Markdown report here")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    unknown = set(args.brokers.split(",")) - set(BROKERS)
+    unknown |= set(args.scenarios.split(",")) - set(BY_NAME)
+    if unknown:
+        parser.error(f"unknown broker or scenario: {', '.join(sorted(unknown))}")
+    return args
+
+
+def _measure_on(broker: BrokerSpec, scenario: Scenario, args: argparse.Namespace) -> Measurement:
+    try:
+        with RunningBroker(broker) as running:
+            result = _run(measure(scenario, running.target, _settings(args)))
+            if (code := running.exit_code()) is not None:
+                result.error = f"broker exited with code {code}: {running.log_tail(5)}"
+    except (BrokerError, OSError) as exc:
+        result = Measurement(error=f"{type(exc).__name__}: {exc}")
+    _progress(broker, scenario, result)
+    return result
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(
+        warmup=args.warmup,
+        duration=args.duration,
+        backlog=args.backlog,
+        idle_connections=args.idle_connections,
+        idle_timeout=args.idle_timeout,
+    )
+
+
+def _run(coro: Coroutine[Any, Any, Measurement]) -> Measurement:
+    """Run one measurement on a fresh event loop (uvloop when installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _progress(broker: BrokerSpec, scenario: Scenario, m: Measurement) -> None:
+    figures = {
+        "delivered/s": m.delivered,
+        "sent/s": m.sent,
+        "p50 ms": m.p50_ms,
+        "p99 ms": m.p99_ms,
+        "connected": m.connections,
+        "conn/s": m.connect_rate,
+        "KiB/conn": m.kib_per_connection,
+    }
+    text = "  ".join(f"{k} {v:,.2f}" for k, v in figures.items() if v is not None)
+    error = f"  ERROR {m.error}" if m.error else ""
+    print(f"{scenario.name:<14} {broker.name:<10} {text}{error}", file=sys.stderr, flush=True)
+
+
+def _summary(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    brokers: list[BrokerSpec],
+    raw: dict[tuple[str, str], list[Measurement]],
+    calibration: list[Measurement],
+    load: dict[str, str],
+) -> report.Run:
+    versions = {f"{b.label} version": b.version() for b in brokers}
+    return report.Run(
+        command=shlex.join(["python", "-m", "bench.compare", *args.argv]),
+        date=time.strftime("%Y-%m-%d %H:%M %Z"),
+        machine=report.machine(versions) | load,
+        settings={
+            "repeats": str(args.repeats),
+            "warmup": f"{args.warmup:g} s",
+            "duration": f"{args.duration:g} s",
+            "backlog bound": f"{args.backlog:,} deliveries",
+            "idle connections": f"{args.idle_connections:,}",
+        },
+        scenarios=scenarios,
+        brokers=brokers,
+        results={key: report.median(values) for key, values in raw.items()},
+        calibration=report.median(calibration) if calibration else None,
+    )
+
+
+def _save_raw(
+    raw: dict[tuple[str, str], list[Measurement]], calibration: list[Measurement]
+) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / time.strftime("%Y%m%d-%H%M%S.json")
+    data = {f"{s}/{b}": [dataclasses.asdict(m) for m in ms] for (s, b), ms in raw.items()}
+    data["calibration"] = [dataclasses.asdict(m) for m in calibration]
+    path.write_text(json.dumps(data, indent=1))
+    print(f"raw results: {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

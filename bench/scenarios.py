@@ -1,0 +1,297 @@
+# The benchmark scenarios and how one measurement of each is taken.
+#
+# Strategy: a measurement connects and subscribes every client first, starts the
+# publishers, lets the broker settle for `warmup` seconds, then counts what subscribers
+# received between two snapshots `duration` seconds apart. Throughput is delivered
+# messages / elapsed: what the broker still holds at the end is not counted, so a broker
+# that accepts floods faster than it delivers gains nothing. All clients live on one event
+# loop in this process, which leaves the other core of a 2-core machine to the broker.
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import packets
+from .client import MqttClient, Uniform, open_client, subscribe
+from .loadgen import Backlog, Flood, Paced, Windowed
+
+_READ_LOW_WATER = 16 * 1024  # QoS 0 subscribers: bytes waiting before a read
+_CONNECT_CONCURRENCY = 100  # idle scenario: CONNECTs in progress at once
+_SETTLE = 1.0  # idle scenario: seconds between the last CONNACK and the RSS reading
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    title: str
+    kind: str  # "throughput", "latency" or "idle"
+    publishers: int = 0
+    subscribers: int = 0
+    qos: int = 0
+    payload: int = 64
+    # pairs: publisher i -> topic i -> subscriber i; fanout and fanin share one topic.
+    topology: str = "pairs"
+    window: int = 100  # QoS 1 PUBLISHes in flight per publisher
+    bounded: bool = True  # False: publishers ignore the backlog bound (overload behaviour)
+    rate: int = 0  # latency: messages per second
+    connections: int = 0  # idle: connections to open
+
+
+SCENARIOS = (
+    Scenario("qos0-1to1", "QoS 0, 1 -> 1, 16 B", "throughput", 1, 1, payload=16),
+    Scenario(
+        "qos0-flood",
+        "QoS 0, 1 -> 1, 16 B, unbounded flood",
+        "throughput",
+        1,
+        1,
+        payload=16,
+        bounded=False,
+    ),
+    Scenario("qos0-4pairs", "QoS 0, 4 pairs, 64 B", "throughput", 4, 4),
+    Scenario("qos1-4pairs", "QoS 1, 4 pairs, 100 in flight, 64 B", "throughput", 4, 4, qos=1),
+    Scenario(
+        "fanout-1to100", "QoS 0, fan-out 1 -> 100, 64 B", "throughput", 1, 100, topology="fanout"
+    ),
+    Scenario("fanin-10to1", "QoS 0, fan-in 10 -> 1, 64 B", "throughput", 10, 1, topology="fanin"),
+    Scenario("latency-qos1", "QoS 1 latency at 5k msg/s, 64 B", "latency", 1, 1, qos=1, rate=5000),
+    Scenario("idle-10k", "10k idle connections", "idle", connections=10_000),
+)
+BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the broker listens, and its pid when its memory can be read."""
+
+    host: str
+    port: int
+    pid: int | None = None
+
+
+@dataclass(slots=True)
+class Measurement:
+    delivered: float | None = None  # msg/s received by subscribers
+    sent: float | None = None  # msg/s written by publishers
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    connections: int | None = None
+    connect_rate: float | None = None  # CONNACKs per second
+    kib_per_connection: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How long and how hard to measure; the same for every broker."""
+
+    warmup: float = 1.0  # seconds of load before counting starts
+    duration: float = 5.0  # seconds counted
+    backlog: int = 20_000  # deliveries owed before publishers wait (0: no bound)
+    idle_connections: int = 10_000
+    idle_timeout: float = 60.0  # seconds allowed for opening the idle connections
+
+
+async def measure(scenario: Scenario, target: Target, settings: Settings) -> Measurement:
+    """Run one measurement of `scenario` against a broker that is already listening."""
+    if scenario.kind == "idle":
+        return await _idle(target, settings.idle_connections, settings.idle_timeout)
+    if scenario.kind == "latency":
+        return await _latency(scenario, target, settings)
+    return await _throughput(scenario, target, settings)
+
+
+def _topics(scenario: Scenario) -> tuple[list[str], list[str]]:
+    """Publisher topics and subscriber filters (exact topics: no wildcard matching)."""
+    if scenario.topology == "pairs":
+        topics = [f"bench/{i}" for i in range(scenario.publishers)]
+        return topics, topics[: scenario.subscribers]
+    return ["bench/0"] * scenario.publishers, ["bench/0"] * scenario.subscribers
+
+
+async def _subscribers(
+    scenario: Scenario, target: Target, filters: list[str], payload: bytes, settings: Settings
+) -> list[MqttClient]:
+    size = Uniform.publish(filters[0], payload, scenario.qos).size
+    low_water = _subscriber_low_water(scenario, settings, size, len(filters))
+
+    async def one(i: int, topic: str) -> MqttClient:
+        uniform = Uniform.publish(topic, payload, scenario.qos)
+        client = await open_client(
+            target.host, target.port, f"{scenario.name}-sub{i}", uniform=uniform
+        )
+        await subscribe(client, topic, scenario.qos)
+        client.read_in_bulk(low_water)
+        return client
+
+    return list(await asyncio.gather(*(one(i, topic) for i, topic in enumerate(filters))))
+
+
+def _subscriber_low_water(
+    scenario: Scenario, settings: Settings, size: int, subscribers: int
+) -> int:
+    """Bytes a subscriber lets pile up before reading: a fraction of what it must get.
+
+    A subscriber waiting for more than the broker will send before hearing back would
+    stall the run: QoS 1 deliveries stop at the broker's in-flight window until acked,
+    and QoS 0 publishers stop at the backlog bound, which every subscriber holding just
+    under the mark could reach.
+    """
+    if scenario.qos:
+        return min(_READ_LOW_WATER, scenario.window * size // 8)
+    limit = _backlog_limit(scenario, settings)
+    return min(_READ_LOW_WATER, limit * size // (4 * subscribers)) or _READ_LOW_WATER
+
+
+async def _publishers(scenario: Scenario, target: Target) -> list[MqttClient]:
+    uniform = Uniform.puback() if scenario.qos else None
+    pubs = await asyncio.gather(
+        *(
+            open_client(target.host, target.port, f"{scenario.name}-pub{i}", uniform=uniform)
+            for i in range(scenario.publishers)
+        )
+    )
+    if uniform is not None:  # PUBACKs for an eighth of the window per wake-up
+        for pub in pubs:
+            pub.read_in_bulk(scenario.window * uniform.size // 8)
+    return list(pubs)
+
+
+async def _throughput(scenario: Scenario, target: Target, settings: Settings) -> Measurement:
+    topics, filters = _topics(scenario)
+    payload = packets.payload_of(scenario.payload)
+    subs = pubs = []
+    try:
+        subs = await _subscribers(scenario, target, filters, payload, settings)
+        pubs = await _publishers(scenario, target)
+        backlog = _start_publishing(scenario, subs, pubs, topics, payload, settings)
+        await asyncio.sleep(settings.warmup)
+        received0, sent0, t0 = _total(subs), _sent(backlog), time.perf_counter()
+        await asyncio.sleep(settings.duration)
+        received1, sent1, t1 = _total(subs), _sent(backlog), time.perf_counter()
+        for publisher in backlog.publishers:
+            publisher.stop()
+    finally:
+        _close(subs + pubs)
+    elapsed = t1 - t0
+    return Measurement(delivered=(received1 - received0) / elapsed, sent=(sent1 - sent0) / elapsed)
+
+
+def _start_publishing(
+    scenario: Scenario,
+    subs: list[MqttClient],
+    pubs: list[MqttClient],
+    topics: list[str],
+    payload: bytes,
+    settings: Settings,
+) -> Backlog:
+    fanout = scenario.subscribers if scenario.topology == "fanout" else 1
+    backlog = Backlog(subs, fanout, _backlog_limit(scenario, settings))
+    for pub, topic in zip(pubs, topics, strict=True):
+        if scenario.qos:
+            Windowed(pub, packets.publish_ring(topic, payload), scenario.window, backlog)
+        else:
+            Flood(pub, topic, payload, backlog)
+    for publisher in backlog.publishers:
+        publisher.start()
+    return backlog
+
+
+async def _latency(scenario: Scenario, target: Target, settings: Settings) -> Measurement:
+    topics, filters = _topics(scenario)
+    latencies: list[int] = []
+    clients = []
+    try:
+        # No uniform run here: every delivery goes through the parser to read its stamp.
+        sub = await open_client(target.host, target.port, "latency-sub", latencies=latencies)
+        clients.append(sub)
+        await subscribe(sub, filters[0], scenario.qos)
+        pub = await open_client(target.host, target.port, "latency-pub", uniform=Uniform.puback())
+        clients.append(pub)
+        pump = Paced(pub, topics[0], scenario.payload, scenario.rate, scenario.window)
+        pump.start()
+        await asyncio.sleep(settings.warmup)
+        first, t0 = len(latencies), time.perf_counter()
+        await asyncio.sleep(settings.duration)
+        last, t1 = len(latencies), time.perf_counter()
+        pump.stop()
+    finally:
+        _close(clients)
+    window = sorted(latencies[first:last])
+    if not window:
+        return Measurement(delivered=0.0, error="no message delivered")
+    return Measurement(
+        delivered=len(window) / (t1 - t0),
+        p50_ms=_percentile(window, 0.50) / 1e6,
+        p99_ms=_percentile(window, 0.99) / 1e6,
+    )
+
+
+async def _idle(target: Target, count: int, timeout: float) -> Measurement:
+    clients: list[MqttClient] = []
+    failures: list[BaseException] = []
+    gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
+    last = started = time.perf_counter()
+    before = rss_kib(target.pid)
+
+    async def one(i: int) -> None:
+        nonlocal last
+        async with gate:
+            try:
+                clients.append(await open_client(target.host, target.port, f"idle-{i}"))
+                last = time.perf_counter()
+            except OSError as exc:  # refused, reset, timed out or CONNACK refused
+                failures.append(exc)
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.sleep(_SETTLE)
+        after = rss_kib(target.pid)
+    finally:
+        _close(clients)
+    connected = len(clients)
+    result = Measurement(connections=connected, connect_rate=connected / max(last - started, 1e-9))
+    if before is not None and after is not None and connected:
+        result.kib_per_connection = (after - before) / connected
+    if connected < count:
+        result.error = f"{connected} of {count} connected in {timeout:.0f} s" + (
+            f" (first error: {failures[0]!r})" if failures else ""
+        )
+    return result
+
+
+def _backlog_limit(scenario: Scenario, settings: Settings) -> int:
+    return settings.backlog if scenario.bounded else 0
+
+
+def _sent(backlog: Backlog) -> int:
+    return sum(publisher.sent for publisher in backlog.publishers)
+
+
+def _total(clients: list[MqttClient]) -> int:
+    return sum(client.received for client in clients)
+
+
+def _close(clients: list[MqttClient]) -> None:
+    for client in clients:
+        if client.transport is not None:
+            client.transport.abort()
+
+
+def _percentile(ordered: list[int], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rss_kib(pid: int | None) -> int | None:
+    """Resident set size of a process in KiB, from /proc/<pid>/status (Linux)."""
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return None
