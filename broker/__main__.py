@@ -11,6 +11,7 @@ import sys
 
 from broker import __version__
 from broker.config import ConfigError, load_config
+from broker.plugins import load_plugins
 
 log = logging.getLogger("nautilus")
 
@@ -24,10 +25,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(config) -> None:
+async def serve(config, plugins) -> None:
     from broker.server import Broker
 
-    broker = Broker(config)
+    broker = Broker(config, plugins=plugins)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -51,13 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        plugins = load_plugins(config.plugins)
+    except ConfigError as exc:
+        print(f"nautilus: {exc}", file=sys.stderr)
+        return 2
+    try:
         import uvloop
     except ImportError:  # uvloop is optional: plain asyncio works, only slower
         runner = asyncio.run
     else:
         runner = uvloop.run
     try:
-        runner(serve(config))
+        runner(serve(config, plugins))
     except OSError as exc:  # e.g. the listener's port is taken
         print(f"nautilus: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -83,6 +83,8 @@ class Config:
     listeners: list[ListenerSettings] = field(default_factory=lambda: [ListenerSettings()])
     store: StoreSettings = field(default_factory=StoreSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # Keys whose value must satisfy more than its type says.
@@ -125,8 +127,8 @@ def _apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> None
                     f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY> (two underscores)"
                 )
             continue  # another program's variable
-        if section == "listeners":
-            raise ConfigError(f"{name}: listeners cannot be set from the environment")
+        if section in ("listeners", "plugins"):
+            raise ConfigError(f"{name}: [{section}] cannot be set from the environment")
         hint = get_type_hints(sections[section]).get(key) if section in sections else None
         if hint is str:
             value: Any = raw  # a path or name stays text even if it looks like a number
@@ -139,6 +141,11 @@ def _apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> None
         if not isinstance(data[section], dict):
             raise ConfigError(f"{name}: [{section}] is not a section")
         data[section][key] = value
+
+
+def build_section(cls: type, data: Any, where: str) -> Any:
+    """Validate one table against a settings dataclass; errors name `where.key`."""
+    return _build(cls, data, where)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -161,6 +168,13 @@ def _convert(hint: Any, value: Any, name: str) -> Any:
     origin = get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, name)
+    if origin is dict:  # a table of tables, validated later by whoever owns them
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a table, got {_kind(value)}")
+        for key, table in value.items():
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"{name}.{key}: expected a table, got {_kind(table)}")
+        return {key: dict(table) for key, table in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{name}: expected an array of tables, got {_kind(value)}")

@@ -24,6 +24,14 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from broker.authorization import (
+    apply_publish_modifiers,
+    granted_topics,
+    publish_refusal,
+    refusal_reason,
+    register_refusal,
+    session_limits,
+)
 from broker.message import Message
 from broker.protocol import (
     V3_CONNACK_CODE,
@@ -52,6 +60,17 @@ from broker.protocol import (
 from broker.protocol import SubAck as SubAckPacket
 from broker.router import SubOptions
 from broker.topics import valid_topic_filter, valid_topic_name
+from hooks import (
+    Chain,
+    ClientContext,
+    Ok,
+    PublishContext,
+    RegisterContext,
+    SubscribeContext,
+    TopicRequest,
+    UnsubscribeContext,
+)
+from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -71,7 +90,10 @@ class Connection(asyncio.Protocol):
         "_out",
         "_stall_timer",
         "_timer",
+        "_transport_paused",
+        "attributes",
         "broker",
+        "busy",
         "client_id",
         "decoder",
         "keepalive",
@@ -83,6 +105,7 @@ class Connection(asyncio.Protocol):
         "session",
         "stuck",
         "transport",
+        "username",
         "waiting_publishers",
         "will",
         "will_delay",
@@ -103,7 +126,11 @@ class Connection(asyncio.Protocol):
         self.will: Message | None = None
         self.will_delay = 0
         self.writable = True
-        self.reading_paused = False
+        self.reading_paused = False  # back-pressure: a subscriber we feed is congested
+        self.busy = False  # an awaiting hook flow (e.g. a webhook) holds further packets
+        self._transport_paused = False
+        self.username: str | None = None
+        self.attributes: dict = {}  # shared by the plugins for this connection
         self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
         self.stuck = False  # congested too long: holds no publisher back any more
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -130,7 +157,7 @@ class Connection(asyncio.Protocol):
         """Handle every complete packet buffered, unless closed or paused meanwhile."""
         decoder = self.decoder
         try:
-            while not self._closing and not self.reading_paused:
+            while not (self._closing or self.reading_paused or self.busy):
                 packet = decoder.next_packet()
                 if packet is None:
                     return
@@ -176,9 +203,8 @@ class Connection(asyncio.Protocol):
 
     def wait_for(self, congested: list[Connection]) -> None:
         """Stop reading from this publisher until the congested subscribers drain."""
-        if not self.reading_paused and not self._closing:
-            self.reading_paused = True
-            self.transport.pause_reading()
+        self.reading_paused = True
+        self._update_reading()
         for subscriber in congested:
             subscriber.waiting_publishers.add(self)
             if subscriber._stall_timer is None:
@@ -204,7 +230,7 @@ class Connection(asyncio.Protocol):
     def _resume_reading(self) -> None:
         if self.reading_paused and not self._closing:
             self.reading_paused = False
-            self.transport.resume_reading()
+            self._update_reading()
             self.loop.call_soon(self._process)  # packets that arrived before the pause
 
     # -- writing -----------------------------------------------------------------------
@@ -251,7 +277,7 @@ class Connection(asyncio.Protocol):
 
     def _check_keepalive(self) -> None:
         # The client must send something every keepalive seconds; we allow 1.5x [MQTT-3.1.2-22].
-        if self.reading_paused:  # we stopped reading it: its silence is ours
+        if self._transport_paused:  # we stopped reading it: its silence is ours
             self.last_seen = self.loop.time()
         deadline = self.last_seen + self.keepalive * 1.5
         remaining = deadline - self.loop.time()
@@ -265,12 +291,9 @@ class Connection(asyncio.Protocol):
     # -- CONNECT -----------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect) -> None:
-        self._timer.cancel()
-        self._timer = None
         self.protocol_level = level = packet.protocol_level
         self.broker.metrics.mqtt_connect_received += 1
         client_id = packet.client_id
-        props = packet.properties
         assigned = None
         if not client_id:
             # [MQTT-3.1.3-6/8]: 3.1.1 assigns an id only to clean sessions; 3.1 never does.
@@ -281,14 +304,100 @@ class Connection(asyncio.Protocol):
             return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
         if packet.will is not None and not valid_topic_name(packet.will.topic):
             return self._refuse(ReasonCode.TOPIC_NAME_INVALID)
-        if not self.broker.settings.allow_anonymous:
-            # No plugin can allow a client yet (hooks come with the plugin system).
-            return self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
         self.client_id = client_id
+        self.username = packet.username
+        hooks = self.broker.hooks
+        v5 = level == MQTT5
+        register = None
+        if not self.broker.settings.allow_anonymous:  # then auth_on_register is skipped
+            register = hooks.chain("auth_on_register_m5" if v5 else "auth_on_register")
+        will_check = None
+        if packet.will is not None:
+            will_check = hooks.chain("auth_on_publish_m5" if v5 else "auth_on_publish") or None
+        if register is None and will_check is None:
+            return self._accept(packet, assigned, {})
+        context = RegisterContext(
+            client_id=client_id,
+            username=packet.username,
+            attributes=self.attributes,
+            peer=self.peer[:2],
+            password=packet.password,
+            clean_start=packet.clean_start,
+            protocol_level=level,
+            properties=packet.properties,
+        )
+        self._spawn(self._authorize(packet, assigned, context, register, will_check))
+
+    async def _authorize(
+        self,
+        packet: Connect,
+        assigned: str | None,
+        context: RegisterContext,
+        register: Chain | None,
+        will_check: Chain | None,
+    ) -> None:
+        """auth_on_register(_m5), then the will's auth_on_publish, then CONNACK."""
+        modifiers: dict = {}
+        if register is not None:
+            result = await register.run(context) if register else NO_HOOK
+            if type(result) is not Ok:
+                return self._register_failed(context, result, register_refusal(result))
+            modifiers = dict(result.modifiers)
+            self._apply_register_modifiers(packet, context, modifiers)
+        if will_check is not None:
+            will = packet.will
+            will_context = PublishContext(
+                client_id=self.client_id,
+                username=self.username,
+                attributes=self.attributes,
+                topic=will.topic,
+                payload=will.payload,
+                qos=will.qos,
+                retain=will.retain,
+                properties=will.properties,
+            )
+            result = await will_check.run(will_context)
+            if type(result) is not Ok:
+                # VerneMQ answers a refused will with CONNACK 5 / not authorized.
+                return self._register_failed(context, result, ReasonCode.NOT_AUTHORIZED)
+        if not self._closing:
+            self._accept(packet, assigned, modifiers)
+
+    def _apply_register_modifiers(
+        self, packet: Connect, context: RegisterContext, modifiers: dict
+    ) -> None:
+        if "username" in modifiers:
+            self.username = context.username = modifiers["username"]
+        if "client_id" in modifiers:
+            self.client_id = context.client_id = modifiers["client_id"]
+        for key in ("clean_start", "clean_session"):
+            if key in modifiers:
+                packet.clean_start = modifiers[key]
+        if modifiers.get("max_message_size"):
+            self.decoder.max_packet_size = modifiers["max_message_size"]
+
+    def _register_failed(self, context: RegisterContext, result, code: int) -> None:
+        reason = refusal_reason(result)
+        chain = self.broker.hooks.chain("on_register_failed")
+        if chain:
+            context.reason = reason
+            self.broker.hooks.notify("on_register_failed", context)
+        log.info("%s: not authorized: %s", self._name(), reason)
+        if not self._closing:
+            self._refuse(code)
+
+    def _accept(self, packet: Connect, assigned: str | None, modifiers: dict) -> None:
+        """The client may connect: set up will, keepalive and session, send CONNACK."""
+        self._timer.cancel()
+        self._timer = None
+        level = self.protocol_level
+        props = packet.properties
         if packet.will is not None:
             will = packet.will
-            self.will = Message(will.topic, will.payload, will.qos, will.retain, will.properties)
             self.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
+            self.will = Message(
+                will.topic, will.payload, will.qos, will.retain, will.properties, self.client_id
+            )
         self.keepalive = packet.keepalive
         if self.keepalive:
             self.last_seen = self.loop.time()
@@ -300,11 +409,70 @@ class Connection(asyncio.Protocol):
             expiry = 0
         else:
             expiry = self.broker.settings.persistent_client_expiration or None
-        session, present = self.broker.registry.connect(self, client_id, packet.clean_start, expiry)
+        registry = self.broker.registry
+        session, present = registry.connect(self, self.client_id, packet.clean_start, expiry)
+        session.apply_limits(session_limits(modifiers))
         self.session = session
+        hooks = self.broker.hooks
+        on_register = hooks.chain("on_register_m5" if level == MQTT5 else "on_register")
+        if on_register:
+            hooks.notify(on_register.name, self._register_event(packet))
+        if hooks.chain("on_client_wakeup"):
+            hooks.notify("on_client_wakeup", self._client_context())
         self.send(ConnAck(ReasonCode.SUCCESS, present, self._connack_properties(assigned)))
         self.broker.metrics.mqtt_connack_sent += 1
         session.attach(self, props.get(Property.RECEIVE_MAXIMUM, 65535))
+
+    def _register_event(self, packet: Connect) -> RegisterContext:
+        return RegisterContext(
+            client_id=self.client_id,
+            username=self.username,
+            attributes=self.attributes,
+            peer=self.peer[:2],
+            clean_start=packet.clean_start,
+            protocol_level=self.protocol_level,
+            properties=packet.properties,
+        )
+
+    def _client_context(self) -> ClientContext:
+        return ClientContext(
+            client_id=self.client_id, username=self.username, attributes=self.attributes
+        )
+
+    # -- hook flows that await ---------------------------------------------------------
+
+    def _spawn(self, flow) -> None:
+        """Run an awaiting hook flow; no further packet is handled until it is done, so
+        this client's packets keep their order."""
+        self.busy = True
+        self._update_reading()
+        task = asyncio.ensure_future(flow)
+        self.broker.tasks.add(task)
+        task.add_done_callback(self._flow_done)
+
+    def _flow_done(self, task: asyncio.Task) -> None:
+        self.broker.tasks.discard(task)
+        self.busy = False
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("%s: internal error in a hook flow", self._name(), exc_info=task.exception())
+            return self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+        if not self._closing:
+            self._update_reading()
+            self._process()
+
+    def _update_reading(self) -> None:
+        """Pause the transport while back-pressure or a hook flow holds this client."""
+        if self._closing:
+            return
+        paused = self.reading_paused or self.busy
+        if paused != self._transport_paused:
+            self._transport_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     def _connack_properties(self, assigned_id: str | None) -> dict:
         if self.protocol_level != MQTT5:
@@ -327,38 +495,96 @@ class Connection(asyncio.Protocol):
 
     def _on_publish(self, packet: Publish) -> None:
         self.broker.metrics.mqtt_publish_received += 1
-        topic = packet.topic
-        if not valid_topic_name(topic):
+        if not valid_topic_name(packet.topic):
             return self.close(ReasonCode.TOPIC_NAME_INVALID)
         if Property.TOPIC_ALIAS in packet.properties:
             # We announce Topic Alias Maximum 0, so any alias is invalid [MQTT-3.3.2-8].
             return self.close(ReasonCode.TOPIC_ALIAS_INVALID)
-        qos = packet.qos
-        if qos == 2:
+        if packet.qos == 2:
             received = self.session.received_qos2
             if packet.packet_id in received:  # a resend: acknowledge, do not route twice
                 return self.send(PubRec(packet.packet_id))
             if len(received) >= self.broker.settings.receive_max_broker:
                 return self.close(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-            received.add(packet.packet_id)
-        if not topic.startswith("$SYS"):  # $SYS belongs to the broker
+        chain = self.broker.auth_on_publish[self.protocol_level == MQTT5]
+        if not chain:  # no authorization plugin: publishing is allowed
+            return self._route(packet, None)
+        context = self._publish_context(packet)
+        if chain.synchronous:
+            return self._authorized_publish(packet, context, chain.run_sync(context))
+        self._spawn(self._authorize_publish(packet, context, chain))
+
+    async def _authorize_publish(
+        self, packet: Publish, context: PublishContext, chain: Chain
+    ) -> None:
+        result = await chain.run(context)
+        if not self._closing:
+            self._authorized_publish(packet, context, result)
+
+    def _authorized_publish(self, packet: Publish, context: PublishContext, result) -> None:
+        if type(result) is Ok:
+            changed = apply_publish_modifiers(context, result)
+            return self._route(packet, context if changed else None)
+        log.debug("%s: publish to %r refused: %s", self._name(), packet.topic, result)
+        if packet.qos == 0:
+            return None
+        if self.protocol_level == MQTT5:
+            ack = PubAck if packet.qos == 1 else PubRec
+            return self.send(ack(packet.packet_id, publish_refusal(result)))
+        if self.protocol_level == 4:
+            return self.close()  # MQTT 3.1.1 has no refusal code: VerneMQ disconnects
+        return self._acknowledge(packet)  # MQTT 3.1: dropped silently
+
+    def _route(self, packet: Publish, changed: PublishContext | None) -> None:
+        """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it."""
+        if packet.qos == 2:
+            self.session.received_qos2.add(packet.packet_id)
+        if changed is None:
             message = Message(
-                topic,
+                packet.topic,
                 packet.payload,
-                qos,
+                packet.qos,
                 packet.retain,
                 packet.properties,
                 self.client_id,
                 packet.raw,
                 self.protocol_level,
             )
+        else:
+            message = Message(
+                changed.topic,
+                changed.payload,
+                changed.qos,
+                changed.retain,
+                changed.properties,
+                self.client_id,
+            )
+        if not message.topic.startswith("$SYS"):  # $SYS belongs to the broker
             congested = self.broker.publish(message)
             if congested:
                 self.wait_for(congested)
-        if qos == 1:
+            on_publish = self.broker.on_publish[self.protocol_level == MQTT5]
+            if on_publish:
+                self.broker.hooks.notify(on_publish.name, changed or self._publish_context(packet))
+        self._acknowledge(packet)
+
+    def _acknowledge(self, packet: Publish) -> None:
+        if packet.qos == 1:
             self.write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
-        elif qos == 2:
+        elif packet.qos == 2:
             self.write(b"\x50\x02" + packet.packet_id.to_bytes(2, "big"))
+
+    def _publish_context(self, packet: Publish) -> PublishContext:
+        return PublishContext(
+            client_id=self.client_id,
+            username=self.username,
+            attributes=self.attributes,
+            topic=packet.topic,
+            payload=packet.payload,
+            qos=packet.qos,
+            retain=packet.retain,
+            properties=dict(packet.properties),
+        )
 
     def _on_pubrel(self, packet: PubRel) -> None:
         try:
@@ -385,37 +611,137 @@ class Connection(asyncio.Protocol):
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         self.broker.metrics.mqtt_subscribe_received += 1
+        codes: list[int | None] = []  # None: valid, decided by the plugins below
+        requests = []
+        for sub in packet.subscriptions:
+            code = self._filter_problem(sub.topic_filter)
+            codes.append(code)
+            if code is None:
+                requests.append(
+                    TopicRequest(
+                        topic=sub.topic_filter,
+                        qos=sub.qos,
+                        no_local=sub.no_local,
+                        retain_as_published=sub.retain_as_published,
+                        retain_handling=sub.retain_handling,
+                    )
+                )
+        chain = self.broker.hooks.chain(
+            "auth_on_subscribe_m5" if self.protocol_level == MQTT5 else "auth_on_subscribe"
+        )
+        if not chain or not requests:  # no authorization plugin: subscribing is allowed
+            return self._subscribe(packet, codes, [(r, r.qos) for r in requests])
+        context = SubscribeContext(
+            client_id=self.client_id,
+            username=self.username,
+            attributes=self.attributes,
+            topics=requests,
+            properties=packet.properties,
+        )
+        if chain.synchronous:
+            granted = granted_topics(requests, chain.run_sync(context), self.protocol_level)
+            return self._subscribe(packet, codes, granted)
+        self._spawn(self._authorize_subscribe(packet, codes, context, chain))
+
+    async def _authorize_subscribe(
+        self, packet: Subscribe, codes: list, context: SubscribeContext, chain: Chain
+    ) -> None:
+        result = await chain.run(context)
+        if not self._closing:
+            granted = granted_topics(context.topics, result, self.protocol_level)
+            self._subscribe(packet, codes, granted)
+
+    def _filter_problem(self, topic_filter: str) -> int | None:
+        """The SUBACK failure code for a filter we cannot take, None for a good one."""
         v5 = self.protocol_level == MQTT5
+        if topic_filter.startswith("$share/"):  # shared subscriptions come later
+            return ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80
+        if not valid_topic_filter(topic_filter):
+            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+        return None
+
+    def _subscribe(
+        self, packet: Subscribe, codes: list, granted: list[tuple[TopicRequest, int]]
+    ) -> None:
+        """Subscribe what was granted, answer SUBACK, then send the retained messages."""
         sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
         sub_id = sub_ids[0] if sub_ids else None
-        codes = []
+        decisions = iter(granted)
         retained = []
-        for sub in packet.subscriptions:
-            topic_filter = sub.topic_filter
-            if not valid_topic_filter(topic_filter) or topic_filter.startswith("$share/"):
-                if not v5:
-                    codes.append(0x80)
-                elif topic_filter.startswith("$share/"):
-                    codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
-                else:
-                    codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+        for i, code in enumerate(codes):
+            if code is not None:
+                continue
+            request, codes[i] = next(decisions)
+            if codes[i] > 2:
                 continue
             options = SubOptions(
-                sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling, sub_id
+                codes[i],
+                request.no_local,
+                request.retain_as_published,
+                request.retain_handling,
+                sub_id,
             )
-            is_new = self.broker.subscribe(self.session, topic_filter, options)
-            codes.append(sub.qos)
+            is_new = self.broker.subscribe(self.session, request.topic, options)
             # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
-            if sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new):
-                retained.append((topic_filter, options))
+            if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
+                retained.append((request.topic, options))
         self.send(SubAckPacket(packet.packet_id, codes))
         for topic_filter, options in retained:
             self.broker.send_retained(self.session, topic_filter, options)
+        on_subscribe = self.broker.hooks.chain(
+            "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
+        )
+        if on_subscribe and granted:
+            topics = [TopicRequest(topic=request.topic, qos=code) for request, code in granted]
+            self.broker.hooks.notify(
+                on_subscribe.name,
+                SubscribeContext(
+                    client_id=self.client_id,
+                    username=self.username,
+                    attributes=self.attributes,
+                    topics=topics,
+                    properties=packet.properties,
+                ),
+            )
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         self.broker.metrics.mqtt_unsubscribe_received += 1
+        chain = self.broker.hooks.chain(
+            "on_unsubscribe_m5" if self.protocol_level == MQTT5 else "on_unsubscribe"
+        )
+        if not chain:
+            return self._unsubscribe(packet, packet.topic_filters)
+        context = UnsubscribeContext(
+            client_id=self.client_id,
+            username=self.username,
+            attributes=self.attributes,
+            topics=list(packet.topic_filters),
+            properties=packet.properties,
+        )
+        if chain.synchronous:
+            topics = self._unsubscribe_topics(context, chain.run_sync(context))
+            return self._unsubscribe(packet, topics)
+        self._spawn(self._authorize_unsubscribe(packet, context, chain))
+
+    async def _authorize_unsubscribe(
+        self, packet: Unsubscribe, context: UnsubscribeContext, chain: Chain
+    ) -> None:
+        result = await chain.run(context)
+        if not self._closing:
+            self._unsubscribe(packet, self._unsubscribe_topics(context, result))
+
+    @staticmethod
+    def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
+        """on_unsubscribe may rewrite the filters (Ok with `topics`); errors are ignored."""
+        if type(result) is Ok and "topics" in result.modifiers:
+            rewritten = [t if isinstance(t, str) else t[0] for t in result.modifiers["topics"]]
+            if len(rewritten) == len(context.topics):
+                return rewritten
+        return context.topics
+
+    def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str]) -> None:
         codes = []
-        for topic_filter in packet.topic_filters:
+        for topic_filter in topic_filters:
             found = self.broker.unsubscribe(self.session, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         self.send(UnsubAck(packet.packet_id, codes if self.protocol_level == MQTT5 else []))

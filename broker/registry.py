@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from broker.session import Session
+from hooks import ClientContext
 
 if TYPE_CHECKING:
     from broker.connection import Connection
@@ -64,7 +65,7 @@ class Registry:
         """Register an offline session restored from the store."""
         self.sessions[session.client_id] = session
         if expires_in is not None:
-            session.expiry_timer = self.broker.loop.call_later(expires_in, self.end, session)
+            session.expiry_timer = self.broker.loop.call_later(expires_in, self.expire, session)
 
     def disconnected(self, connection: Connection) -> None:
         session = connection.session
@@ -81,7 +82,9 @@ class Registry:
             if will is not None:
                 self.broker.publish(will)
             self.end(session)
+            self._event("on_client_gone", connection.client_id, connection.username)
             return
+        self._event("on_client_offline", connection.client_id, connection.username)
         if will is not None:
             delay = connection.will_delay
             if session.expiry is not None:
@@ -92,7 +95,17 @@ class Registry:
             else:
                 self.broker.publish(will)
         if session.expiry is not None:
-            session.expiry_timer = self.broker.loop.call_later(session.expiry, self.end, session)
+            session.expiry_timer = self.broker.loop.call_later(session.expiry, self.expire, session)
+
+    def expire(self, session: Session) -> None:
+        """The session stayed offline past its expiry interval."""
+        self.end(session)
+        self._event("on_session_expired", session.client_id)
+
+    def _event(self, hook: str, client_id: str, username: str | None = None) -> None:
+        hooks = self.broker.hooks
+        if hooks.chain(hook):
+            hooks.notify(hook, ClientContext(client_id=client_id, username=username))
 
     def _publish_will(self, session: Session) -> None:
         _, will = session.pending_will

@@ -9,17 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from broker.config import Config
 from broker.connection import Connection
 from broker.message import Message
 from broker.metrics import Metrics
+from broker.plugins import call_all, load_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
 from broker.retain import RetainedMessages
 from broker.router import Router, SubOptions
 from broker.session import Session
 from broker.store import SessionRecord, open_store
+from hooks import Chain, Hooks
 
 log = logging.getLogger("nautilus")
 
@@ -27,7 +30,12 @@ MQTT5 = 5
 
 
 class Broker:
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        loop: asyncio.AbstractEventLoop | None = None,
+        plugins: list[tuple[str, Any]] | None = None,
+    ) -> None:
         self.config = config
         self.settings = config.broker
         self.loop = loop or asyncio.get_running_loop()
@@ -36,11 +44,20 @@ class Broker:
         self.retained = RetainedMessages()
         self.registry = Registry(self)
         self.store = open_store(config.store, self.loop)
+        self.plugins = load_plugins(config.plugins) if plugins is None else plugins
+        self.hooks = Hooks(self.plugins)
+        self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
+        # The chains of the hot path, looked up once: index 0 for MQTT 3, 1 for MQTT 5.
+        self.auth_on_publish = self._chains("auth_on_publish")
+        self.on_publish = self._chains("on_publish")
         self.connections: set[Connection] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
         self.listening: list[tuple[str, int]] = []
         self._servers: list[asyncio.Server] = []
+
+    def _chains(self, name: str) -> tuple[Chain, Chain]:
+        return self.hooks.chain(name), self.hooks.chain(f"{name}_m5")
 
     def _connack_properties(self) -> dict:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
@@ -53,6 +70,7 @@ class Broker:
         return props
 
     async def start(self) -> None:
+        await call_all(self.plugins, "start")
         self._restore()
         for listener in self.config.listeners:
             host, port = listener.host_port
@@ -73,6 +91,9 @@ class Broker:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        for task in list(self.tasks):
+            task.cancel()
+        await call_all(self.plugins, "stop")
         self.store.close()
 
     def _restore(self) -> None:
@@ -120,6 +141,7 @@ class Broker:
             lifo=s.queue_type == "lifo",
             metrics=self.metrics,
             store=self.store,
+            hooks=self.hooks,
         )
 
     def publish(self, message: Message) -> list[Connection] | None:

@@ -21,17 +21,20 @@ from typing import TYPE_CHECKING
 from broker.message import Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
+from hooks import Ok, PublishContext
 
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.metrics import Metrics
     from broker.store import MessageStore
+    from hooks import Hooks
 
 # A message waiting for delivery: (message, qos, retain flag, subscription ids).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
+ON_DELIVER = ("on_deliver", "on_deliver_m5")
 DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
@@ -43,6 +46,7 @@ class Session:
         "connection",
         "expiry",
         "expiry_timer",
+        "hooks",
         "inflight",
         "lifo",
         "max_inflight",
@@ -68,6 +72,7 @@ class Session:
         lifo: bool,
         metrics: Metrics,
         store: MessageStore,
+        hooks: Hooks,
     ) -> None:
         self.client_id = client_id
         self.connection: Connection | None = None
@@ -88,6 +93,7 @@ class Session:
         # While offline, a persistent session's queue is mirrored in the store; these are
         # the store's sequence numbers of the queued messages, in queue order.
         self.store = store
+        self.hooks = hooks
         self.stored_seqs: deque[int] = deque()
         self._next_seq = 0
 
@@ -111,6 +117,36 @@ class Session:
             else:
                 connection.send(PubRel(packet_id))
         self.drain()
+
+    def apply_limits(self, limits: dict) -> None:
+        """Per-session settings an auth_on_register plugin chose (VerneMQ's modifiers)."""
+        if "max_inflight_messages" in limits:
+            self.max_inflight = limits["max_inflight_messages"] or 65535
+        if "max_online_messages" in limits:
+            self.max_online = limits["max_online_messages"]
+        if "max_offline_messages" in limits:
+            self.max_offline = limits["max_offline_messages"]
+        if "queue_type" in limits:
+            self.lifo = limits["queue_type"] == "lifo"
+
+    def _event(self, hook: str, delivery: Delivery, reason: str = "") -> None:
+        """Fire a message event hook, building its context only if someone listens."""
+        if self.hooks.chain(hook):
+            message, qos, retain, _ = delivery
+            connection = self.connection
+            self.hooks.notify(
+                hook,
+                PublishContext(
+                    client_id=self.client_id,
+                    username=connection.username if connection is not None else None,
+                    topic=message.topic,
+                    payload=message.payload,
+                    qos=qos,
+                    retain=retain,
+                    properties=message.properties,
+                    reason=reason,
+                ),
+            )
 
     def detach(self) -> None:
         """Go offline. A persistent session's undelivered messages are written to the store."""
@@ -150,7 +186,9 @@ class Session:
             if qos == 0:
                 self.metrics.queue_message_unhandled += 1
             else:
-                self._enqueue((message, qos, retain, sub_ids), self.max_offline)
+                delivery = (message, qos, retain, sub_ids)
+                self._event("on_offline_message", delivery)
+                self._enqueue(delivery, self.max_offline)
             return None
         if (
             not self.queue
@@ -170,8 +208,9 @@ class Session:
         if 0 <= limit <= len(queue):
             self.metrics.queue_message_drop += 1
             if not self.lifo or not queue:
+                self._event("on_message_drop", delivery, "queue_full")
                 return False  # fifo: tail drop, the new message is lost
-            queue.popleft()  # lifo: the oldest makes room
+            self._event("on_message_drop", queue.popleft(), "queue_full")  # lifo: oldest goes
             if self.stored_seqs:
                 self.store.dequeue(self.client_id, self.stored_seqs.popleft())
             queue.append(delivery)
@@ -191,6 +230,9 @@ class Session:
         retain: bool,
         sub_ids: tuple[int, ...],
     ) -> None:
+        on_deliver = self.hooks.chain(ON_DELIVER[connection.protocol_level == 5])
+        if on_deliver:
+            message = self._on_deliver(on_deliver, connection, message, qos, retain)
         template = message.template(connection.protocol_level, qos, retain, sub_ids)
         if qos == 0:
             connection.write(template.data)
@@ -199,6 +241,31 @@ class Session:
             self.inflight[packet_id] = [(message, qos, retain, sub_ids), AWAITING_ACK]
             connection.write(template.with_packet_id(packet_id))
         self.metrics.queue_message_out += 1
+
+    def _on_deliver(self, chain, connection, message: Message, qos: int, retain: bool) -> Message:
+        """on_deliver(_m5) may rewrite topic, payload or properties; errors change nothing."""
+        context = PublishContext(
+            client_id=self.client_id,
+            username=connection.username,
+            attributes=connection.attributes,
+            topic=message.topic,
+            payload=message.payload,
+            qos=qos,
+            retain=retain,
+            properties=dict(message.properties),
+        )
+        result = chain.run_sync(context)
+        if type(result) is not Ok or not result.modifiers:
+            return message
+        modifiers = result.modifiers
+        return Message(
+            modifiers.get("topic", message.topic),
+            modifiers.get("payload", message.payload),
+            message.qos,
+            message.retain,
+            dict(modifiers.get("properties", message.properties)),
+            message.sender,
+        )
 
     def drain(self) -> None:
         """Move queued messages to the connection while the window and transport allow.
@@ -231,6 +298,7 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is not None and entry[0][1] == 1:
             del self.inflight[packet_id]
+            self._event("on_delivery_complete", entry[0])
             self.drain()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:
@@ -243,6 +311,7 @@ class Session:
             self.drain()
             return -1
         entry[1] = AWAITING_COMP
+        self._event("on_delivery_complete", entry[0])  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
     def on_pubcomp(self, packet_id: int) -> None:

@@ -1,1 +1,47 @@
-"""hooks: placeholder package; built in a later issue (see issues)."""
+"""The plugin contract: VerneMQ's hooks, their contexts and results, and their dispatch.
+
+A plugin is a class built from its config section; a hook is a method named after it:
+
+    from hooks import NEXT, Error, Ok, PublishContext
+
+    class OnlyOwnTopics:
+        def auth_on_publish(self, ctx: PublishContext):
+            if ctx.topic.startswith(f"devices/{ctx.client_id}/"):
+                return Ok()
+            return NEXT
+
+See docs/plugins.md for every hook, its context and the results it accepts.
+"""
+
+from hooks.dispatch import Chain, Hooks
+from hooks.results import NEXT, Error, Next, Ok, Result
+from hooks.spec import (
+    HOOKS,
+    AuthContext,
+    ClientContext,
+    HookSpec,
+    PublishContext,
+    RegisterContext,
+    SubscribeContext,
+    TopicRequest,
+    UnsubscribeContext,
+)
+
+__all__ = [
+    "HOOKS",
+    "NEXT",
+    "AuthContext",
+    "Chain",
+    "ClientContext",
+    "Error",
+    "HookSpec",
+    "Hooks",
+    "Next",
+    "Ok",
+    "PublishContext",
+    "RegisterContext",
+    "Result",
+    "SubscribeContext",
+    "TopicRequest",
+    "UnsubscribeContext",
+]

@@ -1,0 +1,88 @@
+"""What auth hook results mean for the protocol: reason codes and applied modifiers.
+
+Pure functions, no I/O: the connection runs the chains (hooks.dispatch) and asks here what
+to answer. The rules are VerneMQ's (vmq_mqtt_fsm / vmq_mqtt5_fsm), see docs/plugins.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.protocol import ReasonCode
+from hooks import Error, Ok, PublishContext, Result, TopicRequest
+
+MQTT5 = 5
+# Reasons that mean "these credentials are wrong" rather than "you may not".
+_BAD_CREDENTIALS = {"invalid_credentials", "bad_username_or_password", "invalid_signature"}
+
+
+def register_refusal(result: Result) -> int:
+    """The MQTT 5 reason code for a refused CONNECT (mapped to 4 or 5 for MQTT 3)."""
+    if isinstance(result, Error) and result.reason_code is not None:
+        return result.reason_code
+    if isinstance(result, Error) and result.reason in _BAD_CREDENTIALS:
+        return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+    return ReasonCode.NOT_AUTHORIZED
+
+
+def refusal_reason(result: Result) -> str:
+    """A one-word reason for logs and on_register_failed."""
+    return result.reason if isinstance(result, Error) else "not_authorized"
+
+
+def publish_refusal(result: Result) -> int:
+    """The MQTT 5 PUBACK/PUBREC reason code for a refused PUBLISH."""
+    if isinstance(result, Error) and result.reason_code is not None:
+        return result.reason_code
+    return ReasonCode.NOT_AUTHORIZED
+
+
+def apply_publish_modifiers(context: PublishContext, result: Ok) -> bool:
+    """Rewrite the message as the plugin asked; True if anything changed."""
+    modifiers = result.modifiers
+    if not modifiers:
+        return False
+    for key in ("topic", "payload", "qos", "retain", "mountpoint"):
+        if key in modifiers:
+            setattr(context, key, modifiers[key])
+    if "properties" in modifiers:
+        context.properties = dict(modifiers["properties"])
+    return True
+
+
+def granted_topics(
+    requested: list[TopicRequest], result: Result, protocol_level: int
+) -> list[tuple[TopicRequest, int]]:
+    """Each requested topic with the QoS granted, or its SUBACK failure code.
+
+    Ok keeps the request or, with a `topics` modifier [(filter, qos or code)] (one entry per
+    requested topic, in order), rewrites it; a code above 2 refuses that topic (VerneMQ's
+    128). Error or an exhausted chain refuses every topic (MQTT 5: 0x87 or the Error's
+    reason code; MQTT 3: 0x80).
+    """
+    refused = 0x80 if protocol_level < MQTT5 else publish_refusal(result)
+    if not isinstance(result, Ok):
+        return [(topic, refused) for topic in requested]
+    rewritten = result.modifiers.get("topics")
+    if rewritten is None:
+        return [(topic, topic.qos) for topic in requested]
+    if len(rewritten) != len(requested):
+        return [(topic, refused) for topic in requested]  # not a rewrite we can apply
+    granted = []
+    for original, (topic_filter, qos) in zip(requested, rewritten, strict=True):
+        request = TopicRequest(
+            topic=topic_filter,
+            qos=min(qos, 2),
+            no_local=original.no_local,
+            retain_as_published=original.retain_as_published,
+            retain_handling=original.retain_handling,
+        )
+        code = qos if qos <= 2 else (0x80 if protocol_level < MQTT5 else qos)
+        granted.append((request, code))
+    return granted
+
+
+def session_limits(modifiers: dict[str, Any]) -> dict[str, Any]:
+    """The auth_on_register modifiers that change this session's queue settings."""
+    names = ("max_inflight_messages", "max_online_messages", "max_offline_messages", "queue_type")
+    return {name: modifiers[name] for name in names if name in modifiers}

@@ -1,0 +1,104 @@
+"""Loading plugins from `[plugins.<name>]` config tables.
+
+A table with `enabled = true` loads a plugin:
+- built-in plugins by their short name: `[plugins.acl]` imports the package `plugins.acl`
+  and uses the class it exports as `PLUGIN`;
+- third-party plugins by `module = "package.module:Class"`.
+
+A plugin class may define `Config`, a dataclass of its keys with their defaults; the
+table's other keys are validated against it with the same rules and messages as the rest
+of the config (`plugins.acl.acl_file: expected str, got int`). The plugin is built as
+`Class(config)`; optional `start()` and `stop()` methods (sync or async) run with the
+broker. Order: plugins with a `priority` first, lowest number first; then config order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from typing import Any
+
+from broker.config import ConfigError, build_section
+from hooks import HOOKS
+
+log = logging.getLogger("nautilus.plugins")
+
+RESERVED_KEYS = ("enabled", "priority", "module")
+
+
+def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Build the enabled plugins, in call order, as (name, instance) pairs."""
+    loaded = []
+    for position, (name, section) in enumerate(sections.items()):
+        where = f"plugins.{name}"
+        enabled = section.get("enabled", False)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
+        if not enabled:
+            continue
+        priority = section.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ConfigError(f"{where}.priority: expected an integer, got {priority!r}")
+        cls = _plugin_class(name, section.get("module"), where)
+        settings = {k: v for k, v in section.items() if k not in RESERVED_KEYS}
+        config_cls = getattr(cls, "Config", None)
+        if config_cls is not None:
+            plugin = cls(build_section(config_cls, settings, where))
+        elif settings:
+            raise ConfigError(f"unknown config key {where}.{next(iter(settings))!r}")
+        else:
+            plugin = cls()
+        _warn_unknown_hooks(name, plugin)
+        _check_sync_only(where, plugin)
+        order = (0, priority, position) if priority is not None else (1, 0, position)
+        loaded.append((order, name, plugin))
+    loaded.sort(key=lambda item: item[0])
+    for _, name, _ in loaded:
+        log.info("plugin %s enabled", name)
+    return [(name, plugin) for _, name, plugin in loaded]
+
+
+def _plugin_class(name: str, module: Any, where: str) -> type:
+    if module is None:
+        path, attribute = f"plugins.{name}", "PLUGIN"
+    elif isinstance(module, str) and module.count(":") == 1:
+        path, attribute = module.split(":")
+    else:
+        raise ConfigError(f"{where}.module: expected 'package.module:Class', got {module!r}")
+    try:
+        imported = importlib.import_module(path)
+    except ImportError as exc:
+        what = "no built-in plugin of that name" if module is None else str(exc)
+        raise ConfigError(f"{where}: cannot load plugin: {what}") from None
+    cls = getattr(imported, attribute, None)
+    if not inspect.isclass(cls):
+        raise ConfigError(f"{where}: {path} has no plugin class {attribute!r}")
+    return cls
+
+
+def _warn_unknown_hooks(name: str, plugin: Any) -> None:
+    """A method that looks like a hook but names none is most likely a typo."""
+    for attribute in dir(plugin):
+        if attribute.startswith(("auth_on_", "on_")) and attribute not in HOOKS:
+            log.warning("plugin %s: %s is not a hook; it will never be called", name, attribute)
+
+
+# Hooks called on a path that cannot wait: per delivery, inside the fan-out loop.
+SYNC_ONLY = ("on_deliver", "on_deliver_m5")
+
+
+def _check_sync_only(where: str, plugin: Any) -> None:
+    for hook in SYNC_ONLY:
+        if inspect.iscoroutinefunction(getattr(plugin, hook, None)):
+            raise ConfigError(f"{where}: {hook} must be a plain (not async) method")
+
+
+async def call_all(plugins: list[tuple[str, Any]], method: str) -> None:
+    """Run each plugin's start() or stop(), awaiting the async ones."""
+    for _, plugin in plugins:
+        function = getattr(plugin, method, None)
+        if function is not None:
+            result = function()
+            if inspect.isawaitable(result):
+                await result

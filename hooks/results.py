@@ -1,0 +1,49 @@
+"""What an auth-style hook returns: Ok (with modifiers), Next, or Error.
+
+These follow VerneMQ's result rules (vmq_plugin_helper:all_till_ok):
+
+| result            | effect                                   |
+|-------------------|------------------------------------------|
+| Ok()              | stop, allow                              |
+| Ok({...})         | stop, allow with these modifiers         |
+| Error(reason)     | stop, deny                               |
+| NEXT              | ask the next plugin                      |
+| anything else     | treated as Error (and logged)            |
+| chain exhausted   | deny                                     |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """Allow. `modifiers` change what is allowed (each hook has its own allow-list)."""
+
+    modifiers: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """No opinion: let the next plugin in the chain decide."""
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """Deny. `reason` is logged and reported (e.g. "invalid_credentials"); an MQTT 5
+    `reason_code` (e.g. 0x87) is sent to the client where the protocol has a place for it."""
+
+    reason: str = "not_authorized"
+    reason_code: int | None = None
+
+
+NEXT = Next()
+
+Result = Ok | Next | Error
+
+# The chain's verdict when nobody said Ok or Error.
+CHAIN_EXHAUSTED = Error("plugin_chain_exhausted")
+NO_HOOK = Error("no_matching_hook_found")

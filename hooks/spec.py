@@ -1,0 +1,246 @@
+"""Every hook, declared once: its name, dispatch mode, context type and modifier allow-list.
+
+Names are VerneMQ's, v4 and `_m5` (webhook configs and docs need them). A plugin
+implements a hook by defining a method of that name, sync or `async`, taking one context
+object. For an MQTT 5 client the broker calls the `_m5` hook; a plugin that only defines
+the v4 method serves the `_m5` hook with it, as VerneMQ's compatibility layer does. The
+context is the same class either way; v4 implementations simply ignore `properties`.
+
+Modes: "all_till_ok" (auth: Ok stops and allows, Error stops and denies, Next asks the
+next plugin, an exhausted chain denies), "all" (events: every plugin is called, results
+are ignored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Properties = dict[int, Any]
+
+
+# -- contexts: one slotted dataclass per kind of hook; new fields break no plugin --------
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientContext:
+    """Who: every hook knows the client. `attributes` is one dict per connection that
+    plugins share (e.g. auth_jwt puts the token's claims there for the ACL plugin)."""
+
+    client_id: str
+    mountpoint: str = ""
+    username: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class RegisterContext(ClientContext):
+    """auth_on_register(_m5), on_register(_m5), on_register_failed."""
+
+    peer: tuple[str, int] = ("", 0)
+    password: bytes | None = None
+    clean_start: bool = True
+    protocol_level: int = 4
+    properties: Properties = field(default_factory=dict)
+    reason: str = ""  # on_register_failed: why
+
+
+@dataclass(slots=True, kw_only=True)
+class PublishContext(ClientContext):
+    """auth_on_publish(_m5), on_publish(_m5), on_deliver(_m5), on_offline_message,
+    on_delivery_complete, on_message_drop. For delivery hooks the client is the receiver."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = field(default_factory=dict)
+    reason: str = ""  # on_message_drop: queue_full, expired, max_packet_size_exceeded
+
+
+@dataclass(slots=True, kw_only=True)
+class TopicRequest:
+    topic: str
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class SubscribeContext(ClientContext):
+    """auth_on_subscribe(_m5), on_subscribe(_m5). In on_subscribe a refused topic has qos
+    0x80 (or its MQTT 5 reason code)."""
+
+    topics: list[TopicRequest]
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class UnsubscribeContext(ClientContext):
+    """on_unsubscribe(_m5)."""
+
+    topics: list[str]
+    properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class AuthContext(ClientContext):
+    """on_auth_m5: the AUTH exchange (method and data are in properties)."""
+
+    properties: Properties = field(default_factory=dict)
+
+
+# -- modifier validators ----------------------------------------------------------------
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: Any) -> bool:
+    return _int(value) and value > 0
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _qos(value: Any) -> bool:
+    return value in (0, 1, 2) and not isinstance(value, bool)
+
+
+def _bytes(value: Any) -> bool:
+    return isinstance(value, bytes)
+
+
+def _properties(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _publish_topic(value: Any) -> bool:
+    return isinstance(value, str) and value != "" and "+" not in value and "#" not in value
+
+
+def _topic_list(value: Any) -> bool:
+    """auth_on_subscribe: [(filter, qos or reason code)]; on_unsubscribe: [filter]."""
+    if not isinstance(value, list):
+        return False
+    return all(
+        isinstance(item, str)
+        or (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str))
+        for item in value
+    )
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda value: value in choices
+
+
+Validators = Mapping[str, Callable[[Any], bool]]
+
+_REGISTER: Validators = {
+    **dict.fromkeys(
+        ("allow_register", "allow_publish", "allow_subscribe", "allow_unsubscribe"), _bool
+    ),
+    **dict.fromkeys(
+        (
+            "max_message_size",
+            "max_connection_lifetime",
+            "max_message_rate",
+            "max_inflight_messages",
+            "retry_interval",
+            "max_online_messages",
+            "max_offline_messages",
+            "max_drain_time",
+            "max_msgs_per_drain_step",
+        ),
+        _int,
+    ),
+    "username": _str,
+    "client_id": _str,
+    "mountpoint": _str,
+    "clean_session": _bool,
+    "clean_start": _bool,
+    "upgrade_qos": _bool,
+    "queue_type": _one_of("fifo", "lifo"),
+    "shared_subscription_policy": _one_of(
+        "prefer_local", "local_only", "random", "round_robin", "prefer_online_before_local"
+    ),
+    "properties": _properties,
+}
+_PUBLISH: Validators = {
+    "topic": _publish_topic,
+    "payload": _bytes,
+    "qos": _qos,
+    "retain": _bool,
+    "mountpoint": _str,
+    "throttle": _positive,
+    "properties": _properties,
+}
+_SUBSCRIBE: Validators = {"topics": _topic_list, "properties": _properties}
+_DELIVER: Validators = {"topic": _publish_topic, "payload": _bytes, "properties": _properties}
+_AUTH: Validators = {"properties": _properties, "reason_code": _int}
+
+
+# -- the catalogue -----------------------------------------------------------------------
+
+Mode = Literal["all_till_ok", "all"]
+
+
+@dataclass(frozen=True, slots=True)
+class HookSpec:
+    name: str
+    mode: Mode
+    context: type
+    modifiers: Validators = field(default_factory=dict)
+    v4_fallback: str | None = None  # for an _m5 hook: the v4 hook that may serve it
+
+
+def _pair(name: str, mode: Mode, context: type, modifiers: Validators = {}) -> list[HookSpec]:  # noqa: B006
+    return [
+        HookSpec(name, mode, context, modifiers),
+        HookSpec(f"{name}_m5", mode, context, modifiers, v4_fallback=name),
+    ]
+
+
+HOOKS: dict[str, HookSpec] = {
+    spec.name: spec
+    for spec in [
+        *_pair("auth_on_register", "all_till_ok", RegisterContext, _REGISTER),
+        *_pair("auth_on_publish", "all_till_ok", PublishContext, _PUBLISH),
+        *_pair("auth_on_subscribe", "all_till_ok", SubscribeContext, _SUBSCRIBE),
+        *_pair("on_register", "all", RegisterContext),
+        *_pair("on_publish", "all", PublishContext),
+        *_pair("on_subscribe", "all", SubscribeContext),
+        *_pair("on_unsubscribe", "all_till_ok", UnsubscribeContext, _SUBSCRIBE),
+        *_pair("on_deliver", "all_till_ok", PublishContext, _DELIVER),
+        HookSpec("on_auth_m5", "all_till_ok", AuthContext, _AUTH),
+        HookSpec("on_offline_message", "all", PublishContext),
+        HookSpec("on_client_wakeup", "all", ClientContext),
+        HookSpec("on_client_offline", "all", ClientContext),
+        HookSpec("on_client_gone", "all", ClientContext),
+        HookSpec("on_session_expired", "all", ClientContext),
+        HookSpec("on_message_drop", "all", PublishContext),
+        # Courier's additions.
+        HookSpec("on_register_failed", "all", RegisterContext),
+        HookSpec("on_delivery_complete", "all", PublishContext),
+    ]
+}
+
+
+def check_modifiers(hook: str, modifiers: Mapping[str, Any]) -> str | None:
+    """None when every modifier is allowed for `hook`, else what is wrong (one line)."""
+    allowed = HOOKS[hook].modifiers
+    for key, value in modifiers.items():
+        validator = allowed.get(key)
+        if validator is None:
+            return f"modifier {key!r} is not allowed in {hook}"
+        if not validator(value):
+            return f"modifier {key!r} has an invalid value {value!r} in {hook}"
+    return None
