@@ -168,16 +168,16 @@ def _convert(hint: Any, value: Any, name: str) -> Any:
     origin = get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, name)
-    if origin is dict:  # a table of tables, validated later by whoever owns them
+    if hint is Any:
+        return value
+    if origin is dict:  # a table whose values share one type, e.g. dict[str, int]
         if not isinstance(value, Mapping):
             raise ConfigError(f"{name}: expected a table, got {_kind(value)}")
-        for key, table in value.items():
-            if not isinstance(table, Mapping):
-                raise ConfigError(f"{name}.{key}: expected a table, got {_kind(table)}")
-        return {key: dict(table) for key, table in value.items()}
+        _, value_hint = get_args(hint)
+        return {key: _convert(value_hint, item, f"{name}.{key}") for key, item in value.items()}
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{name}: expected an array of tables, got {_kind(value)}")
+            raise ConfigError(f"{name}: expected an array, got {_kind(value)}")
         (item,) = get_args(hint)
         return [_convert(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is Literal:
