@@ -483,10 +483,13 @@ class Connection(asyncio.Protocol):
         return props
 
     def _refuse(self, reason: int) -> None:
-        code = reason if self.protocol_level == MQTT5 else V3_CONNACK_CODE[reason]
-        if self.protocol_level != MQTT5 and reason == ReasonCode.TOPIC_NAME_INVALID:
+        if self.protocol_level == MQTT5:
+            code = reason
+        elif reason == ReasonCode.TOPIC_NAME_INVALID:
             code = None  # 3.1.1 has no code for it: close without CONNACK [MQTT-3.2.2-6]
-        log.info("%s: connection refused: %s", self._name(), ReasonCode(reason).name)
+        else:  # 3.x has five codes; "not authorized" stands for every other refusal
+            code = V3_CONNACK_CODE.get(reason, ConnectReturnCode.NOT_AUTHORIZED)
+        log.info("%s: connection refused (reason %#04x)", self._name(), reason)
         if code is not None:
             self.send(ConnAck(code))
         self.close()
