@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import sys
+from importlib.metadata import entry_points
 
 from broker import __version__
 from broker.config import ConfigError, load_config
@@ -18,7 +19,10 @@ log = logging.getLogger("nautilus")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="nautilus", description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker."
+        prog="nautilus",
+        description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker.",
+        epilog="nautilus passwd [-c | -D] FILE USER: manage a password file "
+        "(see nautilus passwd --help).",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
     parser.add_argument("--version", action="version", version=f"nautilus {__version__}")
@@ -41,7 +45,20 @@ async def serve(config, plugins) -> None:
         await broker.stop()
 
 
+def _subcommand(name: str):
+    """A tool a plugin ships (`nautilus passwd ...`), declared as a `nautilus.commands`
+    entry point, so the broker itself names no plugin."""
+    for entry in entry_points(group="nautilus.commands"):
+        if entry.name == name:
+            return entry.load()
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = _subcommand(argv[0]) if argv and not argv[0].startswith("-") else None
+    if command is not None:
+        return command(argv[1:])
     args = parse_args(argv)
     try:
         config = load_config(args.config)

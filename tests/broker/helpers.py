@@ -546,6 +546,8 @@ class PahoClient:
         properties: dict[str, Any] | None = None,
         will: WillSpec | None = None,
         expect_code: int | None = 0,
+        username: str | None = None,
+        password: str | bytes | None = None,
     ) -> ConnResult:
         """Connect and wait for the CONNACK. `properties`: paho CONNECT property names."""
         v5 = self.version == V5
@@ -563,6 +565,8 @@ class PahoClient:
             self._on_disconnect,
         )
         c.on_subscribe = c.on_unsubscribe = self._on_ack
+        if username is not None or password is not None:
+            c.username_pw_set(username, password)
         if will:
             will_props = None
             if v5 and will.properties:

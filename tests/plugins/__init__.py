@@ -1,0 +1,1 @@
+"""Plugin tests, one package per plugin."""

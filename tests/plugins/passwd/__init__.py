@@ -1,0 +1,1 @@
+"""plugins/passwd: hashes, the file, the CLI and end-to-end with a real broker."""
