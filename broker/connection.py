@@ -381,6 +381,7 @@ class Connection(asyncio.Protocol):
         chain = self.broker.hooks.chain("on_register_failed")
         if chain:
             context.reason = reason
+            context.password = None  # events (and the event relay) never see credentials
             self.broker.hooks.notify("on_register_failed", context)
         log.info("%s: not authorized: %s", self._name(), reason)
         if not self._closing:
@@ -529,13 +530,13 @@ class Connection(asyncio.Protocol):
             changed = apply_publish_modifiers(context, result)
             return self._route(packet, context if changed else None)
         log.debug("%s: publish to %r refused: %s", self._name(), packet.topic, result)
+        if self.protocol_level == 4:
+            return self.close()  # MQTT 3.1.1 has no refusal code: VerneMQ disconnects
         if packet.qos == 0:
             return None
         if self.protocol_level == MQTT5:
             ack = PubAck if packet.qos == 1 else PubRec
             return self.send(ack(packet.packet_id, publish_refusal(result)))
-        if self.protocol_level == 4:
-            return self.close()  # MQTT 3.1.1 has no refusal code: VerneMQ disconnects
         return self._acknowledge(packet)  # MQTT 3.1: dropped silently
 
     def _route(self, packet: Publish, changed: PublishContext | None) -> None:
@@ -633,7 +634,7 @@ class Connection(asyncio.Protocol):
             "auth_on_subscribe_m5" if self.protocol_level == MQTT5 else "auth_on_subscribe"
         )
         if not chain or not requests:  # no authorization plugin: subscribing is allowed
-            return self._subscribe(packet, codes, [(r, r.qos) for r in requests])
+            return self._subscribe(packet, codes, [(r, r.qos) for r in requests], True)
         context = SubscribeContext(
             client_id=self.client_id,
             username=self.username,
@@ -642,8 +643,9 @@ class Connection(asyncio.Protocol):
             properties=packet.properties,
         )
         if chain.synchronous:
-            granted = granted_topics(requests, chain.run_sync(context), self.protocol_level)
-            return self._subscribe(packet, codes, granted)
+            result = chain.run_sync(context)
+            granted = granted_topics(requests, result, self.protocol_level)
+            return self._subscribe(packet, codes, granted, type(result) is Ok)
         self._spawn(self._authorize_subscribe(packet, codes, context, chain))
 
     async def _authorize_subscribe(
@@ -652,7 +654,7 @@ class Connection(asyncio.Protocol):
         result = await chain.run(context)
         if not self._closing:
             granted = granted_topics(context.topics, result, self.protocol_level)
-            self._subscribe(packet, codes, granted)
+            self._subscribe(packet, codes, granted, type(result) is Ok)
 
     def _filter_problem(self, topic_filter: str) -> int | None:
         """The SUBACK failure code for a filter we cannot take, None for a good one."""
@@ -664,9 +666,14 @@ class Connection(asyncio.Protocol):
         return None
 
     def _subscribe(
-        self, packet: Subscribe, codes: list, granted: list[tuple[TopicRequest, int]]
+        self,
+        packet: Subscribe,
+        codes: list,
+        granted: list[tuple[TopicRequest, int]],
+        allowed: bool,
     ) -> None:
-        """Subscribe what was granted, answer SUBACK, then send the retained messages."""
+        """Subscribe what was granted, answer SUBACK, then send the retained messages.
+        on_subscribe fires only when the plugins allowed the request (`allowed`)."""
         sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
         sub_id = sub_ids[0] if sub_ids else None
         decisions = iter(granted)
@@ -694,7 +701,7 @@ class Connection(asyncio.Protocol):
         on_subscribe = self.broker.hooks.chain(
             "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
         )
-        if on_subscribe and granted:
+        if on_subscribe and granted and allowed:
             topics = [TopicRequest(topic=request.topic, qos=code) for request, code in granted]
             self.broker.hooks.notify(
                 on_subscribe.name,

@@ -46,7 +46,7 @@ def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         if config_cls is not None:
             plugin = cls(build_section(config_cls, settings, where))
         elif settings:
-            raise ConfigError(f"unknown config key {where}.{next(iter(settings))!r}")
+            raise ConfigError(f"unknown config key '{where}.{next(iter(settings))}'")
         else:
             plugin = cls()
         _warn_unknown_hooks(name, plugin)

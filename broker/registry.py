@@ -82,9 +82,9 @@ class Registry:
             if will is not None:
                 self.broker.publish(will)
             self.end(session)
-            self._event("on_client_gone", connection.client_id, connection.username)
+            self._event("on_client_gone", connection)
             return
-        self._event("on_client_offline", connection.client_id, connection.username)
+        self._event("on_client_offline", connection)
         if will is not None:
             delay = connection.will_delay
             if session.expiry is not None:
@@ -100,12 +100,19 @@ class Registry:
     def expire(self, session: Session) -> None:
         """The session stayed offline past its expiry interval."""
         self.end(session)
-        self._event("on_session_expired", session.client_id)
+        hooks = self.broker.hooks
+        if hooks.chain("on_session_expired"):
+            hooks.notify("on_session_expired", ClientContext(client_id=session.client_id))
 
-    def _event(self, hook: str, client_id: str, username: str | None = None) -> None:
+    def _event(self, hook: str, connection: Connection) -> None:
         hooks = self.broker.hooks
         if hooks.chain(hook):
-            hooks.notify(hook, ClientContext(client_id=client_id, username=username))
+            context = ClientContext(
+                client_id=connection.client_id,
+                username=connection.username,
+                attributes=connection.attributes,
+            )
+            hooks.notify(hook, context)
 
     def _publish_will(self, session: Session) -> None:
         _, will = session.pending_will

@@ -139,6 +139,7 @@ class Session:
                 PublishContext(
                     client_id=self.client_id,
                     username=connection.username if connection is not None else None,
+                    attributes=connection.attributes if connection is not None else {},
                     topic=message.topic,
                     payload=message.payload,
                     qos=qos,

@@ -81,7 +81,9 @@ class Chain:
                     log.error("plugin %s: %s; treated as an error", plugin, problem)
                     return Error("invalid_modifiers")
             return result
-        if type(result) is Next or type(result) is Error:
+        if type(result) is Next:
+            return NEXT  # any Next() instance, not only the NEXT constant
+        if type(result) is Error:
             return result
         log.error("plugin %s: %s returned %r, not Ok, Next or Error", plugin, self.name, result)
         return INVALID_RESULT

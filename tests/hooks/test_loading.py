@@ -1,0 +1,205 @@
+"""Plugin loading from `[plugins.<name>]` tables (broker.plugins.load_plugins) and the CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.config import ConfigError
+from broker.plugins import load_plugins
+from hooks import Hooks
+
+from .sample import Misspelled, NoConfig, Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDER = "tests.hooks.sample:Recorder"
+
+
+def rec(**keys):
+    return {"enabled": True, "module": RECORDER, **keys}
+
+
+def test_disabled_plugins_load_nothing():
+    assert load_plugins({}) == []
+    # A disabled table is not even imported: a wrong module there does not matter.
+    assert load_plugins({"x": {"enabled": False, "module": "no.such.module:Nothing"}}) == []
+    assert load_plugins({"x": {"module": "no.such.module:Nothing"}}) == []  # off by default
+
+
+def test_a_third_party_plugin_by_module():
+    [(name, plugin)] = load_plugins({"rec": rec(hooks=["on_publish"])})
+    assert name == "rec"
+    assert isinstance(plugin, Recorder)
+    assert plugin.config == Recorder.Config(hooks=["on_publish"])
+
+
+def test_a_plugin_without_config_is_built_without_arguments():
+    [(_, plugin)] = load_plugins({"p": {"enabled": True, "module": "tests.hooks.sample:NoConfig"}})
+    assert type(plugin) is NoConfig
+
+
+def test_config_defaults_apply():
+    [(_, plugin)] = load_plugins({"rec": rec()})
+    assert plugin.config == Recorder.Config()
+
+
+def error(sections) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_plugins(sections)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "module", ["tests.hooks.sample", "tests.hooks.sample:Recorder:x", 42, "", ["a:b"]], ids=repr
+)
+def test_a_bad_module_string_is_named(module):
+    message = error({"x": {"enabled": True, "module": module}})
+    assert message.startswith("plugins.x.module: expected 'package.module:Class'")
+
+
+def test_a_missing_module_is_named():
+    message = error({"x": {"enabled": True, "module": "tests.hooks.no_such_module:Plugin"}})
+    assert message.startswith("plugins.x: cannot load plugin: ")
+    assert "tests.hooks.no_such_module" in message
+
+
+def test_an_unknown_built_in_plugin_is_named():
+    message = error({"no_such_plugin": {"enabled": True}})
+    assert message == "plugins.no_such_plugin: cannot load plugin: no built-in plugin of that name"
+
+
+@pytest.mark.parametrize("attribute", ["NoSuchClass", "NOT_A_CLASS", "TIMEOUT"])
+def test_a_missing_class_is_named(attribute):
+    message = error({"x": {"enabled": True, "module": f"tests.hooks.sample:{attribute}"}})
+    assert message == f"plugins.x: tests.hooks.sample has no plugin class {attribute!r}"
+
+
+def test_an_unknown_key_for_a_plugin_without_config_is_named():
+    message = error({"p": {"enabled": True, "module": "tests.hooks.sample:NoConfig", "depth": 3}})
+    # The same wording as for a plugin with a Config (and the rest of the config).
+    assert message == "unknown config key 'plugins.p.depth'"
+
+
+def test_an_unknown_key_for_a_plugin_with_config_is_named():
+    assert error({"rec": rec(colour="red")}) == "unknown config key 'plugins.rec.colour'"
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"hooks": "on_publish"}, "plugins.rec.hooks: expected an array"),
+        ({"hooks": [1]}, "plugins.rec.hooks[0]: expected str"),
+        ({"answers": ["ok"]}, "plugins.rec.answers: expected a table"),
+    ],
+)
+def test_a_wrong_type_for_a_config_key_is_named(keys, expected):
+    assert error({"rec": rec(**keys)}).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"enabled": "yes"}, "plugins.x.enabled: expected true or false"),
+        ({"enabled": True, "priority": "1"}, "plugins.x.priority: expected an integer"),
+        ({"enabled": True, "priority": True}, "plugins.x.priority: expected an integer"),
+    ],
+)
+def test_bad_reserved_keys_are_named(keys, expected):
+    assert error({"x": {"module": RECORDER, **keys}}).startswith(expected)
+
+
+def test_priority_first_ascending_then_config_order():
+    sections = {
+        "a": rec(),
+        "b": rec(priority=10),
+        "c": rec(),
+        "d": rec(priority=1),
+        "e": rec(priority=10),
+        "f": rec(priority=-5),
+    }
+    plugins = load_plugins(sections)
+    assert [name for name, _ in plugins] == ["f", "d", "b", "e", "a", "c"]
+    # ... and the hook chains keep that order.
+    chain = Hooks(plugins).chain("auth_on_publish")
+    assert [name for name, _, _ in chain.impls] == ["f", "d", "b", "e", "a", "c"]
+
+
+def test_a_misspelled_hook_is_warned_about(caplog):
+    with caplog.at_level(logging.WARNING, logger="nautilus.plugins"):
+        [(_, plugin)] = load_plugins(
+            {"m": {"enabled": True, "module": "tests.hooks.sample:Misspelled"}}
+        )
+    assert type(plugin) is Misspelled
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "auth_on_publsh" in warnings[0].getMessage()
+    assert "plugin m" in warnings[0].getMessage()
+
+
+def test_real_hook_names_are_not_warned_about(caplog):
+    with caplog.at_level(logging.WARNING, logger="nautilus.plugins"):
+        load_plugins(
+            {"rec": rec(), "p": {"enabled": True, "module": "tests.hooks.sample:NoConfig"}}
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("section", "hook"),
+    [
+        ({"module": "tests.hooks.sample:AsyncDeliver"}, "on_deliver"),
+        ({"module": "tests.hooks.sample:AsyncDeliverM5"}, "on_deliver_m5"),
+        ({"module": RECORDER, "async_hooks": ["on_deliver"]}, "on_deliver"),
+    ],
+)
+def test_an_async_on_deliver_is_refused(section, hook):
+    message = error({"x": {"enabled": True, **section}})
+    assert message == f"plugins.x: {hook} must be a plain (not async) method"
+
+
+def test_other_async_hooks_are_fine():
+    async_hooks = ["auth_on_publish", "auth_on_register_m5", "on_publish"]
+    [(_, plugin)] = load_plugins({"rec": rec(async_hooks=async_hooks)})
+    hooks = Hooks([("rec", plugin)])
+    assert not hooks.chain("auth_on_publish").synchronous
+    assert hooks.chain("auth_on_subscribe").synchronous
+
+
+# -- the real command ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ('module = "tests.hooks.no_such_module:X"', "nautilus: plugins.bad: cannot load plugin"),
+        ('module = "tests.hooks.sample"', "nautilus: plugins.bad.module: expected"),
+        (f'module = "{RECORDER}"\nhooks = "all"', "nautilus: plugins.bad.hooks: expected an array"),
+        ('module = "tests.hooks.sample:AsyncDeliver"', "nautilus: plugins.bad: on_deliver must"),
+    ],
+)
+def test_cli_exits_2_with_one_line_naming_the_plugin(tmp_path, table, expected):
+    config = tmp_path / "nautilus.toml"
+    config.write_text(
+        '[[listeners]]\naddress = "127.0.0.1:0"\n[store]\nbackend = "memory"\n'
+        f"[plugins.bad]\nenabled = true\n{table}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NAUTILUS_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "--config", str(config)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(expected), lines[0]
+    assert done.stdout == ""
