@@ -587,7 +587,7 @@ class Connection(asyncio.Protocol):
             payload=packet.payload,
             qos=packet.qos,
             retain=packet.retain,
-            properties=dict(packet.properties),
+            properties=packet.properties,  # plugins change it by modifier, not in place
         )
 
     def _on_pubrel(self, packet: PubRel) -> None:

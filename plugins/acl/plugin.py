@@ -1,0 +1,150 @@
+"""The ACL plugin: auth_on_publish and auth_on_subscribe (and their _m5 twins) from a file.
+
+Publish: Ok when a rule allows writing the topic, else NEXT (VerneMQ's vmq_acl never
+denies on its own: with no other plugin, the exhausted chain refuses). Subscribe, the
+Courier way: each filter is checked on its own; Ok with a `topics` modifier refusing the
+filters no rule allows to be read (0x87, which MQTT 3 clients see as 0x80), NEXT when none
+is allowed. The only Error is a label's publish rate limit: `rate_limit_exceeded`.
+
+Per message the work is a dict lookup: each connection keeps its rules with the
+substitutions resolved (in ctx.attributes, rebuilt when the rules change), and decisions
+are cached per (client, topic) in bounded dicts cleared on every reload.
+"""
+
+from __future__ import annotations
+
+import logging
+from time import monotonic
+
+from broker.config import ConfigError
+from broker.protocol import ReasonCode
+from hooks import NEXT, Error, Ok, PublishContext, Result, SubscribeContext
+from plugins.acl.reloader import Reloader, describe, load
+from plugins.acl.rules import ClientView, RuleSet
+from plugins.acl.schema import Config
+
+log = logging.getLogger("nautilus.plugins.acl")
+
+CACHE_SIZE = 100_000  # decisions kept per access; the oldest goes first
+VIEW = "acl.view"  # this plugin's entry in ctx.attributes
+CLAIMS = "jwt_claims"  # where auth_jwt leaves the token's claims
+REFUSED = int(ReasonCode.NOT_AUTHORIZED)
+RATE_LIMITED = Error("rate_limit_exceeded", int(ReasonCode.QUOTA_EXCEEDED))
+_OK = Ok()
+
+
+class AclPlugin:
+    Config = Config
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        for label, limit in config.publish_rate_limits.items():
+            if limit < 1:
+                raise ConfigError(
+                    f"plugins.acl.publish_rate_limits.{label}: must be 1 or more, got {limit}"
+                )
+        try:
+            stamp, self.rules = load(config.acl_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"plugins.acl.acl_file: {describe(config.acl_file, exc)}") from None
+        self.reloader = Reloader(config.acl_file, config.acl_reload_interval, stamp, self.swap)
+        # Decisions per (view key, topic): read -> bool; write -> NEXT, Ok or a limited label.
+        self._reads: dict[tuple[str, str], bool] = {}
+        self._writes: dict[tuple[str, str], Result | str] = {}
+        self._limits = dict(config.publish_rate_limits)
+        self._counts: dict[str, int] = {}
+        self._window_end = 0.0
+        self.rate_limited = 0  # messages refused by a rate limit
+
+    def start(self) -> None:
+        log.info("acl file %s: %d rules", self.config.acl_file, len(self.rules))
+        self.reloader.start()
+
+    def stop(self) -> None:
+        self.reloader.stop()
+
+    def swap(self, rules: RuleSet) -> None:
+        """Use these rules from now on (the reloader calls this on the loop)."""
+        self.rules = rules
+        self._reads, self._writes = {}, {}
+
+    # -- hooks -------------------------------------------------------------------------
+
+    def auth_on_publish(self, ctx: PublishContext) -> Result:
+        view = self._view(ctx)
+        verdict = self._writes.get((view.key, ctx.topic))
+        if verdict is None:
+            verdict = self._decide_write(view, ctx.topic)
+        if verdict.__class__ is str:  # a rate-limited label
+            return _OK if self._admit(verdict) else RATE_LIMITED  # type: ignore[arg-type]
+        return verdict  # type: ignore[return-value]
+
+    def auth_on_subscribe(self, ctx: SubscribeContext) -> Result:
+        view = self._view(ctx)
+        granted = []
+        allowed = 0
+        for request in ctx.topics:
+            if self._readable(view, request.topic):
+                granted.append((request.topic, request.qos))
+                allowed += 1
+            else:
+                granted.append((request.topic, REFUSED))
+        if allowed == len(granted):
+            return _OK
+        return Ok({"topics": granted}) if allowed else NEXT
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _view(self, ctx: PublishContext | SubscribeContext) -> ClientView:
+        attributes = ctx.attributes
+        view = attributes.get(VIEW)
+        if (
+            view is None
+            or view.rules is not self.rules
+            or view.claims is not attributes.get(CLAIMS)
+            or view.client_id != ctx.client_id
+            or view.username != ctx.username
+            or view.mountpoint != ctx.mountpoint
+        ):
+            view = attributes[VIEW] = self.rules.view(
+                ctx.client_id, ctx.username, ctx.mountpoint, attributes.get(CLAIMS)
+            )
+        return view
+
+    def _decide_write(self, view: ClientView, topic: str) -> Result | str:
+        """NEXT, Ok, or the label whose rate limit applies; cached."""
+        rule = view.check("write", topic)
+        if rule is None:
+            verdict: Result | str = NEXT
+        elif rule.label is not None and rule.label in self._limits:
+            verdict = rule.label
+        else:
+            verdict = _OK
+        _remember(self._writes, (view.key, topic), verdict)
+        return verdict
+
+    def _readable(self, view: ClientView, topic: str) -> bool:
+        key = (view.key, topic)
+        verdict = self._reads.get(key)
+        if verdict is None:
+            verdict = view.check("read", topic) is not None
+            _remember(self._reads, key, verdict)
+        return verdict
+
+    def _admit(self, label: str) -> bool:
+        """Count one message for `label`; False once over its limit in this second."""
+        now = monotonic()
+        if now >= self._window_end:
+            self._counts.clear()
+            self._window_end = now + 1.0
+        count = self._counts[label] = self._counts.get(label, 0) + 1
+        if count > self._limits[label]:
+            self.rate_limited += 1
+            return False
+        return True
+
+
+def _remember(cache: dict, key: tuple[str, str], verdict: object) -> None:
+    if len(cache) >= CACHE_SIZE:
+        del cache[next(iter(cache))]  # the oldest
+    cache[key] = verdict
