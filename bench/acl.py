@@ -7,6 +7,7 @@
 # end, so a decision goes through the "all" table and the patterns. A third configuration
 # has a plugin that allows everything and does nothing else: the difference between it and
 # no plugin is what calling an auth chain costs the broker, the rest is the ACL's own work.
+# A fourth has a plugin with hooks off the publish path only, which must cost nothing.
 # Runs alternate between the configurations so that drift of the machine touches all
 # alike. The cost of one uncached decision (a new client or topic) is measured in-process.
 from __future__ import annotations
@@ -35,6 +36,23 @@ ALLOW_ALL_TOML = """\
 enabled = true
 module = "bench.acl:AllowAll"
 """
+
+
+EVENTS_ONLY_TOML = """\
+[plugins.events_only]
+enabled = true
+module = "bench.acl:EventsOnly"
+"""
+
+
+class EventsOnly:
+    """Implements hooks off the publish path only: the publish path must not notice."""
+
+    def on_register(self, ctx) -> None:
+        pass
+
+    def on_client_gone(self, ctx) -> None:
+        pass
 
 
 class AllowAll:
@@ -73,6 +91,8 @@ def _nautilus(plugin: str | None, rules: int):
         config = NAUTILUS_TOML.format(host=HOST, port=port)
         if plugin == "allow_all":
             config += ALLOW_ALL_TOML
+        elif plugin == "events_only":
+            config += EVENTS_ONLY_TOML
         elif plugin == "acl":
             acl_file = workdir / "nautilus.acl"
             acl_file.write_text(acl_rules(rules))
@@ -140,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(warmup=args.warmup, duration=args.duration)
     specs = [
         BrokerSpec("nautilus", "no plugin", _nautilus(None, args.rules), nautilus_version),
+        BrokerSpec(
+            "events-only",
+            "events-only plugin",
+            _nautilus("events_only", args.rules),
+            nautilus_version,
+        ),
         BrokerSpec(
             "allow-all", "allow-all plugin", _nautilus("allow_all", args.rules), nautilus_version
         ),
