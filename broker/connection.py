@@ -719,7 +719,16 @@ class Connection(asyncio.Protocol):
             "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
         )
         if on_subscribe and granted and allowed:
-            topics = [TopicRequest(topic=request.topic, qos=code) for request, code in granted]
+            topics = [
+                TopicRequest(
+                    topic=request.topic,
+                    qos=code,
+                    no_local=request.no_local,
+                    retain_as_published=request.retain_as_published,
+                    retain_handling=request.retain_handling,
+                )
+                for request, code in granted
+            ]
             self.broker.hooks.notify(
                 on_subscribe.name,
                 SubscribeContext(
