@@ -56,9 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     page = report.render(_summary(args, scenarios, brokers, raw, calibration, load))
     print(page)
     if args.write:
-        Path(args.write).write_text(page)
+        Path(args.write).write_text(page + _kept_sections(Path(args.write)))
     _save_raw(raw, calibration)
     return 0
+
+
+# Sections of the page that other benchmarks own (bench/acl.py, jwt_connect.py, webhooks.py)
+# start at this heading and are kept when the comparison rewrites the page.
+KEPT_FROM = "## Plugins"
+
+
+def _kept_sections(path: Path) -> str:
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    start = text.find(f"\n{KEPT_FROM}\n")
+    return "" if start < 0 else "\n" + text[start + 1 :]
 
 
 def _run_all(

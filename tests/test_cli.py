@@ -144,7 +144,13 @@ def start_process(tmp_path) -> Iterator:
 class Client:
     """A blocking paho-mqtt (MQTT 3.1.1) client: each step waits for its acknowledgement."""
 
-    def __init__(self, port: int, client_id: str = "", clean_session: bool = True) -> None:
+    def __init__(
+        self,
+        port: int,
+        client_id: str = "",
+        clean_session: bool = True,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self._connacks: queue.Queue[tuple[bool, bool]] = queue.Queue()
         self._subacks: queue.Queue[tuple[int, list]] = queue.Queue()
@@ -160,6 +166,8 @@ class Client:
         self.paho.on_subscribe = lambda c, u, mid, codes, p: self._subacks.put((mid, codes))
         self.paho.on_message = lambda c, u, message: self.messages.put(message)
         self.paho.on_disconnect = lambda *args: self.disconnected.set()
+        if credentials is not None:
+            self.paho.username_pw_set(*credentials)
         self.paho.connect("127.0.0.1", port, keepalive=30)
         self.paho.loop_start()
         ok, self.session_present = self._connacks.get(timeout=TIMEOUT)
@@ -193,8 +201,8 @@ class Client:
 def clients() -> Iterator:
     made: list[Client] = []
 
-    def connect(port: int, client_id: str = "", clean_session: bool = True) -> Client:
-        client = Client(port, client_id, clean_session)
+    def connect(port: int, client_id: str = "", clean_session: bool = True, **kw) -> Client:
+        client = Client(port, client_id, clean_session, **kw)
         made.append(client)
         return client
 
@@ -333,3 +341,52 @@ def test_leveldb_state_survives_a_process_restart(tmp_path, start_process, clien
     queued = back.expect_message()  # no new SUBSCRIBE: the subscription was restored too
     assert (queued.topic, queued.payload, queued.qos) == ("offline/q", b"queued while offline", 1)
     assert second.stop() == 0
+
+
+def test_all_four_plugins_enabled_from_the_config_file(tmp_path, start_process, clients):
+    # The issue's "done when": [plugins.passwd], [plugins.acl], [plugins.auth_jwt] and
+    # [plugins.webhooks], each with enabled = true and its keys, enable each plugin.
+    import jwt  # PyJWT, a dependency of the auth_jwt plugin
+
+    from plugins.passwd.hashes import make_hash
+
+    (tmp_path / "passwd").write_text(f"bob:{make_hash(b'hunter2')}\n")
+    (tmp_path / "acl").write_text("topic demo/#\n")
+    config = tmp_path / "nautilus.toml"
+    config.write_text(
+        f"""\
+[broker]
+allow_anonymous = false
+[[listeners]]
+address = "127.0.0.1:0"
+[store]
+backend = "memory"
+[plugins.passwd]
+enabled = true
+password_file = "{tmp_path / "passwd"}"
+[plugins.auth_jwt]
+enabled = true
+secret = "s3cret-s3cret-s3cret-s3cret-s3cret"
+[plugins.acl]
+enabled = true
+acl_file = "{tmp_path / "acl"}"
+[plugins.webhooks]
+enabled = true
+[[plugins.webhooks.endpoints]]
+hook = "on_client_gone"
+url = "http://127.0.0.1:9/gone"
+""",
+        encoding="utf-8",
+    )
+    proc = start_process(config)
+    enabled = {line.split("plugin ")[1].split()[0] for line in proc.lines if " enabled" in line}
+    assert enabled == {"passwd", "auth_jwt", "acl", "webhooks"}
+    token = jwt.encode({"rid": "alice"}, "s3cret-s3cret-s3cret-s3cret-s3cret", "HS256")
+    alice = clients(proc.port, credentials=("alice", token))  # auth_jwt lets her in
+    bob = clients(proc.port, credentials=("bob", "hunter2"))  # passwd lets him in
+    alice.subscribe("demo/t", 1)  # the ACL allows demo/#
+    bob.publish("demo/t", b"four plugins", qos=1)
+    assert alice.expect_message().payload == b"four plugins"
+    with pytest.raises(AssertionError, match="refused"):
+        clients(proc.port, credentials=("bob", "wrong"))
+    assert proc.stop() == 0
