@@ -45,6 +45,7 @@ class BrokerSettings:
     max_message_size: int = 0
     persistent_client_expiration: Duration = 0  # type: ignore[assignment]
     receive_max_broker: int = 65535
+    max_keepalive: int = 0
 
 
 @dataclass(slots=True)
@@ -88,7 +89,12 @@ class Config:
 
 
 # Keys whose value must satisfy more than its type says.
-_NON_NEGATIVE = {"max_client_id_size", "max_inflight_messages", "max_message_size"}
+_NON_NEGATIVE = {
+    "max_client_id_size",
+    "max_inflight_messages",
+    "max_message_size",
+    "max_keepalive",
+}
 _AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
 
 

@@ -85,6 +85,14 @@ STALL_LIMIT = 1.0  # seconds a congested subscriber may hold publishers back
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never" [3.1.2.11.2]
 
 
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def run_inline(flow: Coroutine) -> None:
     """Run a hook flow whose chains are all plain methods, without a task: its awaits
     never suspend, so one send() runs it to the end (about 40 us less per CONNECT)."""
@@ -111,6 +119,7 @@ class Connection(asyncio.Protocol):
         "keepalive",
         "last_seen",
         "loop",
+        "max_packet_out",
         "peer",
         "protocol_level",
         "reading_paused",
@@ -142,6 +151,7 @@ class Connection(asyncio.Protocol):
         self.busy = False  # an awaiting hook flow (e.g. a webhook) holds further packets
         self._transport_paused = False
         self.username: str | None = None
+        self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
         self.attributes: dict = {}  # shared by the plugins for this connection
         self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
         self.stuck = False  # congested too long: holds no publisher back any more
@@ -417,6 +427,10 @@ class Connection(asyncio.Protocol):
                 will.topic, will.payload, will.qos, will.retain, will.properties, self.client_id
             )
         self.keepalive = packet.keepalive
+        server_keepalive = self._server_keepalive()
+        if server_keepalive is not None:
+            self.keepalive = server_keepalive
+        self.max_packet_out = props.get(Property.MAXIMUM_PACKET_SIZE, 0)
         if self.keepalive:
             self.last_seen = self.loop.time()
             self._timer = self.loop.call_later(self.keepalive * 1.5, self._check_keepalive)
@@ -437,9 +451,22 @@ class Connection(asyncio.Protocol):
             hooks.notify(on_register.name, self._register_event(packet))
         if hooks.chain("on_client_wakeup"):
             hooks.notify("on_client_wakeup", self._client_context())
-        self.send(ConnAck(ReasonCode.SUCCESS, present, self._connack_properties(assigned)))
+        connack_props = self._connack_properties(assigned)
+        if server_keepalive is not None:
+            connack_props = {**connack_props, Property.SERVER_KEEP_ALIVE: server_keepalive}
+        self.send(ConnAck(ReasonCode.SUCCESS, present, connack_props))
         self.broker.metrics.mqtt_connack_sent += 1
         session.attach(self, props.get(Property.RECEIVE_MAXIMUM, 65535))
+
+    def _server_keepalive(self) -> int | None:
+        """`max_keepalive` caps what an MQTT 5 client asked for (0 counts as "forever"),
+        told in CONNACK's Server Keep Alive [MQTT-3.2.2-21]; MQTT 3 has no way to say so."""
+        limit = self.broker.settings.max_keepalive
+        if not limit or self.protocol_level != MQTT5:
+            return None
+        if self.keepalive and self.keepalive <= limit:
+            return None
+        return limit
 
     def _register_event(self, packet: Connect) -> RegisterContext:
         return RegisterContext(
@@ -521,6 +548,14 @@ class Connection(asyncio.Protocol):
         if Property.TOPIC_ALIAS in packet.properties:
             # We announce Topic Alias Maximum 0, so any alias is invalid [MQTT-3.3.2-8].
             return self.close(ReasonCode.TOPIC_ALIAS_INVALID)
+        if packet.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _utf8(
+            packet.payload
+        ):
+            # Flagged as UTF-8 but is not: refused with 0x99 [MQTT-3.3.2-4].
+            if packet.qos:
+                ack = PubAck if packet.qos == 1 else PubRec
+                return self.send(ack(packet.packet_id, ReasonCode.PAYLOAD_FORMAT_INVALID))
+            return None
         if packet.qos == 2:
             received = self.session.received_qos2
             if packet.packet_id in received:  # a resend: acknowledge, do not route twice

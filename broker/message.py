@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import time
+
 from broker.protocol import Properties, Property, Publish, PublishTemplate
 
 MQTT5 = 5
@@ -12,10 +15,12 @@ class Message:
 
     `wire` caches encoded PUBLISH packets per wire form (protocol level, QoS, retain flag,
     subscription ids), so a message fanned out to many subscribers is encoded once per
-    form, not once per subscriber.
+    form, not once per subscriber. A message with an MQTT 5 Message Expiry Interval is
+    encoded per send instead: it carries the time it has left [MQTT-3.3.2-6].
     """
 
     __slots__ = (
+        "expires_at",
         "payload",
         "properties",
         "qos",
@@ -49,10 +54,19 @@ class Message:
         # at the same QoS and without subscription ids it is the outbound encoding already.
         self.raw = raw
         self.raw_level = raw_level
+        interval = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
+        self.expires_at = None if interval is None else time.monotonic() + interval
+        if interval is not None:
+            self.raw = None  # its interval is the original one, not what is left
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= time.monotonic()
 
     def template(
         self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> PublishTemplate:
+        if self.expires_at is not None:
+            return self._encode(level, qos, retain, subscription_ids)
         key = (level, qos, retain, subscription_ids)
         template = self.wire.get(key)
         if template is None:
@@ -64,13 +78,20 @@ class Message:
             ):
                 template = PublishTemplate(self.raw, retain)
             else:
-                properties = self.properties if level == MQTT5 else {}
-                if subscription_ids and level == MQTT5:
-                    properties = {
-                        **properties,
-                        Property.SUBSCRIPTION_IDENTIFIER: list(subscription_ids),
-                    }
-                packet = Publish(self.topic, self.payload, qos, retain, False, None, properties)
-                template = PublishTemplate.encode(packet, level)
+                template = self._encode(level, qos, retain, subscription_ids)
             self.wire[key] = template
         return template
+
+    def _encode(
+        self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> PublishTemplate:
+        properties = self.properties if level == MQTT5 else {}
+        if level == MQTT5 and (subscription_ids or self.expires_at is not None):
+            properties = dict(properties)
+            if subscription_ids:
+                properties[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
+            if self.expires_at is not None:
+                left = math.ceil(self.expires_at - time.monotonic())
+                properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(left, 1)
+        packet = Publish(self.topic, self.payload, qos, retain, False, None, properties)
+        return PublishTemplate.encode(packet, level)

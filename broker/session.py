@@ -231,10 +231,20 @@ class Session:
         retain: bool,
         sub_ids: tuple[int, ...],
     ) -> None:
+        if message.expires_at is not None and message.expired():
+            # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
+            self.metrics.queue_message_expired += 1
+            return self._event("on_message_drop", (message, qos, retain, sub_ids), "expired")
         on_deliver = self.hooks.chain(ON_DELIVER[connection.protocol_level == 5])
         if on_deliver:
             message = self._on_deliver(on_deliver, connection, message, qos, retain)
         template = message.template(connection.protocol_level, qos, retain, sub_ids)
+        limit = connection.max_packet_out
+        if limit and len(template.data) > limit:
+            # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
+            self.metrics.queue_message_drop += 1
+            delivery = (message, qos, retain, sub_ids)
+            return self._event("on_message_drop", delivery, "max_packet_size_exceeded")
         if qos == 0:
             connection.write(template.data)
         else:

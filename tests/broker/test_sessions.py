@@ -288,7 +288,6 @@ def test_connack_session_present_is_zero_for_a_new_persistent_session(broker, ra
     assert connack.body == b"\x00\x00"
 
 
-@pytest.mark.xfail(strict=True, reason="MQTT 5 Message Expiry Interval is not implemented yet")
 def test_v5_message_expiry_interval(broker, raw_client, paho_client):
     # [MQTT-3.3.2-5]: an expired message is not delivered; [MQTT-3.3.2-6]: the forwarded
     # Message Expiry Interval is the received value minus the time spent waiting.
