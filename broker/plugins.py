@@ -50,7 +50,6 @@ def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         else:
             plugin = cls()
         _warn_unknown_hooks(name, plugin)
-        _check_sync_only(where, plugin)
         order = (0, priority, position) if priority is not None else (1, 0, position)
         loaded.append((order, name, plugin))
     loaded.sort(key=lambda item: item[0])
@@ -82,16 +81,6 @@ def _warn_unknown_hooks(name: str, plugin: Any) -> None:
     for attribute in dir(plugin):
         if attribute.startswith(("auth_on_", "on_")) and attribute not in HOOKS:
             log.warning("plugin %s: %s is not a hook; it will never be called", name, attribute)
-
-
-# Hooks called on a path that cannot wait: per delivery, inside the fan-out loop.
-SYNC_ONLY = ("on_deliver", "on_deliver_m5")
-
-
-def _check_sync_only(where: str, plugin: Any) -> None:
-    for hook in SYNC_ONLY:
-        if inspect.iscoroutinefunction(getattr(plugin, hook, None)):
-            raise ConfigError(f"{where}: {hook} must be a plain (not async) method")
 
 
 async def call_all(plugins: list[tuple[str, Any]], method: str) -> None:

@@ -15,19 +15,22 @@ when the session resumes on a new connection [MQTT-4.4.0-1].
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
 from broker.message import Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
-from hooks import Ok, PublishContext
+from hooks import Chain, Ok, PublishContext, Result
 
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.metrics import Metrics
     from broker.store import MessageStore
     from hooks import Hooks
+
+log = logging.getLogger("nautilus.session")
 
 # A message waiting for delivery: (message, qos, retain flag, subscription ids).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
@@ -38,12 +41,29 @@ ON_DELIVER = ("on_deliver", "on_deliver_m5")
 DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
+def _rewritten(message: Message, result: Result) -> Message:
+    """on_deliver(_m5) may rewrite topic, payload or properties; errors change nothing."""
+    if type(result) is not Ok or not result.modifiers:
+        return message
+    modifiers = result.modifiers
+    return Message(
+        modifiers.get("topic", message.topic),
+        modifiers.get("payload", message.payload),
+        message.qos,
+        message.retain,
+        dict(modifiers.get("properties", message.properties)),
+        message.sender,
+    )
+
+
 class Session:
     __slots__ = (
+        "_deferred_task",
         "_next_id",
         "_next_seq",
         "client_id",
         "connection",
+        "deferred",
         "expiry",
         "expiry_timer",
         "hooks",
@@ -94,6 +114,9 @@ class Session:
         # the store's sequence numbers of the queued messages, in queue order.
         self.store = store
         self.hooks = hooks
+        # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id).
+        self.deferred: deque[tuple[Delivery, int | None]] = deque()
+        self._deferred_task: asyncio.Task | None = None
         self.stored_seqs: deque[int] = deque()
         self._next_seq = 0
 
@@ -237,25 +260,36 @@ class Session:
             return self._event("on_message_drop", (message, qos, retain, sub_ids), "expired")
         on_deliver = self.hooks.chain(ON_DELIVER[connection.protocol_level == 5])
         if on_deliver:
-            message = self._on_deliver(on_deliver, connection, message, qos, retain)
+            if not on_deliver.synchronous:
+                return self._defer(on_deliver, (message, qos, retain, sub_ids))
+            context = self._deliver_context(connection, message, qos, retain)
+            message = _rewritten(message, on_deliver.run_sync(context))
+        self._write(connection, (message, qos, retain, sub_ids), None)
+
+    def _write(self, connection: Connection, delivery: Delivery, packet_id: int | None) -> None:
+        """Encode and send one delivery (packet_id: a slot reserved by _defer)."""
+        message, qos, retain, sub_ids = delivery
         template = message.template(connection.protocol_level, qos, retain, sub_ids)
         limit = connection.max_packet_out
         if limit and len(template.data) > limit:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
             self.metrics.queue_message_drop += 1
-            delivery = (message, qos, retain, sub_ids)
+            if packet_id is not None:
+                del self.inflight[packet_id]
             return self._event("on_message_drop", delivery, "max_packet_size_exceeded")
         if qos == 0:
             connection.write(template.data)
         else:
-            packet_id = self._allocate_packet_id()
-            self.inflight[packet_id] = [(message, qos, retain, sub_ids), AWAITING_ACK]
+            if packet_id is None:
+                packet_id = self._allocate_packet_id()
+            self.inflight[packet_id] = [delivery, AWAITING_ACK]
             connection.write(template.with_packet_id(packet_id))
         self.metrics.queue_message_out += 1
 
-    def _on_deliver(self, chain, connection, message: Message, qos: int, retain: bool) -> Message:
-        """on_deliver(_m5) may rewrite topic, payload or properties; errors change nothing."""
-        context = PublishContext(
+    def _deliver_context(
+        self, connection: Connection, message: Message, qos: int, retain: bool
+    ) -> PublishContext:
+        return PublishContext(
             client_id=self.client_id,
             username=connection.username,
             attributes=connection.attributes,
@@ -263,20 +297,43 @@ class Session:
             payload=message.payload,
             qos=qos,
             retain=retain,
-            properties=dict(message.properties),
+            properties=message.properties,
         )
-        result = chain.run_sync(context)
-        if type(result) is not Ok or not result.modifiers:
-            return message
-        modifiers = result.modifiers
-        return Message(
-            modifiers.get("topic", message.topic),
-            modifiers.get("payload", message.payload),
-            message.qos,
-            message.retain,
-            dict(modifiers.get("properties", message.properties)),
-            message.sender,
-        )
+
+    # -- on_deliver served by an async plugin (e.g. a webhook) ---------------------------
+
+    def _defer(self, chain: Chain, delivery: Delivery) -> None:
+        """Queue a delivery behind the async on_deliver chain; one task per session works
+        through them in order. A QoS 1/2 delivery takes its in-flight slot (and packet id)
+        now, so the window stays exact and a reconnect resends it."""
+        packet_id = None
+        if delivery[1]:
+            packet_id = self._allocate_packet_id()
+            self.inflight[packet_id] = [delivery, AWAITING_ACK]
+        self.deferred.append((delivery, packet_id))
+        if self._deferred_task is None:
+            self._deferred_task = asyncio.ensure_future(self._deliver_deferred(chain))
+            self.hooks.tasks.add(self._deferred_task)
+            self._deferred_task.add_done_callback(self._deferred_done)
+
+    async def _deliver_deferred(self, chain: Chain) -> None:
+        while self.deferred:
+            delivery, packet_id = self.deferred.popleft()
+            message, qos, retain, sub_ids = delivery
+            connection = self.connection
+            if connection is None:
+                continue  # QoS 1/2 wait in flight for the reconnect; QoS 0 is lost
+            result = await chain.run(self._deliver_context(connection, message, qos, retain))
+            connection = self.connection
+            if connection is None or (packet_id is not None and packet_id not in self.inflight):
+                continue  # gone meanwhile, or the session ended
+            self._write(connection, (_rewritten(message, result), qos, retain, sub_ids), packet_id)
+
+    def _deferred_done(self, task: asyncio.Task) -> None:
+        self.hooks.tasks.discard(task)
+        self._deferred_task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("on_deliver failed for %s", self.client_id, exc_info=task.exception())
 
     def drain(self) -> None:
         """Move queued messages to the connection while the window and transport allow.

@@ -39,9 +39,6 @@ log = logging.getLogger("nautilus.plugins.webhooks")
 
 WHERE = "plugins.webhooks"
 STOP_GRACE = 1.0  # seconds stop() waits for event posts still in flight
-# Called synchronously for every delivery, inside the fan-out loop: an HTTP call cannot
-# be awaited there (broker/plugins.py SYNC_ONLY).
-UNSUPPORTED = ("on_deliver", "on_deliver_m5")
 
 
 @dataclass(slots=True)
@@ -253,11 +250,6 @@ def _endpoint(i: int, entry: EndpointConfig, config: Config) -> Endpoint:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"{where}.hook: {hook!r} is not a hook{hint}")
     name = entry.name or entry.url
-    if hook in UNSUPPORTED:
-        raise ConfigError(
-            f"{where} ({name!r}): {hook} cannot be served by a webhook yet: the broker calls "
-            f"it synchronously for every delivery and cannot wait for an HTTP answer"
-        )
     if not entry.url:
         raise ConfigError(f"{where}.url: required (e.g. 'http://127.0.0.1:8080/hook')")
     try:

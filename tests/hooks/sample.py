@@ -173,14 +173,4 @@ class Misspelled:
         pass
 
 
-class AsyncDeliver:
-    async def on_deliver(self, context):
-        return Ok()
-
-
-class AsyncDeliverM5:
-    async def on_deliver_m5(self, context):
-        return Ok()
-
-
 NOT_A_CLASS = object()

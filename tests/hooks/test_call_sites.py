@@ -557,6 +557,22 @@ def test_on_deliver_rewrites_the_payload_for_one_subscriber(start_broker, paho_c
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+def test_an_async_on_deliver_rewrites_and_keeps_the_order(start_broker, paho_client, version):
+    # An async on_deliver (a webhook, say) runs per session in a task, one delivery after
+    # the other: the rewrite applies and the subscriber sees the publisher's order.
+    answers = {"on_deliver": [{"topic": "ad/3", "modifiers": {"payload": b"three!"}}]}
+    server, rec = start(start_broker, answers=answers, async_hooks=["on_deliver", "on_deliver_m5"])
+    sub = subscriber(paho_client, server, "ad/#", version)
+    pub = paho_client(server, version)
+    for i in range(1, 21):
+        pub.publish(f"ad/{i}", str(i).encode(), qos=1 if i % 2 else 0)
+    got = [sub.expect_message() for _ in range(20)]
+    assert [m.topic for m in got] == [f"ad/{i}" for i in range(1, 21)]
+    assert got[2].payload == b"three!" and got[3].payload == b"4"
+    assert len(rec.contexts(hook("on_deliver", version))) == 20
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_on_delivery_complete_on_puback_and_pubrec(start_broker, raw_client, paho_client, version):
     server, rec = start(start_broker)
     sub = raw_client(server, version)

@@ -149,24 +149,12 @@ def test_real_hook_names_are_not_warned_about(caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-@pytest.mark.parametrize(
-    ("section", "hook"),
-    [
-        ({"module": "tests.hooks.sample:AsyncDeliver"}, "on_deliver"),
-        ({"module": "tests.hooks.sample:AsyncDeliverM5"}, "on_deliver_m5"),
-        ({"module": RECORDER, "async_hooks": ["on_deliver"]}, "on_deliver"),
-    ],
-)
-def test_an_async_on_deliver_is_refused(section, hook):
-    message = error({"x": {"enabled": True, **section}})
-    assert message == f"plugins.x: {hook} must be a plain (not async) method"
-
-
 def test_other_async_hooks_are_fine():
-    async_hooks = ["auth_on_publish", "auth_on_register_m5", "on_publish"]
+    async_hooks = ["auth_on_publish", "auth_on_register_m5", "on_publish", "on_deliver"]
     [(_, plugin)] = load_plugins({"rec": rec(async_hooks=async_hooks)})
     hooks = Hooks([("rec", plugin)])
     assert not hooks.chain("auth_on_publish").synchronous
+    assert not hooks.chain("on_deliver").synchronous
     assert hooks.chain("auth_on_subscribe").synchronous
 
 
@@ -179,7 +167,6 @@ def test_other_async_hooks_are_fine():
         ('module = "tests.hooks.no_such_module:X"', "nautilus: plugins.bad: cannot load plugin"),
         ('module = "tests.hooks.sample"', "nautilus: plugins.bad.module: expected"),
         (f'module = "{RECORDER}"\nhooks = "all"', "nautilus: plugins.bad.hooks: expected an array"),
-        ('module = "tests.hooks.sample:AsyncDeliver"', "nautilus: plugins.bad: on_deliver must"),
     ],
 )
 def test_cli_exits_2_with_one_line_naming_the_plugin(tmp_path, table, expected):

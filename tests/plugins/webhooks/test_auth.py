@@ -224,6 +224,25 @@ def test_publish_body_and_rewrite(hook_server, webhooks_broker, mqtt_client):
     assert (msg.topic, msg.payload, msg.qos) == ("out/x", b"rewritten", 0)
 
 
+def test_on_deliver_body_and_payload_rewrite(hook_server, webhooks_broker, mqtt_client):
+    # VerneMQ's on_deliver webhook: the receiver's view; a payload modifier rewrites it.
+    url = hook_server.answer(
+        "/deliver", {"result": "ok", "modifiers": {"payload": b64(b"delivered differently")}}
+    )
+    server = webhooks_broker({"hook": "on_deliver", "url": url}, anonymous=True)
+    sub = mqtt_client(server, client_id="receiver")
+    sub.subscribe("dl/#", 1)
+    pub = mqtt_client(server)
+    pub.publish("dl/x", b"as published", qos=1)
+    body = check_request(hook_server.expect("/deliver"), "on_deliver")
+    assert (body["client_id"], body["topic"], body["payload"]) == (
+        "receiver",
+        "dl/x",
+        b64(b"as published"),
+    )
+    assert sub.expect_message().payload == b"delivered differently"
+
+
 def test_publish_m5_error_is_puback_0x87(hook_server, webhooks_broker, raw_client, mqtt_client):
     url = hook_server.answer("/pub", {"result": {"error": "forbidden"}})
     server = webhooks_broker({"hook": "auth_on_publish_m5", "url": url}, anonymous=True)

@@ -44,12 +44,10 @@ def test_endpoint_config_errors(section, message):
     assert message in str(caught.value)
 
 
-def test_on_deliver_is_refused_naming_the_endpoint():
+def test_on_deliver_is_served_by_an_async_method():
     for hook in ("on_deliver", "on_deliver_m5"):
-        with pytest.raises(ConfigError) as caught:
-            load(endpoint("on_publish"), endpoint(hook, name="rewriter"))
-        text = str(caught.value)
-        assert "plugins.webhooks.endpoints[1]" in text and "'rewriter'" in text and hook in text
+        plugin = load(endpoint(hook, name="rewriter"))
+        assert inspect.iscoroutinefunction(getattr(plugin, hook))
 
 
 def test_plugin_config_errors():
