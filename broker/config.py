@@ -46,12 +46,16 @@ class BrokerSettings:
     persistent_client_expiration: Duration = 0  # type: ignore[assignment]
     receive_max_broker: int = 65535
     max_keepalive: int = 0
+    topic_max_depth: int = 10
+    max_subscriptions_per_client: int = 0
+    upgrade_outgoing_qos: bool = False
 
 
 @dataclass(slots=True)
 class ListenerSettings:
     type: Literal["tcp"] = "tcp"
     address: str = "127.0.0.1:1883"
+    max_connections: int = 10000
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -94,6 +98,9 @@ _NON_NEGATIVE = {
     "max_inflight_messages",
     "max_message_size",
     "max_keepalive",
+    "topic_max_depth",
+    "max_subscriptions_per_client",
+    "max_connections",
 }
 _AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
 

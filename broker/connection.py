@@ -118,6 +118,7 @@ class Connection(asyncio.Protocol):
         "decoder",
         "keepalive",
         "last_seen",
+        "listener",
         "loop",
         "max_packet_out",
         "peer",
@@ -133,8 +134,9 @@ class Connection(asyncio.Protocol):
         "writable",
     )
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listener: int = 0) -> None:
         self.broker = broker
+        self.listener = listener  # index into the broker's listeners
         self.loop = broker.loop
         self.decoder = Decoder("server", max_packet_size=broker.max_packet_size)
         self.transport: asyncio.Transport | None = None
@@ -165,8 +167,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.peer = transport.get_extra_info("peername") or ("?", 0)
-        self.broker.connections.add(self)
         self.broker.metrics.socket_open += 1
+        if not self.broker.admit(self):
+            self._closing = True  # over the listener's max_connections: not even read
+            transport.close()
+            return
+        self.broker.connections.add(self)
         self._timer = self.loop.call_later(self.broker.settings.connect_timeout, self._no_connect)
 
     def data_received(self, data: bytes) -> None:
@@ -201,10 +207,13 @@ class Connection(asyncio.Protocol):
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self not in self.broker.connections:
+            return  # refused at connection_made
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
         self.broker.connections.discard(self)
+        self.broker.listener_connections[self.listener] -= 1
         self.broker.metrics.socket_close += 1
         self._out.clear()
         self._release_publishers()
@@ -545,6 +554,10 @@ class Connection(asyncio.Protocol):
         self.broker.metrics.mqtt_publish_received += 1
         if not valid_topic_name(packet.topic):
             return self.close(ReasonCode.TOPIC_NAME_INVALID)
+        depth = self.broker.settings.topic_max_depth
+        if depth and packet.topic.count("/") >= depth:
+            self.broker.metrics.topic_depth_exceeded += 1
+            return self.close(ReasonCode.TOPIC_NAME_INVALID)
         if Property.TOPIC_ALIAS in packet.properties:
             # We announce Topic Alias Maximum 0, so any alias is invalid [MQTT-3.3.2-8].
             return self.close(ReasonCode.TOPIC_ALIAS_INVALID)
@@ -670,7 +683,7 @@ class Connection(asyncio.Protocol):
         codes: list[int | None] = []  # None: valid, decided by the plugins below
         requests = []
         for sub in packet.subscriptions:
-            code = self._filter_problem(sub.topic_filter)
+            code = self._filter_problem(sub.topic_filter, requests)
             codes.append(code)
             if code is None:
                 requests.append(
@@ -708,13 +721,27 @@ class Connection(asyncio.Protocol):
             granted = granted_topics(context.topics, result, self.protocol_level)
             self._subscribe(packet, codes, granted, type(result) is Ok)
 
-    def _filter_problem(self, topic_filter: str) -> int | None:
-        """The SUBACK failure code for a filter we cannot take, None for a good one."""
+    def _filter_problem(self, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
+        """The SUBACK failure code for a filter we cannot take, None for a good one
+        (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
         v5 = self.protocol_level == MQTT5
         if topic_filter.startswith("$share/"):  # shared subscriptions come later
             return ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80
         if not valid_topic_filter(topic_filter):
             return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+        depth = self.broker.settings.topic_max_depth
+        if depth and topic_filter.count("/") >= depth:
+            self.broker.metrics.topic_depth_exceeded += 1
+            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+        limit = self.broker.settings.max_subscriptions_per_client
+        subscriptions = self.session.subscriptions
+        if (
+            limit
+            and topic_filter not in subscriptions
+            and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
+        ):
+            self.broker.metrics.subscription_limit_exceeded += 1
+            return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
         return None
 
     def _subscribe(

@@ -24,6 +24,9 @@ class Metrics:
     mqtt_invalid_msg_size_error: int = 0
     mqtt_protocol_error: int = 0  # malformed or illegal packets; the connection is closed
     client_keepalive_expired: int = 0
+    topic_depth_exceeded: int = 0  # topics or filters deeper than topic_max_depth
+    subscription_limit_exceeded: int = 0  # max_subscriptions_per_client refusals
+    listener_connections_refused: int = 0  # over a listener's max_connections
     queue_message_in: int = 0
     queue_message_out: int = 0
     queue_message_drop: int = 0

@@ -54,6 +54,7 @@ class Broker:
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
         self.listening: list[tuple[str, int]] = []
+        self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self._servers: list[asyncio.Server] = []
 
     def _chains(self, name: str) -> tuple[Chain, Chain]:
@@ -72,10 +73,14 @@ class Broker:
     async def start(self) -> None:
         await call_all(self.plugins, "start")
         self._restore()
-        for listener in self.config.listeners:
+        for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
             server = await self.loop.create_server(
-                lambda: Connection(self), host, port, reuse_address=True, backlog=4096
+                lambda index=index: Connection(self, index),
+                host,
+                port,
+                reuse_address=True,
+                backlog=4096,
             )
             self._servers.append(server)
             address = server.sockets[0].getsockname()[:2]
@@ -131,6 +136,16 @@ class Broker:
             )
             self.store.put_session(record)
 
+    def admit(self, connection: Connection) -> bool:
+        """Whether the connection's listener has room for it (`max_connections`)."""
+        index = connection.listener
+        limit = self.config.listeners[index].max_connections
+        if limit and self.listener_connections[index] >= limit:
+            self.metrics.listener_connections_refused += 1
+            return False
+        self.listener_connections[index] += 1
+        return True
+
     def new_session(self, client_id: str) -> Session:
         s = self.settings
         return Session(
@@ -159,6 +174,7 @@ class Broker:
         qos = message.qos
         retain = message.retain
         congested = None
+        upgrade = self.settings.upgrade_outgoing_qos
         for route in self.router.match(message.topic):
             session = route.subscriber
             if route.no_local and session.client_id == sender:
@@ -167,7 +183,7 @@ class Broker:
                     continue
             blocked = session.deliver(
                 message,
-                qos if qos < route.qos else route.qos,
+                route.qos if upgrade or qos > route.qos else qos,
                 retain and route.retain_as_published,
                 route.subscription_ids,
             )

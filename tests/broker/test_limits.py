@@ -1,0 +1,67 @@
+"""VerneMQ's limits: each has a default, a counter when it bites, and the right reason code."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import DISCONNECT, V5, V311, VERSIONS, publish_packet, unique_id
+
+TOPIC_NAME_INVALID = 0x90
+TOPIC_FILTER_INVALID = 0x8F
+QUOTA_EXCEEDED = 0x97
+
+
+def metrics(server) -> dict[str, int]:
+    return server.call(server.broker.metrics.snapshot)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_topic_max_depth(start_broker, raw_client, version):
+    server = start_broker(broker={"topic_max_depth": 3})
+    raw = raw_client(server, version)
+    raw.connect(unique_id())
+    refused = TOPIC_FILTER_INVALID if version == V5 else 0x80
+    assert raw.subscribe(("a/b/c", 0), ("a/b/c/d", 0), ("a/+/#", 0)) == [0, refused, 0]
+    raw.send(publish_packet("a/b/c/d", b"too deep", version=version))
+    got = raw.expect_closed()
+    if version == V5:
+        assert [(p.type, p.reason_code) for p in got] == [(DISCONNECT, TOPIC_NAME_INVALID)]
+    assert metrics(server)["topic_depth_exceeded"] == 2
+
+
+def test_topic_max_depth_default_is_vernemqs_ten(broker, paho_client):
+    client = paho_client(broker, V311)
+    deep = "/".join("l" * 10)  # ten levels: allowed
+    assert client.subscribe(deep, 0) == [0]
+    assert client.subscribe(deep + "/x", 0) == [0x80]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_max_subscriptions_per_client(start_broker, raw_client, version):
+    server = start_broker(broker={"max_subscriptions_per_client": 2})
+    raw = raw_client(server, version)
+    raw.connect(unique_id())
+    refused = QUOTA_EXCEEDED if version == V5 else 0x80
+    assert raw.subscribe(("s/1", 1), ("s/2", 1), ("s/3", 1)) == [1, 1, refused]
+    assert raw.subscribe(("s/1", 0)) == [0]  # replacing an existing one is not a new one
+    assert metrics(server)["subscription_limit_exceeded"] == 1
+
+
+def test_listener_max_connections(start_broker, raw_client, paho_client):
+    server = start_broker(listeners=[{"address": "127.0.0.1:0", "max_connections": 2}])
+    first = paho_client(server, V311)
+    paho_client(server, V311)
+    third = raw_client(server, V311)
+    assert third.expect_closed() == []  # closed before it could even send CONNECT
+    assert metrics(server)["listener_connections_refused"] == 1
+    first.close()
+    paho_client(server, V311)  # a slot is free again
+
+
+def test_upgrade_outgoing_qos(start_broker, paho_client):
+    server = start_broker(broker={"upgrade_outgoing_qos": True})
+    sub = paho_client(server, V311)
+    sub.subscribe("up/t", 2)
+    pub = paho_client(server, V311)
+    pub.publish("up/t", b"qos 0 in", qos=0)
+    assert sub.expect_message().qos == 2
