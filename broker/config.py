@@ -45,10 +45,20 @@ class BrokerSettings:
     max_message_size: int = 0
     persistent_client_expiration: Duration = 0  # type: ignore[assignment]
     receive_max_broker: int = 65535
+    topic_alias_max_broker: int = 64
+    topic_alias_max_client: int = 64
     max_keepalive: int = 0
     topic_max_depth: int = 10
     max_subscriptions_per_client: int = 0
     upgrade_outgoing_qos: bool = False
+    response_information: str = ""
+    server_reference: str = ""
+    server_moved: bool = False
+    node_name: str = "nautilus"
+    systree_enabled: bool = True
+    systree_interval: Duration = 20  # type: ignore[assignment]
+    systree_qos: int = 0
+    systree_retain: bool = False
 
 
 @dataclass(slots=True)
@@ -209,6 +219,8 @@ def _convert(hint: Any, value: Any, name: str) -> Any:
         return _integer(value, name)
     if not isinstance(value, hint):
         raise ConfigError(f"{name}: expected {hint.__name__}, got {_kind(value)}")
+    if name.endswith("node_name") and (not value or any(c in value for c in "/+#\0")):
+        raise ConfigError(f"{name}: must be one topic level, without '/', '+' or '#'")
     return value
 
 
@@ -220,6 +232,10 @@ def _integer(value: Any, name: str) -> int:
         raise ConfigError(f"{name}: must be 0 or more, got {value}")
     if key in _AT_LEAST_MINUS_ONE and value < -1:
         raise ConfigError(f"{name}: must be -1 (no limit) or more, got {value}")
+    if key.startswith("topic_alias_max") and not 0 <= value <= 65535:
+        raise ConfigError(f"{name}: must be between 0 and 65535, got {value}")
+    if key == "systree_qos" and not 0 <= value <= 2:
+        raise ConfigError(f"{name}: must be 0, 1 or 2, got {value}")
     if key == "receive_max_broker" and not 1 <= value <= 65535:
         raise ConfigError(f"{name}: must be between 1 and 65535, got {value}")
     return value

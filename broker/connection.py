@@ -33,7 +33,7 @@ from broker.authorization import (
     register_refusal,
     session_limits,
 )
-from broker.message import Message
+from broker.message import Message, TopicAliases
 from broker.protocol import (
     V3_CONNACK_CODE,
     Auth,
@@ -111,6 +111,8 @@ class Connection(asyncio.Protocol):
         "_stall_timer",
         "_timer",
         "_transport_paused",
+        "aliases_in",
+        "aliases_out",
         "attributes",
         "broker",
         "busy",
@@ -154,6 +156,8 @@ class Connection(asyncio.Protocol):
         self._transport_paused = False
         self.username: str | None = None
         self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
+        self.aliases_in: dict[int, str] = {}  # Topic Aliases the client set
+        self.aliases_out: TopicAliases | None = None  # ours towards the client, if any
         self.attributes: dict = {}  # shared by the plugins for this connection
         self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
         self.stuck = False  # congested too long: holds no publisher back any more
@@ -337,6 +341,13 @@ class Connection(asyncio.Protocol):
             return self._refuse(ReasonCode.TOPIC_NAME_INVALID)
         self.client_id = client_id
         self.username = packet.username
+        settings = self.broker.settings
+        if settings.server_reference:
+            # This node is being drained: send clients elsewhere [4.11] (MQTT 3: "unavailable").
+            moved = (
+                ReasonCode.SERVER_MOVED if settings.server_moved else ReasonCode.USE_ANOTHER_SERVER
+            )
+            return self._refuse(moved, {Property.SERVER_REFERENCE: settings.server_reference})
         hooks = self.broker.hooks
         v5 = level == MQTT5
         register = None
@@ -440,6 +451,11 @@ class Connection(asyncio.Protocol):
         if server_keepalive is not None:
             self.keepalive = server_keepalive
         self.max_packet_out = props.get(Property.MAXIMUM_PACKET_SIZE, 0)
+        alias_room = min(
+            props.get(Property.TOPIC_ALIAS_MAXIMUM, 0), self.broker.settings.topic_alias_max_client
+        )
+        if alias_room:
+            self.aliases_out = TopicAliases(alias_room)
         if self.keepalive:
             self.last_seen = self.loop.time()
             self._timer = self.loop.call_later(self.keepalive * 1.5, self._check_keepalive)
@@ -463,6 +479,11 @@ class Connection(asyncio.Protocol):
         connack_props = self._connack_properties(assigned)
         if server_keepalive is not None:
             connack_props = {**connack_props, Property.SERVER_KEEP_ALIVE: server_keepalive}
+        response_information = self.broker.settings.response_information
+        if response_information and props.get(Property.REQUEST_RESPONSE_INFORMATION):
+            # [3.1.2.11.7]: only when asked for; %c stands for the client id.
+            info = response_information.replace("%c", self.client_id)
+            connack_props = {**connack_props, Property.RESPONSE_INFORMATION: info}
         self.send(ConnAck(ReasonCode.SUCCESS, present, connack_props))
         self.broker.metrics.mqtt_connack_sent += 1
         session.attach(self, props.get(Property.RECEIVE_MAXIMUM, 65535))
@@ -536,7 +557,7 @@ class Connection(asyncio.Protocol):
             props = {**props, Property.ASSIGNED_CLIENT_IDENTIFIER: assigned_id}
         return props
 
-    def _refuse(self, reason: int) -> None:
+    def _refuse(self, reason: int, properties: dict | None = None) -> None:
         if self.protocol_level == MQTT5:
             code = reason
         elif reason == ReasonCode.TOPIC_NAME_INVALID:
@@ -545,22 +566,22 @@ class Connection(asyncio.Protocol):
             code = V3_CONNACK_CODE.get(reason, ConnectReturnCode.NOT_AUTHORIZED)
         log.info("%s: connection refused (reason %#04x)", self._name(), reason)
         if code is not None:
-            self.send(ConnAck(code))
+            props = properties if self.protocol_level == MQTT5 and properties else {}
+            self.send(ConnAck(code, False, props))
         self.close()
 
     # -- PUBLISH in --------------------------------------------------------------------
 
     def _on_publish(self, packet: Publish) -> None:
         self.broker.metrics.mqtt_publish_received += 1
+        if Property.TOPIC_ALIAS in packet.properties and not self._resolve_alias(packet):
+            return None
         if not valid_topic_name(packet.topic):
             return self.close(ReasonCode.TOPIC_NAME_INVALID)
         depth = self.broker.settings.topic_max_depth
         if depth and packet.topic.count("/") >= depth:
             self.broker.metrics.topic_depth_exceeded += 1
             return self.close(ReasonCode.TOPIC_NAME_INVALID)
-        if Property.TOPIC_ALIAS in packet.properties:
-            # We announce Topic Alias Maximum 0, so any alias is invalid [MQTT-3.3.2-8].
-            return self.close(ReasonCode.TOPIC_ALIAS_INVALID)
         if packet.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _utf8(
             packet.payload
         ):
@@ -582,6 +603,24 @@ class Connection(asyncio.Protocol):
         if chain.synchronous:
             return self._authorized_publish(packet, context, chain.run_sync(context))
         self._spawn(self._authorize_publish(packet, context, chain))
+
+    def _resolve_alias(self, packet: Publish) -> bool:
+        """Apply a client's Topic Alias [3.3.2.3.4]: a topic sets it, an empty topic uses it.
+        The alias is this connection's business: it is removed before routing."""
+        alias = packet.properties.pop(Property.TOPIC_ALIAS)
+        if alias > self.broker.settings.topic_alias_max_broker:
+            self.close(ReasonCode.TOPIC_ALIAS_INVALID)  # above what we announced
+            return False
+        if packet.topic:
+            self.aliases_in[alias] = packet.topic
+        else:
+            topic = self.aliases_in.get(alias)
+            if topic is None:  # an alias never set on this connection [MQTT-3.3.2-12]
+                self.close(ReasonCode.PROTOCOL_ERROR)
+                return False
+            packet.topic = topic
+        packet.raw = None  # the bytes carry the alias, not (necessarily) the topic
+        return True
 
     async def _authorize_publish(
         self, packet: Publish, context: PublishContext, chain: Chain

@@ -65,6 +65,7 @@ class Message:
     def template(
         self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> PublishTemplate:
+        """The encoding for a subscriber of `level` (without Topic Alias), cached per form."""
         if self.expires_at is not None:
             return self._encode(level, qos, retain, subscription_ids)
         key = (level, qos, retain, subscription_ids)
@@ -82,16 +83,59 @@ class Message:
             self.wire[key] = template
         return template
 
+    def aliased(
+        self, qos: int, retain: bool, subscription_ids: tuple[int, ...], alias: int, known: bool
+    ) -> PublishTemplate:
+        """The MQTT 5 encoding with a Topic Alias: the topic itself only the first time."""
+        return self._encode(MQTT5, qos, retain, subscription_ids, alias, known)
+
     def _encode(
-        self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self,
+        level: int,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        alias: int | None = None,
+        alias_known: bool = False,
     ) -> PublishTemplate:
         properties = self.properties if level == MQTT5 else {}
-        if level == MQTT5 and (subscription_ids or self.expires_at is not None):
+        if level == MQTT5 and (subscription_ids or self.expires_at is not None or alias):
             properties = dict(properties)
             if subscription_ids:
                 properties[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
             if self.expires_at is not None:
                 left = math.ceil(self.expires_at - time.monotonic())
                 properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(left, 1)
-        packet = Publish(self.topic, self.payload, qos, retain, False, None, properties)
+            if alias:
+                properties[Property.TOPIC_ALIAS] = alias
+        topic = "" if alias_known else self.topic
+        packet = Publish(topic, self.payload, qos, retain, False, None, properties)
         return PublishTemplate.encode(packet, level)
+
+
+class TopicAliases:
+    """Topic Aliases the broker assigned towards one MQTT 5 client [3.3.2.3.4].
+
+    The first `room` distinct topics get aliases 1..room for the life of the connection;
+    later topics go out in full. An alias counts as known only once a PUBLISH that set
+    it was really sent (`learned`), so a dropped message never leaves the client without
+    a mapping it is later expected to have.
+    """
+
+    __slots__ = ("by_topic", "room")
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.by_topic: dict[str, int] = {}
+
+    def lookup(self, topic: str) -> tuple[int | None, bool]:
+        """(alias, whether the client knows it already); (None, False): send in full."""
+        alias = self.by_topic.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(self.by_topic) < self.room:
+            return len(self.by_topic) + 1, False
+        return None, False
+
+    def learned(self, topic: str, alias: int) -> None:
+        self.by_topic[topic] = alias

@@ -22,6 +22,7 @@ from broker.retain import RetainedMessages
 from broker.router import Router, SubOptions
 from broker.session import Session
 from broker.store import SessionRecord, open_store
+from broker.systree import SysTree
 from hooks import Chain, Hooks
 
 log = logging.getLogger("nautilus")
@@ -56,6 +57,7 @@ class Broker:
         self.listening: list[tuple[str, int]] = []
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self._servers: list[asyncio.Server] = []
+        self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
 
     def _chains(self, name: str) -> tuple[Chain, Chain]:
         return self.hooks.chain(name), self.hooks.chain(f"{name}_m5")
@@ -66,6 +68,8 @@ class Broker:
             Property.RECEIVE_MAXIMUM: self.settings.receive_max_broker,
             Property.SHARED_SUBSCRIPTION_AVAILABLE: 0,
         }
+        if self.settings.topic_alias_max_broker:
+            props[Property.TOPIC_ALIAS_MAXIMUM] = self.settings.topic_alias_max_broker
         if self.settings.max_message_size:
             props[Property.MAXIMUM_PACKET_SIZE] = self.settings.max_message_size
         return props
@@ -86,8 +90,10 @@ class Broker:
             address = server.sockets[0].getsockname()[:2]
             self.listening.append(address)
             log.info("listening for MQTT on %s:%s (%s)", *address, listener.type)
+        self.systree.start()
 
     async def stop(self) -> None:
+        self.systree.stop()
         for server in self._servers:
             server.close()
         for connection in list(self.connections):

@@ -269,7 +269,14 @@ class Session:
     def _write(self, connection: Connection, delivery: Delivery, packet_id: int | None) -> None:
         """Encode and send one delivery (packet_id: a slot reserved by _defer)."""
         message, qos, retain, sub_ids = delivery
-        template = message.template(connection.protocol_level, qos, retain, sub_ids)
+        alias = None
+        aliases = connection.aliases_out
+        if aliases is not None:
+            alias, known = aliases.lookup(message.topic)
+        if alias is None:
+            template = message.template(connection.protocol_level, qos, retain, sub_ids)
+        else:
+            template = message.aliased(qos, retain, sub_ids, alias, known)
         limit = connection.max_packet_out
         if limit and len(template.data) > limit:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
@@ -284,6 +291,8 @@ class Session:
                 packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
             connection.write(template.with_packet_id(packet_id))
+        if alias is not None and not known:
+            aliases.learned(message.topic, alias)
         self.metrics.queue_message_out += 1
 
     def _deliver_context(

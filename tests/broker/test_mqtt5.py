@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from .helpers import CONNACK, PUBACK, PUBLISH, PUBREC, V5, publish_packet, unique_id
+import pytest
+
+from .helpers import (
+    CONNACK,
+    DISCONNECT,
+    PUBACK,
+    PUBLISH,
+    PUBREC,
+    V5,
+    V311,
+    publish_packet,
+    unique_id,
+)
 
 PAYLOAD_FORMAT_INDICATOR = 0x01
 SERVER_KEEP_ALIVE = 0x13
 MAXIMUM_PACKET_SIZE = 0x27
 PAYLOAD_FORMAT_INVALID = 0x99
+REQUEST_RESPONSE_INFORMATION = 0x19
+RESPONSE_INFORMATION = 0x1A
+SERVER_REFERENCE = 0x1C
+TOPIC_ALIAS_MAXIMUM = 0x22
+TOPIC_ALIAS = 0x23
+PROTOCOL_ERROR = 0x82
 
 
 def test_payload_flagged_utf8_but_not_is_refused_with_0x99(broker, raw_client, paho_client):
@@ -60,3 +78,64 @@ def test_max_keepalive_is_announced_as_server_keep_alive(start_broker, raw_clien
         assert connack.type == CONNACK
         assert connack.properties.get(SERVER_KEEP_ALIVE) == told
         raw.close()
+
+
+def test_client_topic_aliases_are_resolved(broker, raw_client, paho_client):
+    # [3.3.2.3.4]: a PUBLISH with a topic and an alias sets it; an empty topic uses it.
+    sub = paho_client(broker, V5)
+    sub.subscribe("alias/#", 0)
+    raw = raw_client(broker, V5)
+    connack = raw.connect(unique_id())
+    assert connack.properties[TOPIC_ALIAS_MAXIMUM] == 64
+    raw.send(publish_packet("alias/t", b"one", version=V5, properties={TOPIC_ALIAS: 7}))
+    raw.send(publish_packet("", b"two", version=V5, properties={TOPIC_ALIAS: 7}))
+    got = [sub.expect_message() for _ in range(2)]
+    assert [(m.topic, m.payload) for m in got] == [("alias/t", b"one"), ("alias/t", b"two")]
+
+
+def test_an_alias_never_set_is_a_protocol_error(broker, raw_client):
+    raw = raw_client(broker, V5)
+    raw.connect(unique_id())
+    raw.send(publish_packet("", b"?", version=V5, properties={TOPIC_ALIAS: 3}))
+    got = raw.expect_closed()
+    assert [(p.type, p.reason_code) for p in got] == [(DISCONNECT, PROTOCOL_ERROR)]
+
+
+def test_broker_assigns_aliases_up_to_the_clients_maximum(broker, raw_client, paho_client):
+    sub = raw_client(broker, V5)
+    sub.connect(unique_id(), properties={TOPIC_ALIAS_MAXIMUM: 2})
+    sub.subscribe(("out/#", 0))
+    pub = paho_client(broker, V5)
+    for topic in ("out/a", "out/a", "out/b", "out/c", "out/b"):
+        pub.publish(topic, topic.encode(), qos=1)
+    got = [sub.expect(PUBLISH) for _ in range(5)]
+    seen = [(p.topic, p.properties.get(TOPIC_ALIAS), p.payload) for p in got]
+    assert seen == [
+        ("out/a", 1, b"out/a"),  # sets alias 1
+        ("", 1, b"out/a"),  # uses it
+        ("out/b", 2, b"out/b"),
+        ("out/c", None, b"out/c"),  # no room left: in full
+        ("", 2, b"out/b"),
+    ]
+
+
+def test_response_information_only_when_requested(start_broker, raw_client):
+    # [3.1.2.11.7]: the server sends Response Information only if the client asked.
+    server = start_broker(broker={"response_information": "replies/%c/"})
+    client_id = unique_id("rr")
+    asking = raw_client(server, V5)
+    connack = asking.connect(client_id, properties={REQUEST_RESPONSE_INFORMATION: 1})
+    assert connack.properties[RESPONSE_INFORMATION] == f"replies/{client_id}/"
+    quiet = raw_client(server, V5)
+    assert RESPONSE_INFORMATION not in quiet.connect(unique_id("rr")).properties
+
+
+@pytest.mark.parametrize(("moved", "code"), [(False, 0x9C), (True, 0x9D)])
+def test_server_reference_redirects_every_client(start_broker, raw_client, moved, code):
+    # [4.11]: Use another server (0x9C) / Server moved (0x9D) with a Server Reference.
+    server = start_broker(broker={"server_reference": "mqtt2:1883", "server_moved": moved})
+    v5 = raw_client(server, V5)
+    connack = v5.connect(unique_id(), expect_code=code)
+    assert connack.properties[SERVER_REFERENCE] == "mqtt2:1883"
+    v3 = raw_client(server, V311)
+    v3.connect(unique_id(), expect_code=3)  # MQTT 3.1.1: server unavailable
