@@ -51,6 +51,9 @@ class BrokerSettings:
     topic_max_depth: int = 10
     max_subscriptions_per_client: int = 0
     upgrade_outgoing_qos: bool = False
+    shared_subscription_policy: Literal["prefer_local", "local_only", "random", "round_robin"] = (
+        "prefer_local"
+    )
     response_information: str = ""
     server_reference: str = ""
     server_moved: bool = False

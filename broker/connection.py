@@ -59,7 +59,7 @@ from broker.protocol import (
     encode,
 )
 from broker.protocol import SubAck as SubAckPacket
-from broker.router import SubOptions
+from broker.router import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter, valid_topic_name
 from hooks import (
     Chain,
@@ -722,6 +722,9 @@ class Connection(asyncio.Protocol):
         codes: list[int | None] = []  # None: valid, decided by the plugins below
         requests = []
         for sub in packet.subscriptions:
+            if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
+                # No Local on a shared subscription is a Protocol Error [MQTT-3.8.3-4].
+                return self.close(ReasonCode.PROTOCOL_ERROR)
             code = self._filter_problem(sub.topic_filter, requests)
             codes.append(code)
             if code is None:
@@ -764,12 +767,16 @@ class Connection(asyncio.Protocol):
         """The SUBACK failure code for a filter we cannot take, None for a good one
         (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
         v5 = self.protocol_level == MQTT5
-        if topic_filter.startswith("$share/"):  # shared subscriptions come later
-            return ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80
-        if not valid_topic_filter(topic_filter):
+        shared = parse_shared(topic_filter)
+        if shared is not None:  # $share/<group>/<filter>
+            group, inner = shared
+            if not group or "+" in group or "#" in group or not valid_topic_filter(inner):
+                return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+        elif not valid_topic_filter(topic_filter):
             return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
         depth = self.broker.settings.topic_max_depth
-        if depth and topic_filter.count("/") >= depth:
+        inner = topic_filter if shared is None else shared[1]
+        if depth and inner.count("/") >= depth:
             self.broker.metrics.topic_depth_exceeded += 1
             return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
         limit = self.broker.settings.max_subscriptions_per_client
@@ -811,6 +818,9 @@ class Connection(asyncio.Protocol):
             )
             is_new = self.broker.subscribe(self.session, request.topic, options)
             # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
+            # A shared subscription gets no retained messages [MQTT-4.8.2].
+            if request.topic.startswith(SHARE_PREFIX):
+                continue
             if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
                 retained.append((request.topic, options))
         self.send(SubAckPacket(packet.packet_id, codes))

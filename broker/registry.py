@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.session import Session
+from broker.session import AWAITING_ACK, Session
 from hooks import ClientContext
 
 if TYPE_CHECKING:
@@ -119,6 +119,22 @@ class Registry:
         session.pending_will = None
         self.broker.publish(will)
 
+    @staticmethod
+    def _shared_deliveries(session: Session) -> list:
+        """(group, message) of the QoS 1/2 messages that reached this session through a
+        shared group and were not acknowledged (PUBLISH unanswered, or still queued):
+        when the session ends they go to another member of the group."""
+        found = []
+        pending = [
+            delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK
+        ]
+        pending.extend(session.queue)
+        for message, qos, _, sub_ids in pending:
+            group = getattr(sub_ids, "group", None)
+            if group is not None and qos:
+                found.append((group, message))
+        return found
+
     def end(self, session: Session) -> None:
         """The session is over: publish a will still pending, forget its state."""
         if session.pending_will is not None:
@@ -129,10 +145,18 @@ class Registry:
         if session.expiry_timer is not None:
             session.expiry_timer.cancel()
             session.expiry_timer = None
+        unacked = self._shared_deliveries(session)
         for topic_filter in list(session.subscriptions):
             self.broker.unsubscribe(session, topic_filter)
         session.queue.clear()
         session.inflight.clear()
+        if unacked:
+            settings = self.broker.settings
+            for group, message in unacked:
+                # The session left the group above: another member gets it, if any remains.
+                group.deliver(
+                    message, settings.shared_subscription_policy, settings.upgrade_outgoing_qos
+                )
         self.broker.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]

@@ -6,14 +6,31 @@ SubOptions for the filter ending there. `match` folds every matching subscriptio
 subscriber into one Route (one copy per client, at the highest granted QoS, with every
 subscription identifier [MQTT-3.3.4-2/3]) and caches the routes per topic until the next
 subscribe or unsubscribe: on a busy broker subscriptions change rarely and topics repeat.
+
+Shared subscriptions (`$share/<group>/<filter>`) live in the same trie: the node of
+<filter> keeps its groups by name in `groups`, each a SharedGroup holding its member
+sessions. `match` never sees them; `match_shared` returns the groups a topic reaches
+(cached the same way) and is only called while some group exists, so ordinary fan-out
+does no extra work.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 MATCH_CACHE_SIZE = 65536
+SHARE_PREFIX = "$share/"
+
+
+def parse_shared(topic_filter: str) -> tuple[str, str] | None:
+    """(group, filter) of a `$share/<group>/<filter>` filter, None for any other filter.
+    The parts are not validated here (see topics.valid_shared_filter)."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None
+    group, _, rest = topic_filter[len(SHARE_PREFIX) :].partition("/")
+    return group, rest
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,48 +68,160 @@ class Route:
         return Route(self.subscriber, kept).fold() if kept else None
 
 
+class SharedIds(tuple):
+    """The subscription ids of a delivery made through a shared group, remembering the
+    group: it travels inside the Delivery tuple (queue, in-flight window) unchanged and
+    encodes like a plain tuple, so a session that ends can hand its unacknowledged shared
+    deliveries back to their groups. Stored queues keep plain tuples."""
+
+    group: SharedGroup
+
+
+class SharedGroup:
+    """The members of one shared subscription (a share name on one filter)."""
+
+    __slots__ = ("_cursor", "filter", "members", "name")
+
+    def __init__(self, name: str, topic_filter: str) -> None:
+        self.name = name
+        self.filter = topic_filter
+        self.members: dict[Any, SubOptions] = {}  # Session -> its subscription options
+        self._cursor = 0
+
+    def __repr__(self) -> str:
+        return f"<SharedGroup {self.name!r} {self.filter!r} members={len(self.members)}>"
+
+    def pick(self, policy: str) -> Any | None:
+        """The member that gets the next message: an online one if any is online,
+        otherwise an offline one (its queue). `random` (and `prefer_local`/`local_only`,
+        which on a single node mean the same) picks at random, `round_robin` in turn."""
+        members = list(self.members)
+        if not members:
+            return None
+        if policy == "round_robin":
+            count = len(members)
+            start = self._cursor % count
+            for step in range(count):
+                member = members[(start + step) % count]
+                if member.connection is not None:
+                    self._cursor = start + step + 1
+                    return member
+            self._cursor = start + 1
+            return members[start]
+        online = [m for m in members if m.connection is not None]
+        return random.choice(online or members)
+
+    def deliver(self, message: Any, policy: str, upgrade: bool) -> Any:
+        """Give `message` to one member; returns what Session.deliver returns."""
+        session = self.pick(policy)
+        if session is None:
+            return None
+        options = self.members[session]
+        qos = message.qos
+        sub_ids = SharedIds(() if options.subscription_id is None else (options.subscription_id,))
+        sub_ids.group = self
+        return session.deliver(
+            message,
+            options.qos if upgrade or qos > options.qos else qos,
+            message.retain and options.retain_as_published,
+            sub_ids,
+        )
+
+
 @dataclass(slots=True)
 class _Node:
     children: dict[str, _Node] = field(default_factory=dict)
     subscribers: dict[Any, SubOptions] = field(default_factory=dict)
+    groups: dict[str, SharedGroup] = field(default_factory=dict)
 
 
 class Router:
     def __init__(self) -> None:
         self._root = _Node()
         self._cache: dict[str, list[Route]] = {}
+        self._shared_cache: dict[str, list[SharedGroup]] = {}
         self.subscription_count = 0
+        self.group_count = 0  # shared groups in the trie
 
     def subscribe(self, subscriber: Any, topic_filter: str, options: SubOptions) -> bool:
-        """Add or replace a subscription; True when it is new [MQTT-3.8.4-3]."""
+        """Add or replace a subscription; True when it is new [MQTT-3.8.4-3].
+        A `$share/<group>/<filter>` filter makes the subscriber a member of that group."""
+        shared = parse_shared(topic_filter)
         node = self._root
-        for level in topic_filter.split("/"):
+        for level in (topic_filter if shared is None else shared[1]).split("/"):
             node = node.children.setdefault(level, _Node())
-        is_new = subscriber not in node.subscribers
-        node.subscribers[subscriber] = options
+        if shared is None:
+            members = node.subscribers
+        else:
+            group = node.groups.get(shared[0])
+            if group is None:
+                group = node.groups[shared[0]] = SharedGroup(*shared)
+                self.group_count += 1
+            members = group.members
+            self._shared_cache.clear()
+        is_new = subscriber not in members
+        members[subscriber] = options
         self.subscription_count += is_new
-        self._cache.clear()
+        if shared is None:
+            self._cache.clear()
         return is_new
 
     def unsubscribe(self, subscriber: Any, topic_filter: str) -> bool:
         """Remove a subscription; False when there was none. Empty branches are pruned."""
+        shared = parse_shared(topic_filter)
+        levels = (topic_filter if shared is None else shared[1]).split("/")
         path = [self._root]
-        for level in topic_filter.split("/"):
+        for level in levels:
             child = path[-1].children.get(level)
             if child is None:
                 return False
             path.append(child)
-        if path[-1].subscribers.pop(subscriber, None) is None:
-            return False
+        node = path[-1]
+        if shared is None:
+            if node.subscribers.pop(subscriber, None) is None:
+                return False
+            self._cache.clear()
+        else:
+            group = node.groups.get(shared[0])
+            if group is None or group.members.pop(subscriber, None) is None:
+                return False
+            if not group.members:
+                del node.groups[shared[0]]
+                self.group_count -= 1
+            self._shared_cache.clear()
         self.subscription_count -= 1
-        self._cache.clear()
-        levels = topic_filter.split("/")
         for depth in range(len(levels), 0, -1):
             node = path[depth]
-            if node.children or node.subscribers:
+            if node.children or node.subscribers or node.groups:
                 break
             del path[depth - 1].children[levels[depth - 1]]
         return True
+
+    def group(self, topic_filter: str) -> SharedGroup | None:
+        """The SharedGroup of a `$share/<group>/<filter>` filter, if it has members."""
+        shared = parse_shared(topic_filter)
+        if shared is None:
+            return None
+        node = self._root
+        for level in shared[1].split("/"):
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.groups.get(shared[0])
+
+    def match_shared(self, topic: str) -> list[SharedGroup]:
+        """The shared groups whose filter matches `topic`."""
+        groups = self._shared_cache.get(topic)
+        if groups is None:
+            found: dict[int, SharedGroup] = {}
+            self._collect(
+                self._root, topic.split("/"), 0, not topic.startswith("$"), found, self._add_groups
+            )
+            groups = list(found.values())
+            if len(self._shared_cache) >= MATCH_CACHE_SIZE:
+                self._shared_cache.clear()
+            self._shared_cache[topic] = groups
+        return groups
 
     def match(self, topic: str) -> list[Route]:
         routes = self._cache.get(topic)
@@ -107,27 +236,32 @@ class Router:
         by_subscriber: dict[Any, Route] = {}
         levels = topic.split("/")
         # Wildcards at the first level never match topics starting with '$' [MQTT-4.7.2-1].
-        self._collect(self._root, levels, 0, not topic.startswith("$"), by_subscriber)
+        self._collect(self._root, levels, 0, not topic.startswith("$"), by_subscriber, self._add)
         return [route.fold() for route in by_subscriber.values()]
 
     def _collect(
-        self, node: _Node, levels: list[str], depth: int, wildcards: bool, out: dict
+        self, node: _Node, levels: list[str], depth: int, wildcards: bool, out: dict, add
     ) -> None:
         children = node.children
         if wildcards:
             hash_node = children.get("#")
             if hash_node is not None:  # '#' also matches the parent level [MQTT-4.7.1-2]
-                self._add(hash_node, out)
+                add(hash_node, out)
         if depth == len(levels):
-            self._add(node, out)
+            add(node, out)
             return
         exact = children.get(levels[depth])
         if exact is not None:
-            self._collect(exact, levels, depth + 1, True, out)
+            self._collect(exact, levels, depth + 1, True, out, add)
         if wildcards:
             plus = children.get("+")
             if plus is not None:
-                self._collect(plus, levels, depth + 1, True, out)
+                self._collect(plus, levels, depth + 1, True, out, add)
+
+    @staticmethod
+    def _add_groups(node: _Node, out: dict) -> None:
+        for group in node.groups.values():
+            out[id(group)] = group
 
     @staticmethod
     def _add(node: _Node, out: dict) -> None:

@@ -66,7 +66,6 @@ class Broker:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
         props = {
             Property.RECEIVE_MAXIMUM: self.settings.receive_max_broker,
-            Property.SHARED_SUBSCRIPTION_AVAILABLE: 0,
         }
         if self.settings.topic_alias_max_broker:
             props[Property.TOPIC_ALIAS_MAXIMUM] = self.settings.topic_alias_max_broker
@@ -197,6 +196,14 @@ class Broker:
                 if congested is None:
                     congested = []
                 congested.append(blocked)
+        if self.router.group_count:  # $share/<group>/<filter>: one member per group
+            policy = self.settings.shared_subscription_policy
+            for group in self.router.match_shared(message.topic):
+                blocked = group.deliver(message, policy, upgrade)
+                if blocked is not None:
+                    if congested is None:
+                        congested = []
+                    congested.append(blocked)
         return congested
 
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
