@@ -33,6 +33,7 @@ from broker.authorization import (
     register_refusal,
     session_limits,
 )
+from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.message import Message, TopicAliases
 from broker.protocol import (
     V3_CONNACK_CODE,
@@ -52,6 +53,7 @@ from broker.protocol import (
     PubRec,
     PubRel,
     ReasonCode,
+    RemoteProtocolError,
     Subscribe,
     UnsubAck,
     Unsubscribe,
@@ -62,6 +64,7 @@ from broker.protocol import SubAck as SubAckPacket
 from broker.router import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter, valid_topic_name
 from hooks import (
+    AuthContext,
     Chain,
     ClientContext,
     Ok,
@@ -107,6 +110,7 @@ def run_inline(flow: Coroutine) -> None:
 class Connection(asyncio.Protocol):
     __slots__ = (
         "_closing",
+        "_connecting",
         "_out",
         "_stall_timer",
         "_timer",
@@ -114,6 +118,7 @@ class Connection(asyncio.Protocol):
         "aliases_in",
         "aliases_out",
         "attributes",
+        "auth_exchange",
         "broker",
         "busy",
         "client_id",
@@ -152,12 +157,14 @@ class Connection(asyncio.Protocol):
         self.will_delay = 0
         self.writable = True
         self.reading_paused = False  # back-pressure: a subscriber we feed is congested
-        self.busy = False  # an awaiting hook flow (e.g. a webhook) holds further packets
+        self.busy = 0  # awaiting hook flows (e.g. a webhook) holding further packets
         self._transport_paused = False
         self.username: str | None = None
         self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
         self.aliases_in: dict[int, str] = {}  # Topic Aliases the client set
         self.aliases_out: TopicAliases | None = None  # ours towards the client, if any
+        self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
+        self._connecting: tuple | None = None  # (CONNECT, assigned id) during the exchange
         self.attributes: dict = {}  # shared by the plugins for this connection
         self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
         self.stuck = False  # congested too long: holds no publisher back any more
@@ -193,6 +200,9 @@ class Connection(asyncio.Protocol):
                 packet = decoder.next_packet()
                 if packet is None:
                     return
+                if self._connecting is not None and type(packet) not in (Auth, Disconnect):
+                    # Only AUTH or DISCONNECT until CONNACK [MQTT-4.12.0-4].
+                    raise RemoteProtocolError("packet during authentication", 0x82)
                 self._handlers[type(packet)](self, packet)
         except UnsupportedProtocolVersion as exc:
             log.info("%s: %s", self._name(), exc)
@@ -348,7 +358,21 @@ class Connection(asyncio.Protocol):
                 ReasonCode.SERVER_MOVED if settings.server_moved else ReasonCode.USE_ANOTHER_SERVER
             )
             return self._refuse(moved, {Property.SERVER_REFERENCE: settings.server_reference})
+        method = packet.properties.get(Property.AUTHENTICATION_METHOD) if level == MQTT5 else None
+        if method is not None:  # enhanced authentication comes first [4.12]
+            chain = self.broker.hooks.chain("on_auth_m5")
+            if not chain:
+                return self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD)
+            self.auth_exchange = AuthExchange(chain, method)
+            self._connecting = (packet, assigned)
+            return self._spawn(self._auth_step(packet.properties.get(Property.AUTHENTICATION_DATA)))
+        self._authenticate(packet, assigned, {})
+
+    def _authenticate(self, packet: Connect, assigned: str | None, auth_props: dict) -> None:
+        """auth_on_register and the will's auth_on_publish, then CONNACK (`auth_props`:
+        what enhanced authentication adds to it)."""
         hooks = self.broker.hooks
+        level = self.protocol_level
         v5 = level == MQTT5
         register = None
         if not self.broker.settings.allow_anonymous:  # then auth_on_register is skipped
@@ -357,9 +381,9 @@ class Connection(asyncio.Protocol):
         if packet.will is not None:
             will_check = hooks.chain("auth_on_publish_m5" if v5 else "auth_on_publish") or None
         if register is None and will_check is None:
-            return self._accept(packet, assigned, {})
+            return self._accept(packet, assigned, {}, auth_props)
         context = RegisterContext(
-            client_id=client_id,
+            client_id=self.client_id,
             username=packet.username,
             attributes=self.attributes,
             peer=self.peer[:2],
@@ -368,7 +392,7 @@ class Connection(asyncio.Protocol):
             protocol_level=level,
             properties=packet.properties,
         )
-        flow = self._authorize(packet, assigned, context, register, will_check)
+        flow = self._authorize(packet, assigned, context, register, will_check, auth_props)
         if (register is None or register.synchronous) and (
             will_check is None or will_check.synchronous
         ):
@@ -382,6 +406,7 @@ class Connection(asyncio.Protocol):
         context: RegisterContext,
         register: Chain | None,
         will_check: Chain | None,
+        auth_props: dict,
     ) -> None:
         """auth_on_register(_m5), then the will's auth_on_publish, then CONNACK."""
         modifiers: dict = {}
@@ -408,7 +433,7 @@ class Connection(asyncio.Protocol):
                 # VerneMQ answers a refused will with CONNACK 5 / not authorized.
                 return self._register_failed(context, result, ReasonCode.NOT_AUTHORIZED)
         if not self._closing:
-            self._accept(packet, assigned, modifiers)
+            self._accept(packet, assigned, modifiers, auth_props)
 
     def _apply_register_modifiers(
         self, packet: Connect, context: RegisterContext, modifiers: dict
@@ -434,7 +459,9 @@ class Connection(asyncio.Protocol):
         if not self._closing:
             self._refuse(code)
 
-    def _accept(self, packet: Connect, assigned: str | None, modifiers: dict) -> None:
+    def _accept(
+        self, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict
+    ) -> None:
         """The client may connect: set up will, keepalive and session, send CONNACK."""
         self._timer.cancel()
         self._timer = None
@@ -476,7 +503,7 @@ class Connection(asyncio.Protocol):
             hooks.notify(on_register.name, self._register_event(packet))
         if hooks.chain("on_client_wakeup"):
             hooks.notify("on_client_wakeup", self._client_context())
-        connack_props = self._connack_properties(assigned)
+        connack_props = {**self._connack_properties(assigned), **auth_props}
         if server_keepalive is not None:
             connack_props = {**connack_props, Property.SERVER_KEEP_ALIVE: server_keepalive}
         response_information = self.broker.settings.response_information
@@ -518,8 +545,8 @@ class Connection(asyncio.Protocol):
 
     def _spawn(self, flow) -> None:
         """Run an awaiting hook flow; no further packet is handled until it is done, so
-        this client's packets keep their order."""
-        self.busy = True
+        this client's packets keep their order. (A flow may start the next one.)"""
+        self.busy += 1
         self._update_reading()
         task = asyncio.ensure_future(flow)
         self.broker.tasks.add(task)
@@ -527,7 +554,7 @@ class Connection(asyncio.Protocol):
 
     def _flow_done(self, task: asyncio.Task) -> None:
         self.broker.tasks.discard(task)
-        self.busy = False
+        self.busy -= 1
         if task.cancelled():
             return
         if task.exception() is not None:
@@ -902,16 +929,42 @@ class Connection(asyncio.Protocol):
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
             self.will = None  # a normal DISCONNECT discards the will [MQTT-3.14.4-3]
         expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
-        if expiry is not None:
+        if expiry is not None and self.session is not None:
             if self.session.expiry == 0 and expiry:
                 # Zero at CONNECT cannot become non-zero at DISCONNECT [MQTT-3.14.2-2].
                 return self.close(ReasonCode.PROTOCOL_ERROR)
             self.session.expiry = None if expiry == NEVER_EXPIRES else expiry
         self.close()
 
-    def _on_auth(self, packet: Packet) -> None:
-        # Enhanced authentication comes with the hooks issue; without a method it is an error.
-        self.close(ReasonCode.PROTOCOL_ERROR)
+    # -- enhanced authentication [4.12] -------------------------------------------------
+
+    def _on_auth(self, packet: Auth) -> None:
+        exchange = self.auth_exchange
+        method = packet.properties.get(Property.AUTHENTICATION_METHOD)
+        if exchange is None or method != exchange.method:
+            return self.close(ReasonCode.PROTOCOL_ERROR)  # [MQTT-4.12.0-5] / [MQTT-4.12.1-1]
+        allowed = (CONTINUE,) if self._connecting else (CONTINUE, ReasonCode.RE_AUTHENTICATE)
+        if packet.reason_code not in allowed:
+            return self.close(ReasonCode.PROTOCOL_ERROR)
+        self._spawn(self._auth_step(packet.properties.get(Property.AUTHENTICATION_DATA)))
+
+    async def _auth_step(self, data: bytes | None) -> None:
+        context = AuthContext(
+            client_id=self.client_id, username=self.username, attributes=self.attributes
+        )
+        step = await self.auth_exchange.step(context, data)
+        if self._closing:
+            return None
+        connecting, self._connecting = self._connecting, None
+        if step.reason_code >= 0x80:
+            log.info("%s: authentication failed (%#04x)", self._name(), step.reason_code)
+            return self._refuse(step.reason_code) if connecting else self.close(step.reason_code)
+        if step.reason_code == CONTINUE:
+            self._connecting = connecting
+            return self.send(Auth(CONTINUE, step.properties))
+        if connecting:
+            return self._authenticate(*connecting, step.properties)
+        return self.send(Auth(SUCCESS, step.properties))  # re-authenticated
 
     def take_over(self) -> None:
         """Another connection claimed this client id [MQTT-3.1.4-3]."""
