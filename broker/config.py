@@ -49,6 +49,7 @@ class BrokerSettings:
     topic_alias_max_client: int = 64
     max_keepalive: int = 0
     topic_max_depth: int = 10
+    max_message_rate: int = 0
     max_subscriptions_per_client: int = 0
     upgrade_outgoing_qos: bool = False
     shared_subscription_policy: Literal["prefer_local", "local_only", "random", "round_robin"] = (
@@ -112,6 +113,7 @@ _NON_NEGATIVE = {
     "max_message_size",
     "max_keepalive",
     "topic_max_depth",
+    "max_message_rate",
     "max_subscriptions_per_client",
     "max_connections",
 }

@@ -112,6 +112,8 @@ class Connection(asyncio.Protocol):
         "_closing",
         "_connecting",
         "_out",
+        "_rate_count",
+        "_rate_window_end",
         "_stall_timer",
         "_timer",
         "_transport_paused",
@@ -127,12 +129,14 @@ class Connection(asyncio.Protocol):
         "last_seen",
         "listener",
         "loop",
+        "max_message_rate",
         "max_packet_out",
         "peer",
         "protocol_level",
         "reading_paused",
         "session",
         "stuck",
+        "throttled",
         "transport",
         "username",
         "waiting_publishers",
@@ -159,6 +163,10 @@ class Connection(asyncio.Protocol):
         self.reading_paused = False  # back-pressure: a subscriber we feed is congested
         self.busy = 0  # awaiting hook flows (e.g. a webhook) holding further packets
         self._transport_paused = False
+        self.max_message_rate = broker.settings.max_message_rate  # PUBLISHes per second
+        self.throttled = False
+        self._rate_count = 0
+        self._rate_window_end = 0.0
         self.username: str | None = None
         self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
         self.aliases_in: dict[int, str] = {}  # Topic Aliases the client set
@@ -196,7 +204,7 @@ class Connection(asyncio.Protocol):
         """Handle every complete packet buffered, unless closed or paused meanwhile."""
         decoder = self.decoder
         try:
-            while not (self._closing or self.reading_paused or self.busy):
+            while not (self._closing or self.reading_paused or self.busy or self.throttled):
                 packet = decoder.next_packet()
                 if packet is None:
                     return
@@ -213,6 +221,8 @@ class Connection(asyncio.Protocol):
             self.close()
         except ProtocolError as exc:
             self.broker.metrics.mqtt_protocol_error += 1
+            if exc.reason_code == ReasonCode.PACKET_TOO_LARGE:
+                self.broker.metrics.mqtt_invalid_msg_size_error += 1
             log.info("%s: protocol error: %s", self._name(), exc)
             self.close(exc.reason_code)
         except Exception:
@@ -306,6 +316,7 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         if reason_code is not None and self.session is not None and self.protocol_level == MQTT5:
+            self.broker.metrics.mqtt_disconnect_sent += 1
             self.send(Disconnect(reason_code))
         self._flush()
         self._closing = True
@@ -447,6 +458,8 @@ class Connection(asyncio.Protocol):
                 packet.clean_start = modifiers[key]
         if modifiers.get("max_message_size"):
             self.decoder.max_packet_size = modifiers["max_message_size"]
+        if "max_message_rate" in modifiers:
+            self.max_message_rate = modifiers["max_message_rate"]
 
     def _register_failed(self, context: RegisterContext, result, code: int) -> None:
         reason = refusal_reason(result)
@@ -568,7 +581,7 @@ class Connection(asyncio.Protocol):
         """Pause the transport while back-pressure or a hook flow holds this client."""
         if self._closing:
             return
-        paused = self.reading_paused or self.busy
+        paused = self.reading_paused or self.busy or self.throttled
         if paused != self._transport_paused:
             self._transport_paused = paused
             if paused:
@@ -601,6 +614,8 @@ class Connection(asyncio.Protocol):
 
     def _on_publish(self, packet: Publish) -> None:
         self.broker.metrics.mqtt_publish_received += 1
+        if self.max_message_rate:
+            self._count_rate()
         if Property.TOPIC_ALIAS in packet.properties and not self._resolve_alias(packet):
             return None
         if not valid_topic_name(packet.topic):
@@ -630,6 +645,26 @@ class Connection(asyncio.Protocol):
         if chain.synchronous:
             return self._authorized_publish(packet, context, chain.run_sync(context))
         self._spawn(self._authorize_publish(packet, context, chain))
+
+    def _count_rate(self) -> None:
+        """max_message_rate: after N PUBLISHes in a second, stop reading from this client
+        until the second is over (VerneMQ throttles the socket the same way)."""
+        now = self.loop.time()
+        if now >= self._rate_window_end:
+            self._rate_window_end = now + 1.0
+            self._rate_count = 0
+        self._rate_count += 1
+        if self._rate_count >= self.max_message_rate:
+            self.broker.metrics.client_publish_throttled += 1
+            self.throttled = True
+            self._update_reading()
+            self.loop.call_at(self._rate_window_end, self._end_throttle)
+
+    def _end_throttle(self) -> None:
+        if self.throttled and not self._closing:
+            self.throttled = False
+            self._update_reading()
+            self._process()
 
     def _resolve_alias(self, packet: Publish) -> bool:
         """Apply a client's Topic Alias [3.3.2.3.4]: a topic sets it, an empty topic uses it.
@@ -705,8 +740,10 @@ class Connection(asyncio.Protocol):
 
     def _acknowledge(self, packet: Publish) -> None:
         if packet.qos == 1:
+            self.broker.metrics.mqtt_puback_sent += 1
             self.write(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
         elif packet.qos == 2:
+            self.broker.metrics.mqtt_pubrec_sent += 1
             self.write(b"\x50\x02" + packet.packet_id.to_bytes(2, "big"))
 
     def _publish_context(self, packet: Publish) -> PublishContext:
@@ -722,6 +759,8 @@ class Connection(asyncio.Protocol):
         )
 
     def _on_pubrel(self, packet: PubRel) -> None:
+        self.broker.metrics.mqtt_pubrel_received += 1
+        self.broker.metrics.mqtt_pubcomp_sent += 1
         try:
             self.session.received_qos2.remove(packet.packet_id)
             code = ReasonCode.SUCCESS
@@ -732,14 +771,18 @@ class Connection(asyncio.Protocol):
     # -- acknowledgements of our PUBLISHes ---------------------------------------------
 
     def _on_puback(self, packet: PubAck) -> None:
+        self.broker.metrics.mqtt_puback_received += 1
         self.session.on_puback(packet.packet_id)
 
     def _on_pubrec(self, packet: PubRec) -> None:
+        self.broker.metrics.mqtt_pubrec_received += 1
         code = self.session.on_pubrec(packet.packet_id, packet.reason_code)
         if code >= 0:
+            self.broker.metrics.mqtt_pubrel_sent += 1
             self.send(PubRel(packet.packet_id, code if self.protocol_level == MQTT5 else 0))
 
     def _on_pubcomp(self, packet: PubComp) -> None:
+        self.broker.metrics.mqtt_pubcomp_received += 1
         self.session.on_pubcomp(packet.packet_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------------
@@ -851,6 +894,7 @@ class Connection(asyncio.Protocol):
             if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
                 retained.append((request.topic, options))
         self.send(SubAckPacket(packet.packet_id, codes))
+        self.broker.metrics.mqtt_suback_sent += 1
         for topic_filter, options in retained:
             self.broker.send_retained(self.session, topic_filter, options)
         on_subscribe = self.broker.hooks.chain(
@@ -919,13 +963,17 @@ class Connection(asyncio.Protocol):
             found = self.broker.unsubscribe(self.session, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         self.send(UnsubAck(packet.packet_id, codes if self.protocol_level == MQTT5 else []))
+        self.broker.metrics.mqtt_unsuback_sent += 1
 
     # -- the rest ----------------------------------------------------------------------
 
     def _on_pingreq(self, packet: PingReq) -> None:
+        self.broker.metrics.mqtt_pingreq_received += 1
+        self.broker.metrics.mqtt_pingresp_sent += 1
         self.write(PINGRESP)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
+        self.broker.metrics.mqtt_disconnect_received += 1
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
             self.will = None  # a normal DISCONNECT discards the will [MQTT-3.14.4-3]
         expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)

@@ -294,6 +294,7 @@ class Session:
         if alias is not None and not known:
             aliases.learned(message.topic, alias)
         self.metrics.queue_message_out += 1
+        self.metrics.mqtt_publish_sent += 1
 
     def _deliver_context(
         self, connection: Connection, message: Message, qos: int, retain: bool

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from .helpers import DISCONNECT, V5, V311, VERSIONS, publish_packet, unique_id
+from .helpers import DISCONNECT, PUBACK, V5, V311, VERSIONS, publish_packet, unique_id
 
 TOPIC_NAME_INVALID = 0x90
 TOPIC_FILTER_INVALID = 0x8F
@@ -65,3 +67,21 @@ def test_upgrade_outgoing_qos(start_broker, paho_client):
     pub = paho_client(server, V311)
     pub.publish("up/t", b"qos 0 in", qos=0)
     assert sub.expect_message().qos == 2
+
+
+def test_max_message_rate_throttles_the_publisher(start_broker, raw_client):
+    # VerneMQ's max_message_rate: past N PUBLISHes in a second the socket is not read
+    # until the second is over, so 25 messages at 10/s take more than two windows.
+    server = start_broker(broker={"max_message_rate": 10})
+    raw = raw_client(server, V5)
+    raw.connect(unique_id())
+    started = time.monotonic()
+    raw.send(
+        b"".join(
+            publish_packet("rate/t", b"x", qos=1, packet_id=i, version=V5) for i in range(1, 26)
+        )
+    )
+    acks = [raw.expect(PUBACK).packet_id for _ in range(25)]
+    assert acks == list(range(1, 26))  # nothing lost, nothing reordered
+    assert time.monotonic() - started >= 2.0
+    assert metrics(server)["client_publish_throttled"] >= 2
