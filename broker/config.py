@@ -44,6 +44,7 @@ class BrokerSettings:
     queue_type: Literal["fifo", "lifo"] = "fifo"
     max_message_size: int = 0
     persistent_client_expiration: Duration = 0  # type: ignore[assignment]
+    retry_interval: Duration = 20  # type: ignore[assignment]
     receive_max_broker: int = 65535
     topic_alias_max_broker: int = 64
     topic_alias_max_client: int = 64

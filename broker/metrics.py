@@ -46,6 +46,7 @@ class Metrics:
     queue_message_out: int = 0
     queue_message_drop: int = 0
     queue_message_expired: int = 0  # MQTT 5 messages whose expiry passed while queued
+    queue_message_retried: int = 0  # resent to MQTT 3 clients after retry_interval
     queue_message_unhandled: int = 0  # QoS 0 messages for an offline session
 
     def snapshot(self) -> dict[str, int]:

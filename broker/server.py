@@ -162,6 +162,7 @@ class Broker:
             metrics=self.metrics,
             store=self.store,
             hooks=self.hooks,
+            retry_interval=s.retry_interval,
         )
 
     def publish(self, message: Message) -> list[Connection] | None:

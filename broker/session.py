@@ -61,6 +61,8 @@ class Session:
         "_deferred_task",
         "_next_id",
         "_next_seq",
+        "_retry_due",
+        "_retry_timer",
         "client_id",
         "connection",
         "deferred",
@@ -76,6 +78,7 @@ class Session:
         "pending_will",
         "queue",
         "received_qos2",
+        "retry_interval",
         "store",
         "stored_seqs",
         "subscriptions",
@@ -93,6 +96,7 @@ class Session:
         metrics: Metrics,
         store: MessageStore,
         hooks: Hooks,
+        retry_interval: int = 0,
     ) -> None:
         self.client_id = client_id
         self.connection: Connection | None = None
@@ -114,6 +118,9 @@ class Session:
         # the store's sequence numbers of the queued messages, in queue order.
         self.store = store
         self.hooks = hooks
+        self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._retry_due: set[int] = set()
         # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id).
         self.deferred: deque[tuple[Delivery, int | None]] = deque()
         self._deferred_task: asyncio.Task | None = None
@@ -132,14 +139,42 @@ class Session:
         if self.store.persistent and self.expiry != 0:
             self.store.clear_queue(self.client_id)  # the queue lives in memory again
             self.stored_seqs.clear()
-        for packet_id, entry in self.inflight.items():
-            (message, qos, retain, sub_ids), state = entry
-            if state == AWAITING_ACK:
-                template = message.template(connection.protocol_level, qos, retain, sub_ids)
-                connection.write(template.with_packet_id(packet_id, dup=True))
-            else:
-                connection.send(PubRel(packet_id))
+        for packet_id in self.inflight:
+            self._resend(connection, packet_id)
+        if self.inflight:
+            self._arm_retry(connection)
         self.drain()
+
+    def _resend(self, connection: Connection, packet_id: int) -> None:
+        """Send an unacknowledged PUBLISH again with DUP, or its PUBREL [MQTT-4.4.0-1]."""
+        (message, qos, retain, sub_ids), state = self.inflight[packet_id]
+        if state == AWAITING_ACK:
+            template = message.template(connection.protocol_level, qos, retain, sub_ids)
+            connection.write(template.with_packet_id(packet_id, dup=True))
+        else:
+            connection.send(PubRel(packet_id))
+
+    # -- retry_interval: MQTT 3 clients only ---------------------------------------------
+
+    def _arm_retry(self, connection: Connection) -> None:
+        """VerneMQ's retry_interval: resend what a 3.x client left unacknowledged that long.
+        MQTT 5 forbids resending within a connection [MQTT-4.4.0-1], so never for 5.0."""
+        if self.retry_interval and connection.protocol_level < 5 and self._retry_timer is None:
+            self._retry_due = set(self.inflight)
+            self._retry_timer = connection.loop.call_later(self.retry_interval, self._retry)
+
+    def _retry(self) -> None:
+        """Resend what was in flight at the last tick and still is: unacknowledged for
+        between one and two intervals."""
+        self._retry_timer = None
+        connection = self.connection
+        if connection is None:
+            return
+        for packet_id in self._retry_due & self.inflight.keys():
+            self.metrics.queue_message_retried += 1
+            self._resend(connection, packet_id)
+        if self.inflight:
+            self._arm_retry(connection)
 
     def apply_limits(self, limits: dict) -> None:
         """Per-session settings an auth_on_register plugin chose (VerneMQ's modifiers)."""
@@ -175,6 +210,9 @@ class Session:
     def detach(self) -> None:
         """Go offline. A persistent session's undelivered messages are written to the store."""
         self.connection = None
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
         if self.store.persistent and self.expiry != 0:
             for delivery, _ in self.inflight.values():
                 self._store(delivery)
@@ -291,6 +329,8 @@ class Session:
                 packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
             connection.write(template.with_packet_id(packet_id))
+            if self._retry_timer is None and self.retry_interval:
+                self._arm_retry(connection)
         if alias is not None and not known:
             aliases.learned(message.topic, alias)
         self.metrics.queue_message_out += 1

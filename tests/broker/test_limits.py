@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .helpers import DISCONNECT, PUBACK, V5, V311, VERSIONS, publish_packet, unique_id
+from .helpers import DISCONNECT, PUBACK, PUBLISH, V5, V311, VERSIONS, publish_packet, unique_id
 
 TOPIC_NAME_INVALID = 0x90
 TOPIC_FILTER_INVALID = 0x8F
@@ -85,3 +85,22 @@ def test_max_message_rate_throttles_the_publisher(start_broker, raw_client):
     assert acks == list(range(1, 26))  # nothing lost, nothing reordered
     assert time.monotonic() - started >= 2.0
     assert metrics(server)["client_publish_throttled"] >= 2
+
+
+def test_retry_interval_resends_to_an_mqtt3_client_only(start_broker, raw_client, paho_client):
+    # VerneMQ's retry_interval: an unacknowledged QoS 1 message is sent again with DUP to
+    # a 3.1.1 client; never to an MQTT 5 client within a connection [MQTT-4.4.0-1].
+    server = start_broker(broker={"retry_interval": 1})
+    v3 = raw_client(server, V311)
+    v3.connect(unique_id("r3"))
+    v3.subscribe(("retry/t", 1))
+    v5 = raw_client(server, V5)
+    v5.connect(unique_id("r5"))
+    v5.subscribe(("retry/t", 1))
+    paho_client(server, V311).publish("retry/t", b"ack me", qos=1)
+    first = v3.expect(PUBLISH)
+    assert v5.expect(PUBLISH).dup is False
+    again = v3.expect(PUBLISH, timeout=3.0)  # after one to two intervals
+    assert (again.packet_id, again.dup, again.payload) == (first.packet_id, True, b"ack me")
+    v5.expect_silence(0.5)
+    assert metrics(server)["queue_message_retried"] >= 1

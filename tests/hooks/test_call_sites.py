@@ -404,7 +404,9 @@ def test_on_publish_is_not_fired_for_a_refused_publish(start_broker, raw_client,
     raw = raw_client(server, V5)
     client_id = unique_id("nopub")
     raw.connect(client_id)
-    raw.send(publish_packet("t/no", b"x", qos=qos, packet_id=1, version=V5))
+    raw.send(publish_packet("t/no", b"x", qos=qos, packet_id=99 if qos else None, version=V5))
+    if qos:  # its refusal first, so that raw.publish() below waits for its own PUBACK
+        assert (raw.expect(PUBACK).packet_id, raw.stash) == (99, [])
     raw.publish("t/yes", b"y", qos=1)  # answered after the refused one was handled
     assert [c.topic for c in rec.contexts("on_publish_m5", client_id=client_id)] == ["t/yes"]
 
