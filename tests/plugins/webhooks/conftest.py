@@ -24,20 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
 from aiohttp import web
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from tests.broker.helpers import (
-    PAHO_PROTOCOL,
     QUIET,
     TIMEOUT,
-    V5,
     V311,
-    ConnResult,
     PahoClient,
     paho_client,
     raw_client,
@@ -217,60 +210,13 @@ def settle_events(server) -> None:
     server.call(settle)
 
 
-class Client(PahoClient):
-    """PahoClient that can send a username and password in CONNECT."""
-
-    def connect(
-        self,
-        *,
-        username: str | None = None,
-        password: str | bytes | None = None,
-        clean: bool = True,
-        keepalive: int = 60,
-        session_expiry: int | None = None,
-        properties: dict[str, Any] | None = None,
-        expect_code: int | None = 0,
-        **_: Any,
-    ) -> ConnResult:
-        v5 = self.version == V5
-        self.client = c = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            clean_session=None if v5 else clean,
-            protocol=PAHO_PROTOCOL[self.version],
-            reconnect_on_failure=False,
-        )
-        c.on_connect, c.on_message, c.on_disconnect = (
-            self._on_connect,
-            self._on_message,
-            self._on_disconnect,
-        )
-        c.on_subscribe = c.on_unsubscribe = self._on_ack
-        if username is not None or password is not None:
-            c.username_pw_set(username, password)
-        kwargs: dict[str, Any] = {}
-        if v5:
-            props = Properties(PacketTypes.CONNECT)
-            if session_expiry is not None:
-                props.SessionExpiryInterval = session_expiry
-            for name, value in (properties or {}).items():
-                setattr(props, name, value)
-            kwargs = {"clean_start": clean, "properties": props}
-        c.connect(self.host, self.port, keepalive, **kwargs)
-        c.loop_start()
-        result = self._connacks.get(timeout=TIMEOUT)
-        if expect_code is not None:
-            assert result.reason_code == expect_code, result
-        return result
-
-
 @pytest.fixture
 def mqtt_client():
     """mqtt_client(server, version=4, client_id=None, connect=True, **connect kwargs)."""
-    made: list[Client] = []
+    made: list[PahoClient] = []
 
     def make(server, version: int = V311, client_id: str | None = None, *, connect=True, **kw):
-        client = Client(server.host, server.port, version, client_id)
+        client = PahoClient(server.host, server.port, version, client_id)
         made.append(client)
         if connect:
             client.connect(**kw)
