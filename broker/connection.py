@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from broker.authorization import (
     apply_publish_modifiers,
-    granted_topics,
     publish_refusal,
     refusal_reason,
     register_refusal,
@@ -55,14 +54,12 @@ from broker.protocol import (
     ReasonCode,
     RemoteProtocolError,
     Subscribe,
-    UnsubAck,
     Unsubscribe,
     UnsupportedProtocolVersion,
     encode,
 )
-from broker.protocol import SubAck as SubAckPacket
-from broker.router import SHARE_PREFIX, SubOptions, parse_shared
-from broker.topics import valid_topic_filter, valid_topic_name
+from broker.subscriptions import SubscriptionHandling
+from broker.topics import valid_topic_name
 from hooks import (
     AuthContext,
     Chain,
@@ -70,9 +67,6 @@ from hooks import (
     Ok,
     PublishContext,
     RegisterContext,
-    SubscribeContext,
-    TopicRequest,
-    UnsubscribeContext,
 )
 from hooks.results import NO_HOOK
 
@@ -107,7 +101,7 @@ def run_inline(flow: Coroutine) -> None:
     raise RuntimeError("a hook flow of synchronous chains suspended")
 
 
-class Connection(asyncio.Protocol):
+class Connection(SubscriptionHandling, asyncio.Protocol):
     __slots__ = (
         "_closing",
         "_connecting",
@@ -785,186 +779,6 @@ class Connection(asyncio.Protocol):
         self.broker.metrics.mqtt_pubcomp_received += 1
         self.session.on_pubcomp(packet.packet_id)
 
-    # -- SUBSCRIBE / UNSUBSCRIBE -------------------------------------------------------
-
-    def _on_subscribe(self, packet: Subscribe) -> None:
-        self.broker.metrics.mqtt_subscribe_received += 1
-        codes: list[int | None] = []  # None: valid, decided by the plugins below
-        requests = []
-        for sub in packet.subscriptions:
-            if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
-                # No Local on a shared subscription is a Protocol Error [MQTT-3.8.3-4].
-                return self.close(ReasonCode.PROTOCOL_ERROR)
-            code = self._filter_problem(sub.topic_filter, requests)
-            codes.append(code)
-            if code is None:
-                requests.append(
-                    TopicRequest(
-                        topic=sub.topic_filter,
-                        qos=sub.qos,
-                        no_local=sub.no_local,
-                        retain_as_published=sub.retain_as_published,
-                        retain_handling=sub.retain_handling,
-                    )
-                )
-        chain = self.broker.hooks.chain(
-            "auth_on_subscribe_m5" if self.protocol_level == MQTT5 else "auth_on_subscribe"
-        )
-        if not chain or not requests:  # no authorization plugin: subscribing is allowed
-            return self._subscribe(packet, codes, [(r, r.qos) for r in requests], True)
-        context = SubscribeContext(
-            client_id=self.client_id,
-            username=self.username,
-            attributes=self.attributes,
-            topics=requests,
-            properties=packet.properties,
-        )
-        if chain.synchronous:
-            result = chain.run_sync(context)
-            granted = granted_topics(requests, result, self.protocol_level)
-            return self._subscribe(packet, codes, granted, type(result) is Ok)
-        self._spawn(self._authorize_subscribe(packet, codes, context, chain))
-
-    async def _authorize_subscribe(
-        self, packet: Subscribe, codes: list, context: SubscribeContext, chain: Chain
-    ) -> None:
-        result = await chain.run(context)
-        if not self._closing:
-            granted = granted_topics(context.topics, result, self.protocol_level)
-            self._subscribe(packet, codes, granted, type(result) is Ok)
-
-    def _filter_problem(self, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
-        """The SUBACK failure code for a filter we cannot take, None for a good one
-        (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
-        v5 = self.protocol_level == MQTT5
-        shared = parse_shared(topic_filter)
-        if shared is not None:  # $share/<group>/<filter>
-            group, inner = shared
-            if not group or "+" in group or "#" in group or not valid_topic_filter(inner):
-                return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        elif not valid_topic_filter(topic_filter):
-            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        depth = self.broker.settings.topic_max_depth
-        inner = topic_filter if shared is None else shared[1]
-        if depth and inner.count("/") >= depth:
-            self.broker.metrics.topic_depth_exceeded += 1
-            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        limit = self.broker.settings.max_subscriptions_per_client
-        subscriptions = self.session.subscriptions
-        if (
-            limit
-            and topic_filter not in subscriptions
-            and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
-        ):
-            self.broker.metrics.subscription_limit_exceeded += 1
-            return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
-        return None
-
-    def _subscribe(
-        self,
-        packet: Subscribe,
-        codes: list,
-        granted: list[tuple[TopicRequest, int]],
-        allowed: bool,
-    ) -> None:
-        """Subscribe what was granted, answer SUBACK, then send the retained messages.
-        on_subscribe fires only when the plugins allowed the request (`allowed`)."""
-        sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
-        sub_id = sub_ids[0] if sub_ids else None
-        decisions = iter(granted)
-        retained = []
-        for i, code in enumerate(codes):
-            if code is not None:
-                continue
-            request, codes[i] = next(decisions)
-            if codes[i] > 2:
-                continue
-            options = SubOptions(
-                codes[i],
-                request.no_local,
-                request.retain_as_published,
-                request.retain_handling,
-                sub_id,
-            )
-            is_new = self.broker.subscribe(self.session, request.topic, options)
-            # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
-            # A shared subscription gets no retained messages [MQTT-4.8.2].
-            if request.topic.startswith(SHARE_PREFIX):
-                continue
-            if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
-                retained.append((request.topic, options))
-        self.send(SubAckPacket(packet.packet_id, codes))
-        self.broker.metrics.mqtt_suback_sent += 1
-        for topic_filter, options in retained:
-            self.broker.send_retained(self.session, topic_filter, options)
-        on_subscribe = self.broker.hooks.chain(
-            "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
-        )
-        if on_subscribe and granted and allowed:
-            topics = [
-                TopicRequest(
-                    topic=request.topic,
-                    qos=code,
-                    no_local=request.no_local,
-                    retain_as_published=request.retain_as_published,
-                    retain_handling=request.retain_handling,
-                )
-                for request, code in granted
-            ]
-            self.broker.hooks.notify(
-                on_subscribe.name,
-                SubscribeContext(
-                    client_id=self.client_id,
-                    username=self.username,
-                    attributes=self.attributes,
-                    topics=topics,
-                    properties=packet.properties,
-                ),
-            )
-
-    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        self.broker.metrics.mqtt_unsubscribe_received += 1
-        chain = self.broker.hooks.chain(
-            "on_unsubscribe_m5" if self.protocol_level == MQTT5 else "on_unsubscribe"
-        )
-        if not chain:
-            return self._unsubscribe(packet, packet.topic_filters)
-        context = UnsubscribeContext(
-            client_id=self.client_id,
-            username=self.username,
-            attributes=self.attributes,
-            topics=list(packet.topic_filters),
-            properties=packet.properties,
-        )
-        if chain.synchronous:
-            topics = self._unsubscribe_topics(context, chain.run_sync(context))
-            return self._unsubscribe(packet, topics)
-        self._spawn(self._authorize_unsubscribe(packet, context, chain))
-
-    async def _authorize_unsubscribe(
-        self, packet: Unsubscribe, context: UnsubscribeContext, chain: Chain
-    ) -> None:
-        result = await chain.run(context)
-        if not self._closing:
-            self._unsubscribe(packet, self._unsubscribe_topics(context, result))
-
-    @staticmethod
-    def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
-        """on_unsubscribe may rewrite the filters (Ok with `topics`); errors are ignored."""
-        if type(result) is Ok and "topics" in result.modifiers:
-            rewritten = [t if isinstance(t, str) else t[0] for t in result.modifiers["topics"]]
-            if len(rewritten) == len(context.topics):
-                return rewritten
-        return context.topics
-
-    def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str]) -> None:
-        codes = []
-        for topic_filter in topic_filters:
-            found = self.broker.unsubscribe(self.session, topic_filter)
-            codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-        self.send(UnsubAck(packet.packet_id, codes if self.protocol_level == MQTT5 else []))
-        self.broker.metrics.mqtt_unsuback_sent += 1
-
     # -- the rest ----------------------------------------------------------------------
 
     def _on_pingreq(self, packet: PingReq) -> None:
@@ -1025,8 +839,8 @@ class Connection(asyncio.Protocol):
         PubRec: _on_pubrec,
         PubRel: _on_pubrel,
         PubComp: _on_pubcomp,
-        Subscribe: _on_subscribe,
-        Unsubscribe: _on_unsubscribe,
+        Subscribe: SubscriptionHandling._on_subscribe,
+        Unsubscribe: SubscriptionHandling._on_unsubscribe,
         PingReq: _on_pingreq,
         Disconnect: _on_disconnect,
         Auth: _on_auth,
