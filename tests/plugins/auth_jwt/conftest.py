@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker.helpers import paho_client, raw_client
-from tests.plugins.auth_jwt.helpers import JwtPahoClient
+from tests.broker.helpers import PahoClient, paho_client, raw_client
 from tests.plugins.auth_jwt.jwks_server import JwksServer
 
 __all__ = ["jwks", "jwt_paho", "paho_client", "raw_client"]
@@ -21,12 +20,14 @@ def jwks():
 @pytest.fixture
 def jwt_paho():
     """jwt_paho(server, version, username, token, expect_code=0) -> connected client."""
-    made: list[JwtPahoClient] = []
+    made: list[PahoClient] = []
 
     def make(server, version, username, token, *, expect_code: int | None = 0):
-        client = JwtPahoClient(server.host, server.port, version, username, token)
+        client = PahoClient(server.host, server.port, version)
         made.append(client)
-        client.result = client.connect(expect_code=expect_code)
+        client.result = client.connect(
+            expect_code=expect_code, username=username, password=token if username else None
+        )
         return client
 
     yield make

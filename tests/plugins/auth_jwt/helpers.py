@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.broker.helpers import V5, PahoClient, RawClient, unique_id
+from tests.broker.helpers import V5, RawClient, unique_id
 from tests.plugins.auth_jwt.recorder import Recorder
 
 RECORDER = {"enabled": True, "module": "tests.plugins.auth_jwt.recorder:Recorder"}
@@ -30,27 +30,6 @@ def plugin_of(server: Any, name: str) -> Any:
 
 def recorder_of(server: Any) -> Recorder:
     return plugin_of(server, "recorder")
-
-
-class JwtPahoClient(PahoClient):
-    """PahoClient sending a username and a password (PahoClient.connect builds its paho
-    client itself, so the credentials are set on each paho client as it is assigned)."""
-
-    def __init__(
-        self, host: str, port: int, version: int, username: str | None, password: str | None
-    ) -> None:
-        self.username, self.password = username, password
-        super().__init__(host, port, version)
-
-    @property
-    def client(self) -> Any:
-        return self._client
-
-    @client.setter
-    def client(self, value: Any) -> None:
-        if value is not None and self.username is not None:
-            value.username_pw_set(self.username, self.password)
-        self._client = value
 
 
 def raw_connect(

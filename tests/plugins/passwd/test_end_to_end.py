@@ -33,34 +33,15 @@ VMQ_HASH = (
 )
 
 
-class CredentialsClient(PahoClient):
-    """PahoClient that sends a username and password. PahoClient.connect() creates its
-    paho client itself, so the credentials are set on it as it is assigned."""
-
-    def __init__(self, server, version, username, password):
-        self.username, self.password = username, password
-        super().__init__(server.host, server.port, version)
-
-    @property
-    def client(self):
-        return self._client
-
-    @client.setter
-    def client(self, value):
-        if value is not None and self.username is not None:
-            value.username_pw_set(self.username, self.password)
-        self._client = value
-
-
 @pytest.fixture
 def login():
     """login(server, version, username, password, expect_code=0) -> the connected client."""
-    made: list[CredentialsClient] = []
+    made: list[PahoClient] = []
 
     def connect(server, version, username, password, expect_code=0):
-        client = CredentialsClient(server, version, username, password)
+        client = PahoClient(server.host, server.port, version)
         made.append(client)
-        client.connect(expect_code=expect_code)
+        client.connect(expect_code=expect_code, username=username, password=password)
         return client
 
     yield connect
