@@ -73,6 +73,7 @@ class ConnectHandling:
             return self._refuse(ReasonCode.TOPIC_NAME_INVALID)
         self.client_id = client_id
         self.username = packet.username
+        self.problem_info = packet.properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
         settings = self.broker.settings
         if settings.server_reference:
             # This node is being drained: send clients elsewhere [4.11] (MQTT 3: "unavailable").
@@ -181,7 +182,7 @@ class ConnectHandling:
             self.broker.hooks.notify("on_register_failed", context)
         log.info("%s: not authorized: %s", self._name(), reason)
         if not self._closing:
-            self._refuse(code)
+            self._refuse(code, {Property.REASON_STRING: reason})
 
     def _accept(
         self, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from broker.authorization import (
     apply_publish_modifiers,
     publish_refusal,
+    refusal_reason,
 )
 from broker.connect_flow import NEVER_EXPIRES, ConnectHandling
 from broker.enhanced_auth import AuthExchange
@@ -106,6 +107,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         "max_message_rate",
         "max_packet_out",
         "peer",
+        "problem_info",
         "protocol_level",
         "reading_paused",
         "session",
@@ -143,6 +145,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self._rate_window_end = 0.0
         self.username: str | None = None
         self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
+        self.problem_info = True  # may acknowledgements carry Reason Strings [3.1.2.11.7]
         self.aliases_in: dict[int, str] = {}  # Topic Aliases the client set
         self.aliases_out: TopicAliases | None = None  # ours towards the client, if any
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
@@ -198,7 +201,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             if exc.reason_code == ReasonCode.PACKET_TOO_LARGE:
                 self.broker.metrics.mqtt_invalid_msg_size_error += 1
             log.info("%s: protocol error: %s", self._name(), exc)
-            self.close(exc.reason_code)
+            self.close(exc.reason_code, str(exc))
         except Exception:
             # A bug of ours: this connection ends, the broker and everyone else go on.
             log.exception("%s: internal error; closing the connection", self._name())
@@ -285,13 +288,14 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
                 session.drain()  # the next step of a long queue, one step per loop turn
             self._release_publishers()
 
-    def close(self, reason_code: int | None = None) -> None:
-        """Close this connection; MQTT 5 clients past CONNECT are told why first."""
+    def close(self, reason_code: int | None = None, reason: str | None = None) -> None:
+        """Close this connection; MQTT 5 clients past CONNECT are told why first (with
+        `reason` as the Reason String, which DISCONNECT may always carry [MQTT-3.1.2-29])."""
         if self._closing:
             return
         if reason_code is not None and self.session is not None and self.protocol_level == MQTT5:
             self.broker.metrics.mqtt_disconnect_sent += 1
-            self.send(Disconnect(reason_code))
+            self.send(Disconnect(reason_code, {Property.REASON_STRING: reason} if reason else {}))
         self._flush()
         self._closing = True
         self.transport.close()
@@ -466,7 +470,8 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             return None
         if self.protocol_level == MQTT5:
             ack = PubAck if packet.qos == 1 else PubRec
-            return self.send(ack(packet.packet_id, publish_refusal(result)))
+            props = {Property.REASON_STRING: refusal_reason(result)} if self.problem_info else {}
+            return self.send(ack(packet.packet_id, publish_refusal(result), props))
         return self._acknowledge(packet)  # MQTT 3.1: dropped silently
 
     def _route(self, packet: Publish, changed: PublishContext | None) -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from broker.protocol import Decoder
+from broker.protocol._buffer import encode_varint
+from hooks import NEXT, Error
+
 from .helpers import (
     CONNACK,
     DISCONNECT,
@@ -20,7 +24,9 @@ PAYLOAD_FORMAT_INDICATOR = 0x01
 SERVER_KEEP_ALIVE = 0x13
 MAXIMUM_PACKET_SIZE = 0x27
 PAYLOAD_FORMAT_INVALID = 0x99
+REQUEST_PROBLEM_INFORMATION = 0x17
 REQUEST_RESPONSE_INFORMATION = 0x19
+REASON_STRING = 0x1F
 RESPONSE_INFORMATION = 0x1A
 SERVER_REFERENCE = 0x1C
 TOPIC_ALIAS_MAXIMUM = 0x22
@@ -139,3 +145,50 @@ def test_server_reference_redirects_every_client(start_broker, raw_client, moved
     assert connack.properties[SERVER_REFERENCE] == "mqtt2:1883"
     v3 = raw_client(server, V311)
     v3.connect(unique_id(), expect_code=3)  # MQTT 3.1.1: server unavailable
+
+
+def decoded(raw_packet):
+    """The broker's own codec view of a packet RawClient read (RawPacket leaves the
+    properties of acknowledgements and DISCONNECT undecoded)."""
+    first = bytes([(raw_packet.type << 4) | raw_packet.flags])
+    decoder = Decoder("client", 5)
+    decoder.receive_data(first + encode_varint(len(raw_packet.body)) + raw_packet.body)
+    return decoder.next_packet()
+
+
+class DenyTopic:
+    """Refuses publishing to deny/#, with a reason."""
+
+    def auth_on_publish(self, ctx):
+        return Error("denied_by_test") if ctx.topic.startswith("deny/") else NEXT
+
+
+@pytest.mark.parametrize("problem_info", [None, 0])
+def test_reason_strings_only_when_the_client_allows_them(start_broker, raw_client, problem_info):
+    # [MQTT-3.1.2-29]: with Request Problem Information 0 no Reason String on a PUBACK.
+    server = start_broker(
+        plugins={"deny": {"enabled": True, "module": "tests.broker.test_mqtt5:DenyTopic"}}
+    )
+    raw = raw_client(server, V5)
+    props = {} if problem_info is None else {REQUEST_PROBLEM_INFORMATION: problem_info}
+    raw.connect(unique_id(), properties=props)
+    raw.send(publish_packet("deny/x", b"no", qos=1, packet_id=5, version=V5))
+    ack = decoded(raw.expect(PUBACK))
+    assert ack.reason_code == 0x87
+    expected = None if problem_info == 0 else "denied_by_test"
+    assert ack.properties.get(REASON_STRING) == expected
+
+
+def test_protocol_errors_say_why_in_the_disconnect(broker, raw_client):
+    raw = raw_client(broker, V5)
+    raw.connect(unique_id())
+    raw.send(publish_packet("a/+", b"wildcards are not topics", version=V5))
+    [disconnect] = raw.expect_closed()
+    assert disconnect.type == DISCONNECT and disconnect.reason_code == 0x90
+    raw2 = raw_client(broker, V5)
+    raw2.connect(unique_id())
+    raw2.send(b"\x82\x07\x00\x01\x00\x00\x01a\x03")  # SUBSCRIBE with QoS 3
+    [disconnect] = raw2.expect_closed()
+    disconnect = decoded(disconnect)
+    assert disconnect.reason_code == PROTOCOL_ERROR
+    assert "QoS 3" in disconnect.properties[REASON_STRING]
