@@ -25,7 +25,7 @@ from broker.protocol import (
     ReasonCode,
 )
 from broker.topics import valid_topic_name
-from hooks import AuthContext, Chain, ClientContext, Ok, PublishContext, RegisterContext
+from hooks import AuthContext, Chain, ClientContext, Ok, RegisterContext
 from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
@@ -140,18 +140,7 @@ class ConnectHandling:
             modifiers = dict(result.modifiers)
             self._apply_register_modifiers(packet, context, modifiers)
         if will_check is not None:
-            will = packet.will
-            will_context = PublishContext(
-                client_id=self.client_id,
-                username=self.username,
-                attributes=self.attributes,
-                topic=will.topic,
-                payload=will.payload,
-                qos=will.qos,
-                retain=will.retain,
-                properties=will.properties,
-            )
-            result = await will_check.run(will_context)
+            result = await will_check.run(self._publish_context(packet.will))
             if type(result) is not Ok:
                 # VerneMQ answers a refused will with CONNACK 5 / not authorized.
                 return self._register_failed(context, result, ReasonCode.NOT_AUTHORIZED)

@@ -53,6 +53,7 @@ from broker.protocol import (
     Subscribe,
     Unsubscribe,
     UnsupportedProtocolVersion,
+    Will,
     encode,
 )
 from broker.subscriptions import SubscriptionHandling
@@ -515,7 +516,8 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             self.broker.metrics.mqtt_pubrec_sent += 1
             self.write(b"\x50\x02" + packet.packet_id.to_bytes(2, "big"))
 
-    def _publish_context(self, packet: Publish) -> PublishContext:
+    def _publish_context(self, packet: Publish | Will) -> PublishContext:
+        """This client's PUBLISH (or the will its CONNECT carries) as hooks see it."""
         return PublishContext(
             client_id=self.client_id,
             username=self.username,

@@ -191,21 +191,7 @@ class Session:
         """Fire a message event hook, building its context only if someone listens."""
         if self.hooks.chain(hook):
             message, qos, retain, _ = delivery
-            connection = self.connection
-            self.hooks.notify(
-                hook,
-                PublishContext(
-                    client_id=self.client_id,
-                    username=connection.username if connection is not None else None,
-                    attributes=connection.attributes if connection is not None else {},
-                    topic=message.topic,
-                    payload=message.payload,
-                    qos=qos,
-                    retain=retain,
-                    properties=message.properties,
-                    reason=reason,
-                ),
-            )
+            self.hooks.notify(hook, self._context(message, qos, retain, reason))
 
     def detach(self) -> None:
         """Go offline. A persistent session's undelivered messages are written to the store."""
@@ -300,7 +286,7 @@ class Session:
         if on_deliver:
             if not on_deliver.synchronous:
                 return self._defer(on_deliver, (message, qos, retain, sub_ids))
-            context = self._deliver_context(connection, message, qos, retain)
+            context = self._context(message, qos, retain)
             message = _rewritten(message, on_deliver.run_sync(context))
         self._write(connection, (message, qos, retain, sub_ids), None)
 
@@ -336,18 +322,21 @@ class Session:
         self.metrics.queue_message_out += 1
         self.metrics.mqtt_publish_sent += 1
 
-    def _deliver_context(
-        self, connection: Connection, message: Message, qos: int, retain: bool
+    def _context(
+        self, message: Message, qos: int, retain: bool, reason: str = ""
     ) -> PublishContext:
+        """The receiver's view of a delivery, for on_deliver and the message events."""
+        connection = self.connection
         return PublishContext(
             client_id=self.client_id,
-            username=connection.username,
-            attributes=connection.attributes,
+            username=connection.username if connection is not None else None,
+            attributes=connection.attributes if connection is not None else {},
             topic=message.topic,
             payload=message.payload,
             qos=qos,
             retain=retain,
             properties=message.properties,
+            reason=reason,
         )
 
     # -- on_deliver served by an async plugin (e.g. a webhook) ---------------------------
@@ -373,7 +362,7 @@ class Session:
             connection = self.connection
             if connection is None:
                 continue  # QoS 1/2 wait in flight for the reconnect; QoS 0 is lost
-            result = await chain.run(self._deliver_context(connection, message, qos, retain))
+            result = await chain.run(self._context(message, qos, retain))
             connection = self.connection
             if connection is None or (packet_id is not None and packet_id not in self.inflight):
                 continue  # gone meanwhile, or the session ended
