@@ -56,6 +56,8 @@ class BrokerSettings:
     shared_subscription_policy: Literal["prefer_local", "local_only", "random", "round_robin"] = (
         "prefer_local"
     )
+    allow_multiple_sessions: bool = False
+    queue_deliver_mode: Literal["fanout", "balance"] = "fanout"
     response_information: str = ""
     server_reference: str = ""
     server_moved: bool = False

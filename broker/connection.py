@@ -569,10 +569,11 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             self.will = None  # a normal DISCONNECT discards the will [MQTT-3.14.4-3]
         expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
         if expiry is not None and self.session is not None:
-            if self.session.expiry == 0 and expiry:
+            session = self.session.owner
+            if session.expiry == 0 and expiry:
                 # Zero at CONNECT cannot become non-zero at DISCONNECT [MQTT-3.14.2-2].
                 return self.close(ReasonCode.PROTOCOL_ERROR)
-            self.session.expiry = None if expiry == NEVER_EXPIRES else expiry
+            session.expiry = None if expiry == NEVER_EXPIRES else expiry
         self.close()
 
     def take_over(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from broker.multi_session import MultiSession
 from broker.session import AWAITING_ACK, Session
 from hooks import ClientContext
 
@@ -40,7 +41,7 @@ class Registry:
             old.take_over()
             self._release(old)
             session = self.sessions.get(client_id)
-        if session is not None:
+        if session is not None and not session.online:
             if session.expiry_timer is not None:
                 session.expiry_timer.cancel()
                 session.expiry_timer = None
@@ -59,6 +60,8 @@ class Registry:
             self.broker.store.delete_session(client_id)
         else:
             self.broker.save_session(session)
+        if isinstance(session, MultiSession):
+            return session.new_member(), present  # allow_multiple_sessions: join the others
         return session, present
 
     def adopt(self, session: Session, expires_in: float | None) -> None:
@@ -76,8 +79,17 @@ class Registry:
         session = connection.session
         connection.session = None
         session.detach()
-        self.broker.save_session(session)
         will, connection.will = connection.will, None
+        if session.owner is not session:  # one of a client id's several connections
+            owner = session.owner
+            owner.leave(session)
+            if owner.online:  # the others carry on: only this connection's will is due
+                self._event("on_client_offline", connection)
+                if will is not None:
+                    self.broker.loop.call_later(connection.will_delay, self.broker.publish, will)
+                return
+            session = owner  # that was the last: the client id goes offline
+        self.broker.save_session(session)
         if session.expiry == 0:
             if will is not None:
                 self.broker.publish(will)

@@ -103,12 +103,12 @@ class SharedGroup:
             start = self._cursor % count
             for step in range(count):
                 member = members[(start + step) % count]
-                if member.connection is not None:
+                if member.online:
                     self._cursor = start + step + 1
                     return member
             self._cursor = start + 1
             return members[start]
-        online = [m for m in members if m.connection is not None]
+        online = [m for m in members if m.online]
         return random.choice(online or members)
 
     def deliver(self, message: Any, policy: str, upgrade: bool) -> Any:

@@ -15,6 +15,7 @@ from broker.config import Config
 from broker.connection import Connection
 from broker.message import Message
 from broker.metrics import Metrics
+from broker.multi_session import MultiSession
 from broker.plugins import call_all, load_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
@@ -135,7 +136,7 @@ class Broker:
     def save_session(self, session: Session) -> None:
         """Write a persistent session's record (not its queue) to the store."""
         if self.store.persistent and session.expiry != 0:
-            offline_since = time.time() if session.connection is None else 0.0
+            offline_since = 0.0 if session.online else time.time()
             record = SessionRecord(
                 session.client_id, session.expiry, offline_since, dict(session.subscriptions)
             )
@@ -153,8 +154,7 @@ class Broker:
 
     def new_session(self, client_id: str) -> Session:
         s = self.settings
-        return Session(
-            client_id,
+        options = dict(
             max_inflight=s.max_inflight_messages,
             max_online=s.max_online_messages,
             max_offline=s.max_offline_messages,
@@ -164,6 +164,9 @@ class Broker:
             hooks=self.hooks,
             retry_interval=s.retry_interval,
         )
+        if s.allow_multiple_sessions:
+            return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
+        return Session(client_id, **options)
 
     def publish(self, message: Message) -> list[Connection] | None:
         """Route one message to every matching session (and keep it if retained).

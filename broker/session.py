@@ -75,6 +75,7 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
+        "owner",
         "pending_will",
         "queue",
         "received_qos2",
@@ -100,6 +101,9 @@ class Session:
     ) -> None:
         self.client_id = client_id
         self.connection: Connection | None = None
+        # Who holds the subscriptions and the offline queue: the session itself, or the
+        # MultiSession whose connections share them (allow_multiple_sessions).
+        self.owner: Session = self
         self.subscriptions: dict[str, SubOptions] = {}
         self.queue: deque[Delivery] = deque()
         self.inflight: dict[int, list] = {}  # packet id -> [Delivery, state]
@@ -129,6 +133,10 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session {self.client_id!r} online={self.connection is not None}>"
+
+    @property
+    def online(self) -> bool:
+        return self.connection is not None
 
     # -- attaching connections ---------------------------------------------------------
 
@@ -249,6 +257,16 @@ class Session:
         if queued and not connection.writable and not connection.stuck:
             return connection
         return None
+
+    def has_room(self, qos: int) -> bool:
+        """Whether a message would go out now rather than wait in the queue."""
+        connection = self.connection
+        return (
+            connection is not None
+            and not self.queue
+            and connection.writable
+            and (qos == 0 or len(self.inflight) < self.window)
+        )
 
     def _enqueue(self, delivery: Delivery, limit: int) -> bool:
         """Queue a delivery; False when the queue was full and a message was dropped."""

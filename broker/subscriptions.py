@@ -132,7 +132,7 @@ class SubscriptionHandling:
                 request.retain_handling,
                 sub_id,
             )
-            is_new = self.broker.subscribe(self.session, request.topic, options)
+            is_new = self.broker.subscribe(self.session.owner, request.topic, options)
             # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
             # A shared subscription gets no retained messages [MQTT-4.8.2].
             if request.topic.startswith(SHARE_PREFIX):
@@ -206,7 +206,7 @@ class SubscriptionHandling:
     def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str]) -> None:
         codes = []
         for topic_filter in topic_filters:
-            found = self.broker.unsubscribe(self.session, topic_filter)
+            found = self.broker.unsubscribe(self.session.owner, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         self.send(UnsubAck(packet.packet_id, codes if self.protocol_level == MQTT5 else []))
         self.broker.metrics.mqtt_unsuback_sent += 1

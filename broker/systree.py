@@ -32,7 +32,7 @@ DEFAULT_INTERVAL = 20  # seconds; VerneMQ's 20000 ms
 def gauges(broker: Broker) -> dict[str, int]:
     """Values read from the broker's state, under VerneMQ's names where it has one."""
     sessions = broker.registry.sessions
-    online = sum(1 for session in sessions.values() if session.connection is not None)
+    online = sum(1 for session in sessions.values() if session.online)
     connected = sum(1 for connection in broker.connections if connection.session is not None)
     return {
         "active_mqtt_connections": connected,  # connections past CONNECT

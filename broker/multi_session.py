@@ -1,0 +1,125 @@
+"""Several connections on one client id: VerneMQ's `allow_multiple_sessions`.
+
+With the setting on, a CONNECT for a client id that is already connected does not take the
+session over: the new connection joins it. What belongs to the client id (subscriptions,
+the offline queue, session expiry) is held by one MultiSession; each connection gets a
+Member session for what MQTT keeps per connection (packet ids, the in-flight window, its
+own backlog when its socket is slow).
+
+While members are attached, `queue_deliver_mode` decides where a message goes:
+- fanout: every member gets a copy;
+- balance: one member, picked at random among those with room (in-flight window and
+  socket), or among all when none has.
+
+With no member attached the MultiSession is an ordinary offline session: QoS 1/2 messages
+wait (and are stored) for the next connection, which gets them first.
+
+When a member's connection ends, the messages it had not acknowledged are not lost: in
+balance mode they go to another member (or the offline queue); in fanout mode the other
+members have their own copies, so they are kept only when it was the last member.
+Clean start is ignored while other connections are attached: their queue is in use.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from broker.session import AWAITING_ACK, Delivery, Session
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+
+
+class Member(Session):
+    """One connection's share of a MultiSession."""
+
+    __slots__ = ()
+
+    def attach(self, connection: Connection, receive_maximum: int) -> None:
+        super().attach(connection, receive_maximum)
+        self.owner.join(self)
+
+    def apply_limits(self, limits: dict) -> None:
+        super().apply_limits(limits)
+        self.owner.apply_limits(limits)  # queue limits belong to the client id
+
+    def take_back(self) -> list[Delivery]:
+        """What this member was given and the client did not acknowledge, oldest first:
+        PUBLISHes awaiting PUBACK/PUBREC, deliveries waiting for on_deliver, the backlog."""
+        unacked = [delivery for delivery, state in self.inflight.values() if state == AWAITING_ACK]
+        unacked.extend(delivery for delivery, packet_id in self.deferred if packet_id is None)
+        unacked.extend(self.queue)
+        self.inflight.clear()
+        self.deferred.clear()
+        self.queue.clear()
+        return unacked
+
+
+class MultiSession(Session):
+    __slots__ = ("balance", "members")
+
+    def __init__(self, client_id: str, *, balance: bool, **options) -> None:
+        super().__init__(client_id, **options)
+        self.members: list[Member] = []
+        self.balance = balance
+
+    def __repr__(self) -> str:
+        return f"<MultiSession {self.client_id!r} members={len(self.members)}>"
+
+    @property
+    def online(self) -> bool:
+        return bool(self.members)
+
+    def new_member(self) -> Member:
+        """A session for one more connection; it joins when the connection attaches."""
+        member = Member(
+            self.client_id,
+            max_inflight=self.max_inflight,
+            max_online=self.max_online,
+            max_offline=self.max_offline,
+            lifo=self.lifo,
+            metrics=self.metrics,
+            store=self.store,
+            hooks=self.hooks,
+            retry_interval=self.retry_interval,
+        )
+        member.owner = self
+        member.subscriptions = self.subscriptions  # one set per client id
+        return member  # expiry 0: a member is never stored itself
+
+    def join(self, member: Member) -> None:
+        """A member is attached: the queue kept while offline goes to the members."""
+        self.members.append(member)
+        if len(self.members) > 1:
+            return
+        if self.store.persistent and self.expiry != 0:
+            self.store.clear_queue(self.client_id)  # the queue lives in memory again
+            self.stored_seqs.clear()
+        backlog = list(self.queue)
+        self.queue.clear()
+        for delivery in backlog:
+            self.deliver(*delivery)
+
+    def leave(self, member: Member) -> None:
+        """A member's connection ended: hand on what it left unacknowledged."""
+        self.members.remove(member)
+        unacked = member.take_back()
+        if self.members and not self.balance:
+            return  # fanout: every other member got its own copy
+        for delivery in unacked:
+            self.deliver(*delivery)  # another member, or the offline queue
+
+    def deliver(
+        self, message, qos: int, retain: bool, sub_ids: tuple[int, ...]
+    ) -> Connection | None:
+        members = self.members
+        if not members:
+            return super().deliver(message, qos, retain, sub_ids)
+        if self.balance:
+            ready = [m for m in members if m.has_room(qos)]
+            return random.choice(ready or members).deliver(message, qos, retain, sub_ids)
+        congested = None
+        for member in members:
+            congested = member.deliver(message, qos, retain, sub_ids) or congested
+        return congested
