@@ -6,14 +6,16 @@ to answer. The rules are VerneMQ's (vmq_mqtt_fsm / vmq_mqtt5_fsm), see docs/plug
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from broker.protocol import ReasonCode
+from broker.protocol import Property, ReasonCode
 from hooks import Error, Ok, PublishContext, Result, TopicRequest
 
 MQTT5 = 5
 # Reasons that mean "these credentials are wrong" rather than "you may not".
 _BAD_CREDENTIALS = {"invalid_credentials", "bad_username_or_password", "invalid_signature"}
+_ACK_PROPERTIES = (Property.REASON_STRING, Property.USER_PROPERTY)
 
 
 def register_refusal(result: Result) -> int:
@@ -28,6 +30,20 @@ def register_refusal(result: Result) -> int:
 def refusal_reason(result: Result) -> str:
     """A one-word reason for logs and on_register_failed."""
     return result.reason if isinstance(result, Error) else "not_authorized"
+
+
+def ack_properties(properties: Mapping[int, Any]) -> dict[int, Any]:
+    """What a plugin may add to an acknowledgement: a Reason String and User Properties."""
+    return {key: properties[key] for key in _ACK_PROPERTIES if key in properties}
+
+
+def refusal_properties(result: Result) -> dict[int, Any]:
+    """The MQTT 5 properties of a refusal: the plugin's reason as Reason String, and the
+    User Properties its Error carries."""
+    props = {Property.REASON_STRING: refusal_reason(result)}
+    if isinstance(result, Error):
+        props.update(ack_properties(result.properties))
+    return props
 
 
 def publish_refusal(result: Result) -> int:
@@ -83,6 +99,13 @@ def granted_topics(
 
 
 def session_limits(modifiers: dict[str, Any]) -> dict[str, Any]:
-    """The auth_on_register modifiers that change this session's queue settings."""
-    names = ("max_inflight_messages", "max_online_messages", "max_offline_messages", "queue_type")
+    """The auth_on_register modifiers that change this session's settings."""
+    names = (
+        "max_inflight_messages",
+        "max_online_messages",
+        "max_offline_messages",
+        "queue_type",
+        "retry_interval",
+        "shared_subscription_policy",
+    )
     return {name: modifiers[name] for name in names if name in modifiers}

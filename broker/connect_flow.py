@@ -14,7 +14,13 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
-from broker.authorization import refusal_reason, register_refusal, session_limits
+from broker.authorization import (
+    ack_properties,
+    refusal_properties,
+    refusal_reason,
+    register_refusal,
+    session_limits,
+)
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.message import Message, TopicAliases
 from broker.protocol import (
@@ -171,7 +177,7 @@ class ConnectHandling:
             self.broker.hooks.notify("on_register_failed", context)
         log.info("%s: not authorized: %s", self._name(), reason)
         if not self._closing:
-            self._refuse(code, {Property.REASON_STRING: reason})
+            self._refuse(code, refusal_properties(result))
 
     def _accept(
         self, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict
@@ -218,6 +224,9 @@ class ConnectHandling:
         if hooks.chain("on_client_wakeup"):
             hooks.notify("on_client_wakeup", self._client_context())
         connack_props = {**self._connack_properties(assigned), **auth_props}
+        if level == MQTT5 and "properties" in modifiers:
+            # auth_on_register_m5 may add User Properties (and a Reason String).
+            connack_props.update(ack_properties(modifiers["properties"]))
         if server_keepalive is not None:
             connack_props = {**connack_props, Property.SERVER_KEEP_ALIVE: server_keepalive}
         response_information = self.broker.settings.response_information

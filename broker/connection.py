@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from broker.authorization import (
     apply_publish_modifiers,
     publish_refusal,
-    refusal_reason,
+    refusal_properties,
 )
 from broker.connect_flow import NEVER_EXPIRES, ConnectHandling
 from broker.enhanced_auth import AuthExchange
@@ -471,7 +471,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             return None
         if self.protocol_level == MQTT5:
             ack = PubAck if packet.qos == 1 else PubRec
-            props = {Property.REASON_STRING: refusal_reason(result)} if self.problem_info else {}
+            props = refusal_properties(result) if self.problem_info else {}
             return self.send(ack(packet.packet_id, publish_refusal(result), props))
         return self._acknowledge(packet)  # MQTT 3.1: dropped silently
 
@@ -500,7 +500,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
                 self.client_id,
             )
         if not message.topic.startswith("$SYS"):  # $SYS belongs to the broker
-            congested = self.broker.publish(message)
+            congested = self.broker.publish(message, self.session.shared_policy)
             if congested:
                 self.wait_for(congested)
             on_publish = self.broker.on_publish[self.protocol_level == MQTT5]

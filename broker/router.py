@@ -72,9 +72,15 @@ class SharedIds(tuple):
     """The subscription ids of a delivery made through a shared group, remembering the
     group: it travels inside the Delivery tuple (queue, in-flight window) unchanged and
     encodes like a plain tuple, so a session that ends can hand its unacknowledged shared
-    deliveries back to their groups. Stored queues keep plain tuples."""
+    deliveries back to their groups. The store keeps the group's filter beside the message."""
 
     group: SharedGroup
+
+    @classmethod
+    def of(cls, sub_ids: tuple[int, ...], group: SharedGroup) -> SharedIds:
+        shared_ids = cls(sub_ids)
+        shared_ids.group = group
+        return shared_ids
 
 
 class SharedGroup:
@@ -118,13 +124,12 @@ class SharedGroup:
             return None
         options = self.members[session]
         qos = message.qos
-        sub_ids = SharedIds(() if options.subscription_id is None else (options.subscription_id,))
-        sub_ids.group = self
+        sub_ids = () if options.subscription_id is None else (options.subscription_id,)
         return session.deliver(
             message,
             options.qos if upgrade or qos > options.qos else qos,
             message.retain and options.retain_as_published,
-            sub_ids,
+            SharedIds.of(sub_ids, self),
         )
 
 

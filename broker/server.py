@@ -20,8 +20,8 @@ from broker.plugins import call_all, load_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
 from broker.retain import RetainedMessages
-from broker.router import Router, SubOptions
-from broker.session import Session
+from broker.router import Router, SharedIds, SubOptions
+from broker.session import Delivery, Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
 from hooks import Chain, Hooks
@@ -124,7 +124,7 @@ class Broker:
             for topic_filter, options in record.subscriptions.items():
                 session.subscriptions[topic_filter] = options
                 self.router.subscribe(session, topic_filter, options)
-            session.restore(record.queue)
+            session.restore([(seq, self._rejoin(d, share)) for seq, d, share in record.queue])
             self.registry.adopt(session, remaining)
         if self.registry.sessions or len(self.retained):
             log.info(
@@ -132,6 +132,15 @@ class Broker:
                 len(self.registry.sessions),
                 len(self.retained),
             )
+
+    def _rejoin(self, delivery: Delivery, share: str | None) -> Delivery:
+        """A restored delivery that came through a shared subscription remembers its
+        group again, so that it can go to another member if this session ends."""
+        group = self.router.group(share) if share is not None else None
+        if group is None:
+            return delivery
+        message, qos, retain, sub_ids = delivery
+        return message, qos, retain, SharedIds.of(sub_ids, group)
 
     def save_session(self, session: Session) -> None:
         """Write a persistent session's record (not its queue) to the store."""
@@ -168,8 +177,11 @@ class Broker:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
         return Session(client_id, **options)
 
-    def publish(self, message: Message) -> list[Connection] | None:
+    def publish(
+        self, message: Message, shared_policy: str | None = None
+    ) -> list[Connection] | None:
         """Route one message to every matching session (and keep it if retained).
+        `shared_policy`: the publisher's own shared_subscription_policy, if a plugin set one.
 
         Returns the subscriber connections too congested to take it now, if any.
         """
@@ -201,7 +213,7 @@ class Broker:
                     congested = []
                 congested.append(blocked)
         if self.router.group_count:  # $share/<group>/<filter>: one member per group
-            policy = self.settings.shared_subscription_policy
+            policy = shared_policy or self.settings.shared_subscription_policy
             for group in self.router.match_shared(message.topic):
                 blocked = group.deliver(message, policy, upgrade)
                 if blocked is not None:

@@ -80,6 +80,7 @@ class Session:
         "queue",
         "received_qos2",
         "retry_interval",
+        "shared_policy",
         "store",
         "stored_seqs",
         "subscriptions",
@@ -113,6 +114,8 @@ class Session:
         self.max_online = max_online
         self.max_offline = max_offline
         self.lifo = lifo
+        # How this client's own PUBLISHes pick a shared subscriber (None: the broker's).
+        self.shared_policy: str | None = None
         self.metrics = metrics
         self.expiry: int | None = 0  # seconds after disconnect; None: never expires
         self.expiry_timer = None
@@ -194,6 +197,10 @@ class Session:
             self.max_offline = limits["max_offline_messages"]
         if "queue_type" in limits:
             self.lifo = limits["queue_type"] == "lifo"
+        if "retry_interval" in limits:
+            self.retry_interval = limits["retry_interval"]
+        if "shared_subscription_policy" in limits:
+            self.shared_policy = limits["shared_subscription_policy"]
 
     def _event(self, hook: str, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.authorization import granted_topics
+from broker.authorization import ack_properties, granted_topics, refusal_properties
 from broker.protocol import Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
 from broker.protocol import SubAck as SubAckPacket
 from broker.router import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter
-from hooks import Chain, Ok, SubscribeContext, TopicRequest, UnsubscribeContext
+from hooks import Chain, Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
 
 if TYPE_CHECKING:
     from broker.server import Broker
     from broker.session import Session
 
 MQTT5 = 5
+ALLOWED = Ok()  # the verdict when no plugin has a say
 
 
 class SubscriptionHandling:
@@ -57,7 +58,7 @@ class SubscriptionHandling:
             "auth_on_subscribe_m5" if self.protocol_level == MQTT5 else "auth_on_subscribe"
         )
         if not chain or not requests:  # no authorization plugin: subscribing is allowed
-            return self._subscribe(packet, codes, [(r, r.qos) for r in requests], True)
+            return self._subscribe(packet, codes, [(r, r.qos) for r in requests], ALLOWED)
         context = SubscribeContext(
             client_id=self.client_id,
             username=self.username,
@@ -68,7 +69,7 @@ class SubscriptionHandling:
         if chain.synchronous:
             result = chain.run_sync(context)
             granted = granted_topics(requests, result, self.protocol_level)
-            return self._subscribe(packet, codes, granted, type(result) is Ok)
+            return self._subscribe(packet, codes, granted, result)
         self._spawn(self._authorize_subscribe(packet, codes, context, chain))
 
     async def _authorize_subscribe(
@@ -77,7 +78,7 @@ class SubscriptionHandling:
         result = await chain.run(context)
         if not self._closing:
             granted = granted_topics(context.topics, result, self.protocol_level)
-            self._subscribe(packet, codes, granted, type(result) is Ok)
+            self._subscribe(packet, codes, granted, result)
 
     def _filter_problem(self, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
         """The SUBACK failure code for a filter we cannot take, None for a good one
@@ -111,10 +112,10 @@ class SubscriptionHandling:
         packet: Subscribe,
         codes: list,
         granted: list[tuple[TopicRequest, int]],
-        allowed: bool,
+        result: Result,
     ) -> None:
         """Subscribe what was granted, answer SUBACK, then send the retained messages.
-        on_subscribe fires only when the plugins allowed the request (`allowed`)."""
+        on_subscribe fires only when the plugins allowed the request (`result` Ok)."""
         sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
         sub_id = sub_ids[0] if sub_ids else None
         decisions = iter(granted)
@@ -139,14 +140,17 @@ class SubscriptionHandling:
                 continue
             if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
                 retained.append((request.topic, options))
-        self.send(SubAckPacket(packet.packet_id, codes))
+        props = {}
+        if type(result) is Error and self.protocol_level == MQTT5 and self.problem_info:
+            props = refusal_properties(result)
+        self.send(SubAckPacket(packet.packet_id, codes, props))
         self.broker.metrics.mqtt_suback_sent += 1
         for topic_filter, options in retained:
             self.broker.send_retained(self.session, topic_filter, options)
         on_subscribe = self.broker.hooks.chain(
             "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
         )
-        if on_subscribe and granted and allowed:
+        if on_subscribe and granted and type(result) is Ok:
             topics = [
                 TopicRequest(
                     topic=request.topic,
@@ -174,7 +178,7 @@ class SubscriptionHandling:
             "on_unsubscribe_m5" if self.protocol_level == MQTT5 else "on_unsubscribe"
         )
         if not chain:
-            return self._unsubscribe(packet, packet.topic_filters)
+            return self._unsubscribe(packet, packet.topic_filters, ALLOWED)
         context = UnsubscribeContext(
             client_id=self.client_id,
             username=self.username,
@@ -183,8 +187,8 @@ class SubscriptionHandling:
             properties=packet.properties,
         )
         if chain.synchronous:
-            topics = self._unsubscribe_topics(context, chain.run_sync(context))
-            return self._unsubscribe(packet, topics)
+            result = chain.run_sync(context)
+            return self._unsubscribe(packet, self._unsubscribe_topics(context, result), result)
         self._spawn(self._authorize_unsubscribe(packet, context, chain))
 
     async def _authorize_unsubscribe(
@@ -192,7 +196,7 @@ class SubscriptionHandling:
     ) -> None:
         result = await chain.run(context)
         if not self._closing:
-            self._unsubscribe(packet, self._unsubscribe_topics(context, result))
+            self._unsubscribe(packet, self._unsubscribe_topics(context, result), result)
 
     @staticmethod
     def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
@@ -203,10 +207,18 @@ class SubscriptionHandling:
                 return rewritten
         return context.topics
 
-    def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str]) -> None:
+    def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str], result: Result) -> None:
         codes = []
         for topic_filter in topic_filters:
             found = self.broker.unsubscribe(self.session.owner, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-        self.send(UnsubAck(packet.packet_id, codes if self.protocol_level == MQTT5 else []))
+        if self.protocol_level != MQTT5:
+            unsuback = UnsubAck(packet.packet_id)
+        else:
+            props = {}
+            if type(result) is Ok and self.problem_info:
+                # on_unsubscribe_m5 may answer with a Reason String and User Properties.
+                props = ack_properties(result.modifiers.get("properties", {}))
+            unsuback = UnsubAck(packet.packet_id, codes, props)
+        self.send(unsuback)
         self.broker.metrics.mqtt_unsuback_sent += 1

@@ -34,10 +34,13 @@ class Next:
 @dataclass(frozen=True, slots=True)
 class Error:
     """Deny. `reason` is logged and reported (e.g. "invalid_credentials"); an MQTT 5
-    `reason_code` (e.g. 0x87) is sent to the client where the protocol has a place for it."""
+    `reason_code` (e.g. 0x87) is sent to the client where the protocol has a place for it.
+    `properties` may add User Properties (Property.USER_PROPERTY: [(name, value)]) to that
+    MQTT 5 refusal (CONNACK, PUBACK / PUBREC, SUBACK)."""
 
     reason: str = "not_authorized"
     reason_code: int | None = None
+    properties: Mapping[int, Any] = field(default_factory=dict)
 
 
 NEXT = Next()

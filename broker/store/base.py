@@ -18,7 +18,8 @@ class SessionRecord:
     expiry: int | None  # seconds after going offline; None: never
     offline_since: float  # wall-clock time the session went offline
     subscriptions: dict[str, SubOptions] = field(default_factory=dict)
-    queue: list[tuple[int, Delivery]] = field(default_factory=list)  # (seq, ...), oldest first
+    # (seq, delivery, the `$share/...` filter it came through or None), oldest first
+    queue: list[tuple[int, Delivery, str | None]] = field(default_factory=list)
 
 
 class MessageStore:

@@ -7,7 +7,10 @@ Layout, one key space with prefixes:
 Client ids cannot contain U+0000 [MQTT-1.5.4-2], so \\0 ends the id unambiguously.
 
 Messages are stored as MQTT 5 PUBLISH packets: the codec already writes and validates
-every field and property, so there is no second serialisation to keep in step.
+every field and property, so there is no second serialisation to keep in step. A queued
+message that reached the session through a shared subscription is prefixed with
+\\0, a 2-byte length and that `$share/<group>/<filter>` (a PUBLISH never starts with
+\\0), so that after a restart it can still go to another member of its group.
 
 Writes go into one WriteBatch committed once per event-loop turn (`sync=true` makes each
 commit durable with one fsync for the whole turn's writes).
@@ -24,7 +27,7 @@ import plyvel
 
 from broker.message import Message
 from broker.protocol import Decoder, Property, Publish, encode
-from broker.router import SubOptions
+from broker.router import SHARE_PREFIX, SubOptions
 from broker.session import Delivery
 from broker.store.base import MessageStore, SessionRecord
 
@@ -43,13 +46,26 @@ def _publish_bytes(message: Message, qos: int, retain: bool, sub_ids: tuple[int,
     return encode(packet, 5)
 
 
-def _delivery_from(data: bytes) -> Delivery:
+def _queued_bytes(delivery: Delivery) -> bytes:
+    group = getattr(delivery[3], "group", None)
+    if group is None:
+        return _publish_bytes(*delivery)
+    share = f"{SHARE_PREFIX}{group.name}/{group.filter}".encode()
+    return b"\0" + len(share).to_bytes(2, "big") + share + _publish_bytes(*delivery)
+
+
+def _delivery_from(data: bytes) -> tuple[Delivery, str | None]:
+    """A queued message and the shared subscription filter it came through, if any."""
+    share = None
+    if data[0] == 0:
+        end = 3 + int.from_bytes(data[1:3], "big")
+        share, data = data[3:end].decode(), data[end:]
     decoder = Decoder("client", 5)
     decoder.receive_data(data)
     packet = decoder.next_packet()
     sub_ids = tuple(packet.properties.pop(Property.SUBSCRIPTION_IDENTIFIER, ()))
     message = Message(packet.topic, packet.payload, packet.qos, packet.retain, packet.properties)
-    return message, packet.qos, packet.retain, sub_ids
+    return (message, packet.qos, packet.retain, sub_ids), share
 
 
 def _queue_prefix(client_id: str) -> bytes:
@@ -88,7 +104,8 @@ class LevelDBStore(MessageStore):
 
     def load_retained(self) -> Iterator[Message]:
         for _, value in self._db.iterator(prefix=RETAINED):
-            yield _delivery_from(value)[0]
+            (message, *_), _ = _delivery_from(value)
+            yield message
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -123,7 +140,7 @@ class LevelDBStore(MessageStore):
             )
             prefix = _queue_prefix(client_id)
             record.queue = [
-                (int.from_bytes(k[len(prefix) :], "big"), _delivery_from(v))
+                (int.from_bytes(k[len(prefix) :], "big"), *_delivery_from(v))
                 for k, v in self._db.iterator(prefix=prefix)
             ]
             yield record
@@ -132,7 +149,7 @@ class LevelDBStore(MessageStore):
 
     def enqueue(self, client_id: str, seq: int, delivery: Delivery) -> None:
         key = _queue_prefix(client_id) + seq.to_bytes(8, "big")
-        self._writes().put(key, _publish_bytes(*delivery))
+        self._writes().put(key, _queued_bytes(delivery))
 
     def dequeue(self, client_id: str, seq: int) -> None:
         self._writes().delete(_queue_prefix(client_id) + seq.to_bytes(8, "big"))

@@ -104,3 +104,30 @@ def test_retry_interval_resends_to_an_mqtt3_client_only(start_broker, raw_client
     assert (again.packet_id, again.dup, again.payload) == (first.packet_id, True, b"ack me")
     v5.expect_silence(0.5)
     assert metrics(server)["queue_message_retried"] >= 1
+
+
+def test_retry_interval_register_modifier(start_broker, raw_client, paho_client):
+    # A plugin may give one client its own retry_interval (seconds), as in VerneMQ.
+    answer = {"result": "ok", "modifiers": {"retry_interval": 1}, "client_id": "fast-retry"}
+    server = start_broker(
+        broker={"retry_interval": 0, "allow_anonymous": False},
+        plugins={
+            "rec": {
+                "enabled": True,
+                "module": "tests.hooks.sample:Recorder",
+                "hooks": ["auth_on_register"],
+                "answers": {"auth_on_register": [answer, "ok"]},
+            }
+        },
+    )
+    fast, default = raw_client(server, V311), raw_client(server, V311)
+    fast.connect("fast-retry")
+    default.connect(unique_id())
+    for client in (fast, default):
+        client.subscribe(("retry/t", 1))
+    paho_client(server, V311).publish("retry/t", b"ack me", qos=1)
+    first = fast.expect(PUBLISH)
+    default.expect(PUBLISH)
+    again = fast.expect(PUBLISH, timeout=3.0)
+    assert (again.packet_id, again.dup) == (first.packet_id, True)
+    default.expect_silence(0.5)  # retry_interval 0: never resent within the connection

@@ -6,7 +6,7 @@ import pytest
 
 from broker.protocol import Decoder
 from broker.protocol._buffer import encode_varint
-from hooks import NEXT, Error
+from hooks import NEXT, Error, Ok
 
 from .helpers import (
     CONNACK,
@@ -14,10 +14,14 @@ from .helpers import (
     PUBACK,
     PUBLISH,
     PUBREC,
+    SUBACK,
+    UNSUBACK,
     V5,
     V311,
     publish_packet,
+    subscribe_packet,
     unique_id,
+    unsubscribe_packet,
 )
 
 PAYLOAD_FORMAT_INDICATOR = 0x01
@@ -31,6 +35,7 @@ RESPONSE_INFORMATION = 0x1A
 SERVER_REFERENCE = 0x1C
 TOPIC_ALIAS_MAXIMUM = 0x22
 TOPIC_ALIAS = 0x23
+USER_PROPERTY = 0x26
 PROTOCOL_ERROR = 0x82
 
 
@@ -177,6 +182,64 @@ def test_reason_strings_only_when_the_client_allows_them(start_broker, raw_clien
     assert ack.reason_code == 0x87
     expected = None if problem_info == 0 else "denied_by_test"
     assert ack.properties.get(REASON_STRING) == expected
+
+
+class AckProperties:
+    """Answers with User Properties wherever VerneMQ's m5 hooks can put them on an ack."""
+
+    def auth_on_register_m5(self, ctx):
+        return Ok({"properties": {USER_PROPERTY: [("tier", "gold")]}})
+
+    def auth_on_publish_m5(self, ctx):
+        if ctx.topic.startswith("deny/"):
+            return Error("denied_by_rule", 0x87, {USER_PROPERTY: [("rule", "r1")]})
+        return NEXT
+
+    def auth_on_subscribe_m5(self, ctx):
+        if ctx.topics[0].topic.startswith("deny/"):
+            return Error("no_subscribe", 0x87, {USER_PROPERTY: [("rule", "r2")]})
+        return NEXT
+
+    def on_unsubscribe_m5(self, ctx):
+        return Ok({"properties": {REASON_STRING: "bye", USER_PROPERTY: [("k", "v")]}})
+
+
+@pytest.mark.parametrize("problem_info", [None, 0])
+def test_plugins_put_user_properties_on_acknowledgements(start_broker, raw_client, problem_info):
+    # [MQTT-3.1.2-29]: with Request Problem Information 0, Reason Strings and User
+    # Properties may go on CONNACK and DISCONNECT only.
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"p": {"enabled": True, "module": "tests.broker.test_mqtt5:AckProperties"}},
+    )
+    raw = raw_client(server, V5)
+    props = {} if problem_info is None else {REQUEST_PROBLEM_INFORMATION: problem_info}
+    connack = decoded(raw.connect(unique_id(), properties=props))
+    assert connack.properties[USER_PROPERTY] == [("tier", "gold")]
+    allowed = problem_info != 0
+    raw.send(publish_packet("deny/x", b"no", qos=1, packet_id=5, version=V5))
+    puback = decoded(raw.expect(PUBACK))
+    assert puback.reason_code == 0x87
+    expected = {REASON_STRING: "denied_by_rule", USER_PROPERTY: [("rule", "r1")]}
+    assert puback.properties == (expected if allowed else {})
+    raw.send(subscribe_packet(6, [("deny/#", 1)], version=V5))
+    suback = decoded(raw.expect(SUBACK))
+    assert suback.reason_codes == [0x87]
+    expected = {REASON_STRING: "no_subscribe", USER_PROPERTY: [("rule", "r2")]}
+    assert suback.properties == (expected if allowed else {})
+    raw.send(unsubscribe_packet(7, ["a/b"], version=V5))
+    unsuback = decoded(raw.expect(UNSUBACK))
+    expected = {REASON_STRING: "bye", USER_PROPERTY: [("k", "v")]}
+    assert unsuback.properties == (expected if allowed else {})
+
+
+def test_paho_sees_the_user_properties_of_its_connack(start_broker, paho_client):
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"p": {"enabled": True, "module": "tests.broker.test_mqtt5:AckProperties"}},
+    )
+    result = paho_client(server, V5, connect=False).connect()
+    assert result.properties.UserProperty == [("tier", "gold")]
 
 
 def test_protocol_errors_say_why_in_the_disconnect(broker, raw_client):

@@ -192,3 +192,49 @@ def test_v311_client_may_share(broker, paho_client):
     assert member.subscribe("$share/g/a/b", 1) == [1]
     paho_client(broker, V5).publish("a/b", b"hello", 1)
     assert member.expect_message().payload == b"hello"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_register_modifier_sets_the_publishers_own_policy(start_broker, paho_client, version):
+    # VerneMQ's shared_subscription_policy modifier applies to what that client publishes.
+    round_robin = {"shared_subscription_policy": "round_robin"}
+    answer = {"result": "ok", "modifiers": round_robin, "client_id": "rr-publisher"}
+    server = start_broker(
+        broker={"shared_subscription_policy": "random", "allow_anonymous": False},
+        plugins={
+            "rec": {
+                "enabled": True,
+                "module": "tests.hooks.sample:Recorder",
+                "hooks": ["auth_on_register", "auth_on_register_m5"],
+                "answers": {"auth_on_register": [answer, "ok"]},
+            }
+        },
+    )
+    members = [paho_client(server, version) for _ in range(2)]
+    for member in members:
+        member.subscribe("$share/g/jobs", 1)
+    payloads = publish_all(paho_client(server, version, "rr-publisher"), "jobs", 20)
+    first, second = collect(members, 20)
+    assert sorted([first, second]) == sorted([payloads[0::2], payloads[1::2]])
+
+
+def test_restored_queue_still_hands_shared_messages_to_the_group(
+    start_broker, paho_client, tmp_path
+):
+    """A shared message waiting in an offline member's stored queue goes to another member
+    when that session ends, after a restart too."""
+    sections = {"store": {"backend": "leveldb", "path": str(tmp_path / "db")}}
+    server = start_broker(**sections)
+    member_id = unique_id("member")
+    member = paho_client(server, V5, member_id, clean=False, session_expiry=300)
+    member.subscribe("$share/g/work", 1)
+    member.disconnect()
+    paho_client(server, V5).publish("work", b"job-1", 1)  # only the offline member's queue
+    server.stop()
+    server = start_broker(**sections)
+    other = paho_client(server, V5)
+    other.subscribe("$share/g/work", 1)
+    other.expect_no_message()
+    paho_client(server, V5, member_id, clean=True)  # ends the stored session
+    msg = other.expect_message()
+    assert (msg.payload, msg.qos) == (b"job-1", 1)
