@@ -27,6 +27,7 @@ from broker.protocol import (
     Auth,
     ConnAck,
     Connect,
+    ConnectReturnCode,
     Property,
     ReasonCode,
 )
@@ -235,7 +236,7 @@ class ConnectHandling:
             info = response_information.replace("%c", self.client_id)
             connack_props = {**connack_props, Property.RESPONSE_INFORMATION: info}
         self.send(ConnAck(ReasonCode.SUCCESS, present, connack_props))
-        self.broker.metrics.mqtt_connack_sent += 1
+        self.broker.metrics.connack_sent(ConnectReturnCode.ACCEPTED)
         session.attach(self, props.get(Property.RECEIVE_MAXIMUM, 65535))
 
     def _server_keepalive(self) -> int | None:

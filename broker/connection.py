@@ -193,9 +193,9 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         except UnsupportedProtocolVersion as exc:
             log.info("%s: %s", self._name(), exc)
             # Answer in the 3.1.1 layout, which every client version can read.
-            self.transport.write(
-                b"\x20\x02\x00" + bytes((ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION,))
-            )
+            code = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+            self.transport.write(b"\x20\x02\x00" + bytes((code,)))
+            self.broker.metrics.connack_sent(code)
             self.close()
         except ProtocolError as exc:
             self.broker.metrics.mqtt_protocol_error += 1
@@ -367,16 +367,16 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         return props
 
     def _refuse(self, reason: int, properties: dict | None = None) -> None:
-        if self.protocol_level == MQTT5:
-            code = reason
-        elif reason == ReasonCode.TOPIC_NAME_INVALID:
-            code = None  # 3.1.1 has no code for it: close without CONNACK [MQTT-3.2.2-6]
-        else:  # 3.x has five codes; "not authorized" stands for every other refusal
-            code = V3_CONNACK_CODE.get(reason, ConnectReturnCode.NOT_AUTHORIZED)
+        # 3.x has five codes; "not authorized" stands for every other refusal.
+        v3_code = V3_CONNACK_CODE.get(reason, ConnectReturnCode.NOT_AUTHORIZED)
         log.info("%s: connection refused (reason %#04x)", self._name(), reason)
-        if code is not None:
-            props = properties if self.protocol_level == MQTT5 and properties else {}
-            self.send(ConnAck(code, False, props))
+        if self.protocol_level == MQTT5:
+            self.send(ConnAck(reason, False, properties or {}))
+        elif reason != ReasonCode.TOPIC_NAME_INVALID:
+            self.send(ConnAck(v3_code, False))
+        else:  # 3.1.1 has no code for it: close without CONNACK [MQTT-3.2.2-6]
+            return self.close()
+        self.broker.metrics.connack_sent(v3_code)
         self.close()
 
     # -- PUBLISH in --------------------------------------------------------------------

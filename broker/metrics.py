@@ -17,6 +17,14 @@ class Metrics:
     bytes_sent: int = 0
     mqtt_connect_received: int = 0
     mqtt_connack_sent: int = 0
+    # Every CONNACK by its MQTT 3 return code (an MQTT 5 reason counts under the code an
+    # MQTT 3 client would get): VerneMQ's names.
+    mqtt_connack_accepted_sent: int = 0
+    mqtt_connack_unacceptable_protocol_sent: int = 0
+    mqtt_connack_identifier_rejected_sent: int = 0
+    mqtt_connack_server_unavailable_sent: int = 0
+    mqtt_connack_bad_credentials_sent: int = 0
+    mqtt_connack_not_authorized_sent: int = 0
     mqtt_publish_received: int = 0
     mqtt_publish_sent: int = 0
     mqtt_puback_received: int = 0
@@ -49,5 +57,21 @@ class Metrics:
     queue_message_retried: int = 0  # resent to MQTT 3 clients after retry_interval
     queue_message_unhandled: int = 0  # QoS 0 messages for an offline session
 
+    def connack_sent(self, return_code: int) -> None:
+        """Count a CONNACK; `return_code` is the MQTT 3 one (0..5)."""
+        self.mqtt_connack_sent += 1
+        name = _CONNACK_COUNTERS[return_code]
+        setattr(self, name, getattr(self, name) + 1)
+
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
+
+
+_CONNACK_COUNTERS = (
+    "mqtt_connack_accepted_sent",
+    "mqtt_connack_unacceptable_protocol_sent",
+    "mqtt_connack_identifier_rejected_sent",
+    "mqtt_connack_server_unavailable_sent",
+    "mqtt_connack_bad_credentials_sent",
+    "mqtt_connack_not_authorized_sent",
+)

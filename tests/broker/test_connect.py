@@ -49,6 +49,8 @@ def test_unsupported_protocol_level_is_refused(broker, raw_client, level):
     assert len(got) == 1, got
     assert got[0].type == CONNACK
     assert got[0].body == bytes([0, UNACCEPTABLE_PROTOCOL_VERSION])
+    counters = broker.call(broker.broker.metrics.snapshot)
+    assert counters["mqtt_connack_unacceptable_protocol_sent"] == 1
 
 
 def test_mqtt31_mqisdp_is_accepted_raw(broker, raw_client):
@@ -164,6 +166,10 @@ def test_client_id_longer_than_max_client_id_size_is_rejected(start_broker, raw_
     assert len(got) == 1 and got[0].type == CONNACK
     expected = CLIENT_IDENTIFIER_NOT_VALID if version == V5 else IDENTIFIER_REJECTED
     assert got[0].reason_code == expected
+    counters = server.call(server.broker.metrics.snapshot)
+    assert counters["mqtt_connack_sent"] == 2
+    assert counters["mqtt_connack_accepted_sent"] == 1
+    assert counters["mqtt_connack_identifier_rejected_sent"] == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -175,6 +181,8 @@ def test_allow_anonymous_false_refuses_without_credentials(start_broker, raw_cli
     assert len(got) == 1 and got[0].type == CONNACK
     # No plugin can allow anyone: VerneMQ's "no matching hook" is CONNACK 5 / not authorized.
     assert got[0].reason_code == (0x87 if version == V5 else 5)
+    counters = server.call(server.broker.metrics.snapshot)
+    assert counters["mqtt_connack_not_authorized_sent"] == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
