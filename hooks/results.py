@@ -40,7 +40,7 @@ class Error:
 
     reason: str = "not_authorized"
     reason_code: int | None = None
-    properties: Mapping[int, Any] = field(default_factory=dict)
+    properties: Mapping[int, Any] = field(default_factory=dict, hash=False)
 
 
 NEXT = Next()
