@@ -57,12 +57,13 @@ class Member(Session):
 
 
 class MultiSession(Session):
-    __slots__ = ("balance", "members")
+    __slots__ = ("_member_options", "balance", "members")
 
     def __init__(self, client_id: str, *, balance: bool, **options) -> None:
         super().__init__(client_id, **options)
         self.members: list[Member] = []
         self.balance = balance
+        self._member_options = options  # each connection starts from the configured limits
 
     def __repr__(self) -> str:
         return f"<MultiSession {self.client_id!r} members={len(self.members)}>"
@@ -73,17 +74,7 @@ class MultiSession(Session):
 
     def new_member(self) -> Member:
         """A session for one more connection; it joins when the connection attaches."""
-        member = Member(
-            self.client_id,
-            max_inflight=self.max_inflight,
-            max_online=self.max_online,
-            max_offline=self.max_offline,
-            lifo=self.lifo,
-            metrics=self.metrics,
-            store=self.store,
-            hooks=self.hooks,
-            retry_interval=self.retry_interval,
-        )
+        member = Member(self.client_id, **self._member_options)
         member.owner = self
         member.subscriptions = self.subscriptions  # one set per client id
         return member  # expiry 0: a member is never stored itself
