@@ -8,6 +8,9 @@ The lifetime rules, MQTT 5 wording (MQTT 3 maps clean session on to expiry 0 and
   waiting for its delay is cancelled [MQTT-3.1.2-4/5, 3.1.3.2.2].
 - When the connection ends the session lives on for its expiry interval; its will is
   published after min(will delay, session expiry), or at once when the session ends.
+- With `allow_multiple_sessions` the session is a MultiSession: a CONNECT joins it
+  instead of taking it over, and it goes offline only when its last connection ends
+  (broker/multi_session.py).
 """
 
 from __future__ import annotations
