@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -61,6 +63,7 @@ class Session:
         "_deferred_task",
         "_next_id",
         "_next_seq",
+        "_purge_due",
         "_retry_due",
         "_retry_timer",
         "client_id",
@@ -133,6 +136,7 @@ class Session:
         self._deferred_task: asyncio.Task | None = None
         self.stored_seqs: deque[int] = deque()
         self._next_seq = 0
+        self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
         return f"<Session {self.client_id!r} online={self.connection is not None}>"
@@ -278,6 +282,11 @@ class Session:
     def _enqueue(self, delivery: Delivery, limit: int) -> bool:
         """Queue a delivery; False when the queue was full and a message was dropped."""
         queue = self.queue
+        expires_at = delivery[0].expires_at
+        if expires_at is not None and expires_at < self._purge_due:
+            self._purge_due = expires_at
+        if 0 <= limit <= len(queue) and self._purge_due <= time.monotonic():
+            self._drop_expired()
         if 0 <= limit <= len(queue):
             self.metrics.queue_message_drop += 1
             if not self.lifo or not queue:
@@ -294,6 +303,31 @@ class Session:
         if self.connection is None and self.store.persistent and self.expiry != 0:
             self._store(delivery)
         return True
+
+    def _drop_expired(self) -> None:
+        """A full queue first lets go of the messages whose expiry passed [MQTT-3.3.2-5],
+        so that they do not push out live ones. Scans only once something may have expired
+        (`_purge_due`: the earliest expiry time among the queued messages)."""
+        now = time.monotonic()
+        queued = list(self.queue)
+        # While offline the stored copies' sequence numbers follow the queue one to one.
+        seqs = list(self.stored_seqs) if len(self.stored_seqs) == len(queued) else None
+        self.queue.clear()
+        self.stored_seqs.clear()
+        self._purge_due = math.inf
+        for i, delivery in enumerate(queued):
+            expires_at = delivery[0].expires_at
+            if expires_at is not None and expires_at <= now:
+                self.metrics.queue_message_expired += 1
+                self._event("on_message_drop", delivery, "expired")
+                if seqs is not None:
+                    self.store.dequeue(self.client_id, seqs[i])
+                continue
+            if expires_at is not None and expires_at < self._purge_due:
+                self._purge_due = expires_at
+            self.queue.append(delivery)
+            if seqs is not None:
+                self.stored_seqs.append(seqs[i])
 
     def _send(
         self,

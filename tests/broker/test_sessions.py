@@ -304,3 +304,34 @@ def test_v5_message_expiry_interval(broker, raw_client, paho_client):
     got = sub.expect(PUBLISH)
     assert got.payload == b"long"
     assert got.properties[MESSAGE_EXPIRY_INTERVAL] <= 59
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["memory", "leveldb-restart"])
+def test_v5_expired_messages_make_room_in_a_full_queue(
+    start_broker, raw_client, paho_client, tmp_path, restart
+):
+    # Expired messages are dropped from every queue: a full offline queue lets go of them
+    # before it would drop a live message (fifo drops the newest); the store forgets them.
+    sections: dict = {"broker": {"max_offline_messages": 2}}
+    if restart:
+        sections["store"] = {"backend": "leveldb", "path": str(tmp_path / "db")}
+    server = start_broker(**sections)
+    client_id = unique_id("room")
+    go_offline(raw_client, server, V5, client_id, ("room/t", 1))
+    pub = paho_client(server, V5)
+    short = Properties(PacketTypes.PUBLISH)
+    short.MessageExpiryInterval = 1
+    for payload in (b"old-1", b"old-2"):
+        pub.publish("room/t", payload, qos=1, properties=short)
+    time.sleep(1.1)  # the expiry interval is in whole seconds: let both expire
+    for payload in (b"live-1", b"live-2"):
+        pub.publish("room/t", payload, qos=1)
+    counters = server.call(server.broker.metrics.snapshot)
+    assert (counters["queue_message_expired"], counters["queue_message_drop"]) == (2, 0)
+    if restart:
+        server.stop()
+        server = start_broker(**sections)
+    sub = raw_client(server, V5)
+    sub.connect(client_id, **persistent(V5))
+    assert [sub.expect(PUBLISH).payload for _ in range(2)] == [b"live-1", b"live-2"]
+    sub.expect_silence()
