@@ -4,8 +4,9 @@ A Session outlives its network connections when the client asked for a persisten
 (MQTT 3: clean session off; MQTT 5: a session expiry interval). While no connection is
 attached, QoS 1/2 messages wait in the queue and QoS 0 messages are discarded, as VerneMQ
 does. The queue is bounded: `max_online_messages` while connected, `max_offline_messages`
-while not (-1: no limit). When it is full a fifo queue drops the new message, a lifo queue
-the oldest; a lifo queue delivers newest first.
+while not (-1: no limit). When it is full, messages whose MQTT 5 expiry passed go first;
+if it is still full a fifo queue drops the new message, a lifo queue the oldest; a lifo
+queue delivers newest first.
 
 Outbound QoS 1/2 messages get a packet id and stay in `inflight` until acknowledged; at
 most `window` are in flight [MQTT-4.9.0-2]. Unacknowledged ones are sent again, with DUP,
