@@ -29,6 +29,7 @@ topic read public/#
 topic write public/+
 topic read sentinel
 topic write sentinel
+topic read $share/+/jobs/#
 user alice
 topic alice/#
 pattern write clients/%c/#
@@ -81,6 +82,15 @@ def test_a_subscribe_is_decided_topic_by_topic(server, paho_client, version):
     pub = paho_client(server, version)
     pub.publish("public/a", b"granted", qos=1)
     assert sub.expect_message().payload == b"granted"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_shared_subscriptions_are_checked_as_sent(server, paho_client, version):
+    # As VerneMQ's vmq_acl: the rule must name the $share/<group>/ form; `public/#` alone
+    # does not allow `$share/g/public/#`.
+    client = paho_client(server, version)
+    assert client.subscribe("$share/g/jobs/#", 1) == [1]
+    assert client.subscribe("$share/g/public/#", 1) == [refused_code(version)]
 
 
 def test_v5_publish_to_a_forbidden_topic_gets_puback_0x87(server, raw_client, paho_client):
