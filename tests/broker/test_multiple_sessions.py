@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 
 from .helpers import (
     PUBLISH,
     SESSION_EXPIRY_INTERVAL,
+    TIMEOUT,
     V5,
+    V311,
     VERSIONS,
     WillSpec,
     unique_id,
@@ -155,3 +160,57 @@ def test_offline_queue_survives_a_restart_with_leveldb(start_broker, paho_client
     server = start_broker(**sections)
     back = paho_client(server, V5, client_id, **persistent(V5))
     assert collect([back], 3) == [payloads]
+
+
+@pytest.mark.parametrize("mode", ["fanout", "balance"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_message_is_lost_while_connections_come_and_go(
+    start_broker, raw_client, paho_client, mode, seed
+):
+    """At least once for the client id, whatever its connections do: a random run of
+    publishes, joins, abrupt closes (with messages unread) and reads; in the end one
+    connection collects everything that was not acknowledged."""
+    server = start_broker(broker={"allow_multiple_sessions": True, "queue_deliver_mode": mode})
+    rng = random.Random(seed)
+    client_id = unique_id("churn")
+    received: set[bytes] = set()
+
+    def join():
+        client = raw_client(server, V311)
+        client.connect(client_id, clean=False)
+        return client
+
+    def read_all(client) -> None:
+        while True:
+            try:
+                pkt = client.read_packet(timeout=0.02)
+            except TimeoutError:
+                return
+            if pkt is None or pkt.type != PUBLISH:
+                return
+            received.add(pkt.payload)
+            client.ack(pkt)
+
+    connected = [join()]
+    assert connected[0].subscribe(("churn/t", 1)) == [1]
+    publisher = paho_client(server, V311)
+    published = []
+    for step in range(60):
+        action = rng.choice(["publish", "publish", "publish", "join", "close", "read"])
+        if action == "publish" or not connected:
+            payload = b"m%d" % step
+            publisher.publish("churn/t", payload, 1)
+            published.append(payload)
+        elif action == "join" and len(connected) < 3:
+            connected.append(join())
+        elif action == "close":
+            connected.pop(rng.randrange(len(connected))).close()
+        else:
+            read_all(rng.choice(connected))
+    for client in connected:
+        client.close()
+    last = join()
+    deadline = time.monotonic() + TIMEOUT
+    while not set(published) <= received:
+        assert time.monotonic() < deadline, f"lost: {sorted(set(published) - received)}"
+        read_all(last)
