@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import random
 import time
 
 import pytest
@@ -238,3 +239,54 @@ def test_restored_queue_still_hands_shared_messages_to_the_group(
     paho_client(server, V5, member_id, clean=True)  # ends the stored session
     msg = other.expect_message()
     assert (msg.payload, msg.qos) == (b"job-1", 1)
+
+
+@pytest.mark.parametrize("policy", ["random", "round_robin"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_message_is_lost_while_members_come_and_go(
+    start_broker, raw_client, paho_client, policy, seed
+):
+    """At least once for the group while it has a member: a random run of publishes,
+    members joining, members leaving abruptly with messages unread (their clean sessions
+    end, the unacknowledged messages go to another member) and reads."""
+    server = start_broker(broker={"shared_subscription_policy": policy})
+    rng = random.Random(seed)
+    received: set[bytes] = set()
+
+    def join():
+        member = raw_client(server, V311)
+        member.connect(unique_id("member"))
+        assert member.subscribe(("$share/g/churn", 1)) == [1]
+        return member
+
+    def read_all(member) -> None:
+        while True:
+            try:
+                pkt = member.read_packet(timeout=0.02)
+            except TimeoutError:
+                return
+            if pkt is None or pkt.type != PUBLISH:
+                return
+            received.add(pkt.payload)
+            member.ack(pkt)
+
+    members = [join()]
+    publisher = paho_client(server, V311)
+    published = []
+    for step in range(60):
+        action = rng.choice(["publish", "publish", "publish", "join", "leave", "read"])
+        if action == "join" and len(members) < 3:
+            members.append(join())
+        elif action == "leave" and len(members) > 1:
+            members.pop(rng.randrange(len(members))).close()
+        elif action == "read":
+            read_all(rng.choice(members))
+        else:
+            payload = b"m%d" % step
+            publisher.publish("churn", payload, 1)
+            published.append(payload)
+    deadline = time.monotonic() + TIMEOUT
+    while not set(published) <= received:
+        assert time.monotonic() < deadline, f"lost: {sorted(set(published) - received)}"
+        for member in members:
+            read_all(member)
