@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -65,6 +65,8 @@ class BrokerSpec:
     # (working directory, port) -> argv; may write a config file into the directory.
     command: Callable[[Path, int], list[str]]
     version: Callable[[], str]
+    # Scenario topologies the broker cannot serve, with why (not measured, reported).
+    unsupported: Mapping[str, str] = field(default_factory=dict)
 
 
 def _nautilus(workdir: Path, port: int) -> list[str]:
@@ -108,7 +110,13 @@ def _nautilus_version() -> str:
 BROKERS = {
     "nautilus": BrokerSpec("nautilus", "Nautilus", _nautilus, _nautilus_version),
     "mosquitto": BrokerSpec("mosquitto", "Mosquitto", _mosquitto, _mosquitto_version),
-    "amqtt": BrokerSpec("amqtt", "amqtt", _amqtt, lambda: importlib.metadata.version("amqtt")),
+    "amqtt": BrokerSpec(
+        "amqtt",
+        "amqtt",
+        _amqtt,
+        lambda: importlib.metadata.version("amqtt"),
+        unsupported={"shared": "no shared subscriptions"},
+    ),
     # A byte pipe, not a broker: calibrates the load generator (see bench/nullbroker.py).
     "null": BrokerSpec("null", "null broker", _null, lambda: "-"),
 }

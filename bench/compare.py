@@ -22,7 +22,15 @@ from typing import Any
 
 from . import report
 from .brokers import BROKERS, REPO, BrokerError, BrokerSpec, RunningBroker, raise_fd_limit
-from .scenarios import BY_NAME, SCENARIOS, Measurement, Scenario, Settings, measure
+from .scenarios import (
+    BY_NAME,
+    NOT_MEASURED,
+    SCENARIOS,
+    Measurement,
+    Scenario,
+    Settings,
+    measure,
+)
 
 DEFAULT_BROKERS = "nautilus,mosquitto,amqtt"
 RESULTS = REPO / "bench" / "results"
@@ -134,6 +142,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _measure_on(broker: BrokerSpec, scenario: Scenario, args: argparse.Namespace) -> Measurement:
+    if scenario.topology in broker.unsupported:
+        result = Measurement(error=f"{NOT_MEASURED}: {broker.unsupported[scenario.topology]}")
+        _progress(broker, scenario, result)
+        return result
     try:
         with RunningBroker(broker) as running:
             result = _run(measure(scenario, running.target, _settings(args)))

@@ -31,7 +31,8 @@ class Scenario:
     subscribers: int = 0
     qos: int = 0
     payload: int = 64
-    # pairs: publisher i -> topic i -> subscriber i; fanout and fanin share one topic.
+    # pairs: publisher i -> topic i -> subscriber i; fanout and fanin share one topic;
+    # shared: the subscribers are one shared subscription group on that topic.
     topology: str = "pairs"
     window: int = 100  # QoS 1 PUBLISHes in flight per publisher
     bounded: bool = True  # False: publishers ignore the backlog bound (overload behaviour)
@@ -56,6 +57,15 @@ SCENARIOS = (
         "fanout-1to100", "QoS 0, fan-out 1 -> 100, 64 B", "throughput", 1, 100, topology="fanout"
     ),
     Scenario("fanin-10to1", "QoS 0, fan-in 10 -> 1, 64 B", "throughput", 10, 1, topology="fanin"),
+    Scenario(
+        "shared-qos1",
+        "QoS 1, 4 publishers -> shared group of 4, 64 B",
+        "throughput",
+        4,
+        4,
+        qos=1,
+        topology="shared",
+    ),
     Scenario("latency-qos1", "QoS 1 latency at 5k msg/s, 64 B", "latency", 1, 1, qos=1, rate=5000),
     Scenario("idle-10k", "10k idle connections", "idle", connections=10_000),
 )
@@ -69,6 +79,9 @@ class Target:
     host: str
     port: int
     pid: int | None = None
+
+
+NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve
 
 
 @dataclass(slots=True)
@@ -104,11 +117,17 @@ async def measure(scenario: Scenario, target: Target, settings: Settings) -> Mea
 
 
 def _topics(scenario: Scenario) -> tuple[list[str], list[str]]:
-    """Publisher topics and subscriber filters (exact topics: no wildcard matching)."""
+    """Publisher topics and the topic each subscriber receives on (exact topics: no
+    wildcard matching)."""
     if scenario.topology == "pairs":
         topics = [f"bench/{i}" for i in range(scenario.publishers)]
         return topics, topics[: scenario.subscribers]
     return ["bench/0"] * scenario.publishers, ["bench/0"] * scenario.subscribers
+
+
+def _filter(scenario: Scenario, topic: str) -> str:
+    """What a subscriber subscribes to in order to receive `topic`."""
+    return f"$share/bench/{topic}" if scenario.topology == "shared" else topic
 
 
 async def _subscribers(
@@ -122,7 +141,7 @@ async def _subscribers(
         client = await open_client(
             target.host, target.port, f"{scenario.name}-sub{i}", uniform=uniform
         )
-        await subscribe(client, topic, scenario.qos)
+        await subscribe(client, _filter(scenario, topic), scenario.qos)
         client.read_in_bulk(low_water)
         return client
 
