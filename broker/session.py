@@ -61,6 +61,7 @@ def _rewritten(message: Message, result: Result) -> Message:
 
 class Session:
     __slots__ = (
+        "_configured",
         "_deferred_task",
         "_next_id",
         "_next_seq",
@@ -113,6 +114,14 @@ class Session:
         self.queue: deque[Delivery] = deque()
         self.inflight: dict[int, list] = {}  # packet id -> [Delivery, state]
         self.received_qos2: set[int] = set()  # inbound QoS 2 ids awaiting PUBREL
+        self._configured = {
+            "max_inflight_messages": max_inflight,
+            "max_online_messages": max_online,
+            "max_offline_messages": max_offline,
+            "queue_type": "lifo" if lifo else "fifo",
+            "retry_interval": retry_interval,
+            "shared_subscription_policy": None,  # None: the broker's policy
+        }
         self.max_inflight = max_inflight or 65535  # 0 means no limit
         self.window = self.max_inflight
         self.max_online = max_online
@@ -193,19 +202,16 @@ class Session:
             self._arm_retry(connection)
 
     def apply_limits(self, limits: dict) -> None:
-        """Per-session settings an auth_on_register plugin chose (VerneMQ's modifiers)."""
-        if "max_inflight_messages" in limits:
-            self.max_inflight = limits["max_inflight_messages"] or 65535
-        if "max_online_messages" in limits:
-            self.max_online = limits["max_online_messages"]
-        if "max_offline_messages" in limits:
-            self.max_offline = limits["max_offline_messages"]
-        if "queue_type" in limits:
-            self.lifo = limits["queue_type"] == "lifo"
-        if "retry_interval" in limits:
-            self.retry_interval = limits["retry_interval"]
-        if "shared_subscription_policy" in limits:
-            self.shared_policy = limits["shared_subscription_policy"]
+        """The settings an auth_on_register plugin chose for this connection (VerneMQ's
+        modifiers). Every CONNECT starts again from the configured ones, so a resumed
+        session does not keep what a plugin said the last time."""
+        settings = {**self._configured, **limits}
+        self.max_inflight = settings["max_inflight_messages"] or 65535
+        self.max_online = settings["max_online_messages"]
+        self.max_offline = settings["max_offline_messages"]
+        self.lifo = settings["queue_type"] == "lifo"
+        self.retry_interval = settings["retry_interval"]
+        self.shared_policy = settings["shared_subscription_policy"]
 
     def _event(self, hook: str, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""

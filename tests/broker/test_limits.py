@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from hooks import Ok
+
 from .helpers import DISCONNECT, PUBACK, PUBLISH, V5, V311, VERSIONS, publish_packet, unique_id
 
 TOPIC_NAME_INVALID = 0x90
@@ -131,3 +133,32 @@ def test_retry_interval_register_modifier(start_broker, raw_client, paho_client)
     again = fast.expect(PUBLISH, timeout=3.0)
     assert (again.packet_id, again.dup) == (first.packet_id, True)
     default.expect_silence(0.5)  # retry_interval 0: never resent within the connection
+
+
+class InflightForOne:
+    """Gives the user "narrow" an in-flight window of one message."""
+
+    def auth_on_register(self, ctx):
+        return Ok({"max_inflight_messages": 1} if ctx.username == "narrow" else {})
+
+
+def test_register_modifiers_apply_to_their_connection_only(start_broker, raw_client, paho_client):
+    # A persistent session resumed by a CONNECT the plugin gives no modifier starts again
+    # from the configured settings.
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"p": {"enabled": True, "module": "tests.broker.test_limits:InflightForOne"}},
+    )
+    client_id = unique_id("window")
+    publisher = paho_client(server, V311, username="any")
+    first = raw_client(server, V311)
+    first.connect(client_id, clean=False, username="narrow")
+    first.subscribe(("window/t", 1))
+    for payload in (b"a", b"b"):
+        publisher.publish("window/t", payload, 1)
+    assert first.expect(PUBLISH).payload == b"a"
+    first.expect_silence()  # a window of one: "b" waits for the PUBACK
+    first.close()
+    again = raw_client(server, V311)
+    again.connect(client_id, clean=False)
+    assert [again.expect(PUBLISH).payload for _ in range(2)] == [b"a", b"b"]  # window 20
