@@ -468,6 +468,20 @@ class RawClient:
             assert self.expect(PUBREL).packet_id == pkt.packet_id
             self.send(ack_packet(PUBCOMP, pkt.packet_id))
 
+    def ack_available(self, gap: float = 0.02) -> list[bytes]:
+        """Read the PUBLISHes already on their way (until none comes for `gap` seconds),
+        acknowledge each, and return their payloads."""
+        payloads = []
+        while True:
+            try:
+                pkt = self.read_packet(timeout=gap)
+            except TimeoutError:
+                return payloads
+            if pkt is None or pkt.type != PUBLISH:
+                return payloads
+            payloads.append(pkt.payload)
+            self.ack(pkt)
+
     def disconnect(self, reason: int = 0) -> None:
         """Send DISCONNECT and wait until the broker has closed the connection.
 
