@@ -67,6 +67,8 @@ class ConnectHandling:
     def _on_connect(self, packet: Connect) -> None:
         self.protocol_level = level = packet.protocol_level
         self.broker.metrics.mqtt_connect_received += 1
+        # Binds every packet we send from now on, a refusing CONNACK too [MQTT-3.1.2-24].
+        self.max_packet_out = packet.properties.get(Property.MAXIMUM_PACKET_SIZE, 0)
         client_id = packet.client_id
         assigned = None
         if not client_id:
@@ -198,7 +200,6 @@ class ConnectHandling:
         server_keepalive = self._server_keepalive()
         if server_keepalive is not None:
             self.keepalive = server_keepalive
-        self.max_packet_out = props.get(Property.MAXIMUM_PACKET_SIZE, 0)
         alias_room = min(
             props.get(Property.TOPIC_ALIAS_MAXIMUM, 0), self.broker.settings.topic_alias_max_client
         )

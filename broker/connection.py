@@ -20,6 +20,7 @@ keepalive timer that re-arms itself for the time left instead of being reset per
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,7 @@ log = logging.getLogger("nautilus.connection")
 MQTT5 = 5
 PINGRESP = b"\xd0\x00"
 STALL_LIMIT = 1.0  # seconds a congested subscriber may hold publishers back
+_PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
 def _utf8(data: bytes) -> bool:
@@ -275,7 +277,21 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         out.append(data)
 
     def send(self, packet: Packet) -> None:
-        self.write(encode(packet, self.protocol_level))
+        data = encode(packet, self.protocol_level)
+        limit = self.max_packet_out
+        if limit and len(data) > limit:
+            data = self._without_problem_info(packet, data)
+        self.write(data)
+
+    def _without_problem_info(self, packet: Packet, data: bytes) -> bytes:
+        """A packet over the client's Maximum Packet Size loses its Reason String and User
+        Properties, the parts the standard lets us leave out [MQTT-3.2.2-19/20, 3.4.2-2/3,
+        3.14.2-3/4 and alike]. (PUBLISHes over the limit are dropped by the session.)"""
+        props = getattr(packet, "properties", None)
+        if not props or not (props.keys() & _PROBLEM_INFO):
+            return data
+        kept = {key: value for key, value in props.items() if key not in _PROBLEM_INFO}
+        return encode(dataclasses.replace(packet, properties=kept), self.protocol_level)
 
     def _flush(self) -> None:
         out = self._out

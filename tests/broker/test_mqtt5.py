@@ -18,6 +18,7 @@ from .helpers import (
     UNSUBACK,
     V5,
     V311,
+    connect_packet,
     publish_packet,
     subscribe_packet,
     unique_id,
@@ -188,6 +189,8 @@ class AckProperties:
     """Answers with User Properties wherever VerneMQ's m5 hooks can put them on an ack."""
 
     def auth_on_register_m5(self, ctx):
+        if ctx.username == "deny":
+            return Error("not_this_user", 0x87, {USER_PROPERTY: [("rule", "r0")]})
         return Ok({"properties": {USER_PROPERTY: [("tier", "gold")]}})
 
     def auth_on_publish_m5(self, ctx):
@@ -240,6 +243,30 @@ def test_paho_sees_the_user_properties_of_its_connack(start_broker, paho_client)
     )
     result = paho_client(server, V5, connect=False).connect()
     assert result.properties.UserProperty == [("tier", "gold")]
+
+
+def test_reason_strings_are_left_out_above_the_clients_maximum_packet_size(
+    start_broker, raw_client
+):
+    # [MQTT-3.1.2-24]: nothing larger than the client's Maximum Packet Size; a Reason String
+    # or User Property that would make a packet too large is left out [MQTT-3.4.2-2/3].
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"p": {"enabled": True, "module": "tests.broker.test_mqtt5:AckProperties"}},
+    )
+    small = {MAXIMUM_PACKET_SIZE: 16}
+    raw = raw_client(server, V5)
+    raw.connect(unique_id(), properties=small)
+    raw.send(publish_packet("deny/x", b"no", qos=1, packet_id=5, version=V5))
+    puback = decoded(raw.expect(PUBACK))
+    assert (puback.reason_code, puback.properties) == (0x87, {})
+    raw.send(publish_packet("a/+", b"wildcards are not topics", version=V5))
+    [disconnect] = raw.expect_closed()
+    assert (disconnect.reason_code, decoded(disconnect).properties) == (0x90, {})
+    refused = raw_client(server, V5)  # the same limit binds a refusing CONNACK
+    refused.send(connect_packet(unique_id(), version=V5, properties=small, username="deny"))
+    [connack] = refused.expect_closed()
+    assert (connack.reason_code, decoded(connack).properties) == (0x87, {})
 
 
 def test_protocol_errors_say_why_in_the_disconnect(broker, raw_client):
