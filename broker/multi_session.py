@@ -8,8 +8,8 @@ own backlog when its socket is slow).
 
 While members are attached, `queue_deliver_mode` decides where a message goes:
 - fanout: every member gets a copy;
-- balance: one member, picked at random among those with room (in-flight window and
-  socket), or among all when none has.
+- balance: one member: from a random one on, the first with room (in-flight window and
+  socket), or that random one when none has room.
 
 With no member attached the MultiSession is an ordinary offline session: QoS 1/2 messages
 wait (and are stored) for the next connection, which gets them first.
@@ -108,9 +108,20 @@ class MultiSession(Session):
         if not members:
             return super().deliver(message, qos, retain, sub_ids)
         if self.balance:
-            ready = [m for m in members if m.has_room(qos)]
-            return random.choice(ready or members).deliver(message, qos, retain, sub_ids)
+            return self._pick(qos).deliver(message, qos, retain, sub_ids)
         congested = None
         for member in members:
             congested = member.deliver(message, qos, retain, sub_ids) or congested
         return congested
+
+    def _pick(self, qos: int) -> Member:
+        """balance: from a random member on, the first with room, else that random one
+        (no list built per message)."""
+        members = self.members
+        count = len(members)
+        start = random.randrange(count)
+        for step in range(count):
+            member = members[(start + step) % count]
+            if member.has_room(qos):
+                return member
+        return members[start]
