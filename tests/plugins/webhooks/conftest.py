@@ -7,7 +7,7 @@ each path as the test told it (`answer(path, ...)`); a test waits for a request 
 `hold=True` never comes (until teardown): that is how a slow endpoint is made.
 
 `webhooks_broker(*endpoints, ...)` starts a Nautilus with the plugin enabled;
-`mqtt_client(...)` makes paho clients that can send a username and password.
+`paho_client(...)` makes paho clients that can send a username and password.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from aiohttp import web
 from tests.broker.helpers import (
     QUIET,
     TIMEOUT,
-    V311,
-    PahoClient,
     paho_client,
     raw_client,
 )
@@ -208,20 +206,3 @@ def settle_events(server) -> None:
             await asyncio.wait(set(plugin._events))
 
     server.call(settle)
-
-
-@pytest.fixture
-def mqtt_client():
-    """mqtt_client(server, version=4, client_id=None, connect=True, **connect kwargs)."""
-    made: list[PahoClient] = []
-
-    def make(server, version: int = V311, client_id: str | None = None, *, connect=True, **kw):
-        client = PahoClient(server.host, server.port, version, client_id)
-        made.append(client)
-        if connect:
-            client.connect(**kw)
-        return client
-
-    yield make
-    for client in made:
-        client.close()

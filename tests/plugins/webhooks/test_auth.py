@@ -34,10 +34,10 @@ def check_request(recorded, hook: str) -> dict:
 # -- auth_on_register ----------------------------------------------------------------------
 
 
-def test_register_body_and_ok(hook_server, webhooks_broker, mqtt_client):
+def test_register_body_and_ok(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/reg", {"result": "ok"})
     server = webhooks_broker({"hook": "auth_on_register", "url": url})
-    client = mqtt_client(server, client_id="dev-1", username="alice", password="s3cret")
+    client = paho_client(server, client_id="dev-1", username="alice", password="s3cret")
     body = check_request(hook_server.expect("/reg"), "auth_on_register")
     assert isinstance(body.pop("peer_port"), int)
     assert body == {
@@ -51,10 +51,10 @@ def test_register_body_and_ok(hook_server, webhooks_broker, mqtt_client):
     client.disconnect()
 
 
-def test_register_m5_body(hook_server, webhooks_broker, mqtt_client):
+def test_register_m5_body(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/reg5", {"result": "ok"})
     server = webhooks_broker({"hook": "auth_on_register_m5", "url": url})
-    mqtt_client(
+    paho_client(
         server,
         V5,
         client_id="dev-5",
@@ -80,10 +80,10 @@ def test_register_m5_body(hook_server, webhooks_broker, mqtt_client):
     }
 
 
-def test_v4_endpoint_serves_mqtt5_clients_with_v4_bodies(hook_server, webhooks_broker, mqtt_client):
+def test_v4_endpoint_serves_mqtt5_clients_with_v4_bodies(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/reg", {"result": "ok"})
     server = webhooks_broker({"hook": "auth_on_register", "url": url})
-    mqtt_client(server, V5, username="alice")
+    paho_client(server, V5, username="alice")
     body = check_request(hook_server.expect("/reg"), "auth_on_register")
     assert "clean_session" in body and "properties" not in body
 
@@ -98,14 +98,14 @@ def test_register_error_and_reason(hook_server, webhooks_broker, raw_client):
     assert refused(raw_client, server, username="eve") == BAD_CREDENTIALS_V3
 
 
-def test_endpoints_in_name_order_next_then_ok(hook_server, webhooks_broker, mqtt_client):
+def test_endpoints_in_name_order_next_then_ok(hook_server, webhooks_broker, paho_client):
     first = hook_server.answer("/first", NEXT)
     second = hook_server.answer("/second", {"result": "ok"})
     server = webhooks_broker(
         {"hook": "auth_on_register", "url": second, "name": "b-second"},
         {"hook": "auth_on_register", "url": first, "name": "a-first"},
     )
-    mqtt_client(server, username="u")
+    paho_client(server, username="u")
     assert hook_server.expect("/first").hook == "auth_on_register"
     assert hook_server.expect("/second").hook == "auth_on_register"
 
@@ -118,13 +118,13 @@ def test_all_next_leaves_the_decision_to_the_chain(hook_server, webhooks_broker,
     assert hook_server.count("/reg") == 1
 
 
-def test_register_username_modifier(hook_server, webhooks_broker, mqtt_client):
+def test_register_username_modifier(hook_server, webhooks_broker, paho_client):
     reg = hook_server.answer("/reg", {"result": "ok", "modifiers": {"username": "bob"}})
     pub = hook_server.answer("/pub", {"result": "ok"})
     server = webhooks_broker(
         {"hook": "auth_on_register", "url": reg}, {"hook": "auth_on_publish", "url": pub}
     )
-    client = mqtt_client(server, username="alice")
+    client = paho_client(server, username="alice")
     assert hook_server.expect("/reg").json["username"] == "alice"
     client.publish("t/1", b"x", qos=1)
     assert hook_server.expect("/pub").json["username"] == "bob"
@@ -175,7 +175,7 @@ def test_deny_on_connection_refused(hook_server, webhooks_broker, raw_client):
 
 
 def test_client_gone_while_register_is_pending(
-    hook_server, webhooks_broker, raw_client, mqtt_client
+    hook_server, webhooks_broker, raw_client, paho_client
 ):
     url = hook_server.answer("/slow", Answer(hold=True))
     server = webhooks_broker({"hook": "auth_on_register", "url": url, "response_timeout": 300})
@@ -191,13 +191,13 @@ def test_client_gone_while_register_is_pending(
     server.call(flows_done)
     assert plugin_of(server).metrics.timeouts == 1
     hook_server.answer("/slow", {"result": "ok"})
-    mqtt_client(server, username="u").disconnect()  # the broker goes on
+    paho_client(server, username="u").disconnect()  # the broker goes on
 
 
 # -- auth_on_publish -----------------------------------------------------------------------
 
 
-def test_publish_body_and_rewrite(hook_server, webhooks_broker, mqtt_client):
+def test_publish_body_and_rewrite(hook_server, webhooks_broker, paho_client):
     def rewrite(recorded):
         if recorded.json["topic"] == "in/x":
             mods = {"topic": "out/x", "payload": b64(b"rewritten"), "qos": 0}
@@ -206,9 +206,9 @@ def test_publish_body_and_rewrite(hook_server, webhooks_broker, mqtt_client):
 
     url = hook_server.answer("/pub", rewrite)
     server = webhooks_broker({"hook": "auth_on_publish", "url": url}, anonymous=True)
-    sub = mqtt_client(server)
+    sub = paho_client(server)
     sub.subscribe("out/#", 1)
-    pub = mqtt_client(server, client_id="pub-1")
+    pub = paho_client(server, client_id="pub-1")
     pub.publish("in/x", b"\x00original", qos=1, retain=False)
     body = check_request(hook_server.expect("/pub"), "auth_on_publish")
     assert body == {
@@ -224,15 +224,15 @@ def test_publish_body_and_rewrite(hook_server, webhooks_broker, mqtt_client):
     assert (msg.topic, msg.payload, msg.qos) == ("out/x", b"rewritten", 0)
 
 
-def test_on_deliver_body_and_payload_rewrite(hook_server, webhooks_broker, mqtt_client):
+def test_on_deliver_body_and_payload_rewrite(hook_server, webhooks_broker, paho_client):
     # VerneMQ's on_deliver webhook: the receiver's view; a payload modifier rewrites it.
     url = hook_server.answer(
         "/deliver", {"result": "ok", "modifiers": {"payload": b64(b"delivered differently")}}
     )
     server = webhooks_broker({"hook": "on_deliver", "url": url}, anonymous=True)
-    sub = mqtt_client(server, client_id="receiver")
+    sub = paho_client(server, client_id="receiver")
     sub.subscribe("dl/#", 1)
-    pub = mqtt_client(server)
+    pub = paho_client(server)
     pub.publish("dl/x", b"as published", qos=1)
     body = check_request(hook_server.expect("/deliver"), "on_deliver")
     assert (body["client_id"], body["topic"], body["payload"]) == (
@@ -243,10 +243,10 @@ def test_on_deliver_body_and_payload_rewrite(hook_server, webhooks_broker, mqtt_
     assert sub.expect_message().payload == b"delivered differently"
 
 
-def test_publish_m5_error_is_puback_0x87(hook_server, webhooks_broker, raw_client, mqtt_client):
+def test_publish_m5_error_is_puback_0x87(hook_server, webhooks_broker, raw_client, paho_client):
     url = hook_server.answer("/pub", {"result": {"error": "forbidden"}})
     server = webhooks_broker({"hook": "auth_on_publish_m5", "url": url}, anonymous=True)
-    sub = mqtt_client(server, V5)
+    sub = paho_client(server, V5)
     sub.subscribe("t/#", 1)
     pub = raw_client(server, V5)
     pub.connect("raw-pub")
@@ -258,7 +258,7 @@ def test_publish_m5_error_is_puback_0x87(hook_server, webhooks_broker, raw_clien
     sub.expect_no_message()
 
 
-def test_publish_no_payload_and_plain_payload(hook_server, webhooks_broker, mqtt_client):
+def test_publish_no_payload_and_plain_payload(hook_server, webhooks_broker, paho_client):
     bare = hook_server.answer("/bare", NEXT)
     plain = hook_server.answer("/plain", {"result": "ok"})
     server = webhooks_broker(
@@ -266,7 +266,7 @@ def test_publish_no_payload_and_plain_payload(hook_server, webhooks_broker, mqtt
         {"hook": "auth_on_publish", "url": plain, "name": "2", "base64_payload": False},
         anonymous=True,
     )
-    mqtt_client(server).publish("t", b"hello", qos=1)
+    paho_client(server).publish("t", b"hello", qos=1)
     assert "payload" not in hook_server.expect("/bare").json
     assert hook_server.expect("/plain").json["payload"] == "hello"
 
@@ -274,11 +274,11 @@ def test_publish_no_payload_and_plain_payload(hook_server, webhooks_broker, mqtt
 # -- auth_on_subscribe ---------------------------------------------------------------------
 
 
-def test_subscribe_v4_topics_rewrite_and_128(hook_server, webhooks_broker, mqtt_client):
+def test_subscribe_v4_topics_rewrite_and_128(hook_server, webhooks_broker, paho_client):
     topics = [{"topic": "b/1", "qos": 1}, {"topic": "a/2", "qos": 128}]
     url = hook_server.answer("/sub", {"result": "ok", "topics": topics})
     server = webhooks_broker({"hook": "auth_on_subscribe", "url": url}, anonymous=True)
-    sub = mqtt_client(server, client_id="sub-1")
+    sub = paho_client(server, client_id="sub-1")
     assert sub.subscribe([("a/1", 2), ("a/2", 0)]) == [1, 128]
     body = check_request(hook_server.expect("/sub"), "auth_on_subscribe")
     assert body == {
@@ -287,15 +287,15 @@ def test_subscribe_v4_topics_rewrite_and_128(hook_server, webhooks_broker, mqtt_
         "client_id": "sub-1",
         "topics": [{"topic": "a/1", "qos": 2}, {"topic": "a/2", "qos": 0}],
     }
-    mqtt_client(server).publish("b/1", b"to the rewritten filter", qos=1)
+    paho_client(server).publish("b/1", b"to the rewritten filter", qos=1)
     assert sub.expect_message().payload == b"to the rewritten filter"
 
 
-def test_subscribe_m5_modifiers_and_reason_code(hook_server, webhooks_broker, mqtt_client):
+def test_subscribe_m5_modifiers_and_reason_code(hook_server, webhooks_broker, paho_client):
     topics = [{"topic": "a/1", "qos": 0}, {"topic": "a/2", "qos": 135}]
     url = hook_server.answer("/sub5", {"result": "ok", "modifiers": {"topics": topics}})
     server = webhooks_broker({"hook": "auth_on_subscribe_m5", "url": url}, anonymous=True)
-    sub = mqtt_client(server, V5)
+    sub = paho_client(server, V5)
     assert sub.subscribe([("a/1", 1), ("a/2", 1)]) == [0, 135]
     body = check_request(hook_server.expect("/sub5"), "auth_on_subscribe_m5")
     assert body["topics"][0] == {
@@ -311,10 +311,10 @@ def test_subscribe_m5_modifiers_and_reason_code(hook_server, webhooks_broker, mq
 # -- on_unsubscribe ------------------------------------------------------------------------
 
 
-def test_unsubscribe_rewrite(hook_server, webhooks_broker, mqtt_client):
+def test_unsubscribe_rewrite(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/unsub", {"result": "ok", "topics": ["real/#"]})
     server = webhooks_broker({"hook": "on_unsubscribe", "url": url}, anonymous=True)
-    sub = mqtt_client(server, client_id="unsub-1")
+    sub = paho_client(server, client_id="unsub-1")
     sub.subscribe("real/#", 1)
     sub.unsubscribe("alias")
     body = check_request(hook_server.expect("/unsub"), "on_unsubscribe")
@@ -324,30 +324,30 @@ def test_unsubscribe_rewrite(hook_server, webhooks_broker, mqtt_client):
         "client_id": "unsub-1",
         "topics": ["alias"],
     }
-    mqtt_client(server).publish("real/x", b"gone", qos=1)
+    paho_client(server).publish("real/x", b"gone", qos=1)
     sub.expect_no_message()
 
 
 # -- the cache -----------------------------------------------------------------------------
 
 
-def test_cache_max_age_skips_the_endpoint_until_expiry(hook_server, webhooks_broker, mqtt_client):
+def test_cache_max_age_skips_the_endpoint_until_expiry(hook_server, webhooks_broker, paho_client):
     cached = Answer({"result": "ok"}, headers={"Cache-Control": "max-age=60"})
     url = hook_server.answer("/reg", cached)
     server = webhooks_broker({"hook": "auth_on_register", "url": url})
     plugin = plugin_of(server)
-    mqtt_client(server, client_id="same", username="u", password="p").disconnect()
+    paho_client(server, client_id="same", username="u", password="p").disconnect()
     assert hook_server.count("/reg") == 1
     # Same question from another port: answered from the cache.
-    mqtt_client(server, client_id="same", username="u", password="p").disconnect()
+    paho_client(server, client_id="same", username="u", password="p").disconnect()
     assert hook_server.count("/reg") == 1
     # Another password is another question.
-    mqtt_client(server, client_id="same", username="u", password="other").disconnect()
+    paho_client(server, client_id="same", username="u", password="other").disconnect()
     assert hook_server.count("/reg") == 2
     # Sixty-one seconds later the entry has expired.
     clock = plugin.cache.clock
     server.call(setattr, plugin.cache, "clock", lambda: clock() + 61)
-    mqtt_client(server, client_id="same", username="u", password="p").disconnect()
+    paho_client(server, client_id="same", username="u", password="p").disconnect()
     assert hook_server.count("/reg") == 3
 
 
@@ -360,11 +360,11 @@ def test_cache_keeps_only_ok(hook_server, webhooks_broker, raw_client):
     assert hook_server.count("/reg") == 2
 
 
-def test_cached_publish_ignores_payload(hook_server, webhooks_broker, mqtt_client):
+def test_cached_publish_ignores_payload(hook_server, webhooks_broker, paho_client):
     cached = Answer({"result": "ok"}, headers={"Cache-Control": "max-age=60"})
     url = hook_server.answer("/pub", cached)
     server = webhooks_broker({"hook": "auth_on_publish", "url": url}, anonymous=True)
-    client = mqtt_client(server)
+    client = paho_client(server)
     client.publish("t/1", b"one", qos=1)
     client.publish("t/1", b"two", qos=1)
     assert hook_server.count("/pub") == 1

@@ -23,7 +23,7 @@ def body_of(hook_server, hook: str) -> dict:
     return recorded.json
 
 
-def test_v4_event_bodies(hook_server, webhooks_broker, mqtt_client):
+def test_v4_event_bodies(hook_server, webhooks_broker, paho_client):
     hooks = (
         "on_register",
         "on_client_wakeup",
@@ -39,7 +39,7 @@ def test_v4_event_bodies(hook_server, webhooks_broker, mqtt_client):
         anonymous=True,
         broker={"persistent_client_expiration": "1h"},
     )
-    sub = mqtt_client(server, V311, "ev-sub", clean=False)
+    sub = paho_client(server, V311, "ev-sub", clean=False)
     assert body_of(hook_server, "on_client_wakeup") == {"mountpoint": "", "client_id": "ev-sub"}
     register = body_of(hook_server, "on_register")
     assert isinstance(register.pop("peer_port"), int)
@@ -65,7 +65,7 @@ def test_v4_event_bodies(hook_server, webhooks_broker, mqtt_client):
         "topics": ["no/such"],
     }
 
-    pub = mqtt_client(server, V311, "ev-pub")
+    pub = paho_client(server, V311, "ev-pub")
     pub.publish("ev/1", b"\x01online", qos=1, retain=False)
     assert body_of(hook_server, "on_publish") == {
         "username": None,
@@ -94,10 +94,10 @@ def test_v4_event_bodies(hook_server, webhooks_broker, mqtt_client):
     assert body_of(hook_server, "on_client_gone") == {"mountpoint": "", "client_id": "ev-pub"}
 
 
-def test_m5_event_bodies(hook_server, webhooks_broker, mqtt_client):
+def test_m5_event_bodies(hook_server, webhooks_broker, paho_client):
     hooks = ("on_register_m5", "on_subscribe_m5", "on_publish_m5", "on_session_expired")
     server = webhooks_broker(*events(hook_server, *hooks), anonymous=True)
-    sub = mqtt_client(
+    sub = paho_client(
         server, V5, "ev5", session_expiry=1, properties={"UserProperty": [("k", "v")]}
     )
     register = body_of(hook_server, "on_register_m5")
@@ -137,10 +137,10 @@ def test_m5_event_bodies(hook_server, webhooks_broker, mqtt_client):
     assert body_of(hook_server, "on_session_expired") == {"mountpoint": "", "client_id": "ev5"}
 
 
-def test_failing_event_endpoint_does_not_hold_up_clients(hook_server, webhooks_broker, mqtt_client):
+def test_failing_event_endpoint_does_not_hold_up_clients(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/on_publish", Answer({}, status=500))
     server = webhooks_broker({"hook": "on_publish", "url": url}, anonymous=True)
-    client = mqtt_client(server)
+    client = paho_client(server)
     for i in range(3):
         client.publish("t", str(i).encode(), qos=1)
         hook_server.expect("/on_publish")
@@ -149,12 +149,12 @@ def test_failing_event_endpoint_does_not_hold_up_clients(hook_server, webhooks_b
     assert server.call(lambda: (plugin.metrics.requests, plugin.metrics.errors)) == (3, 3)
 
 
-def test_events_beyond_the_bound_are_dropped_and_counted(hook_server, webhooks_broker, mqtt_client):
+def test_events_beyond_the_bound_are_dropped_and_counted(hook_server, webhooks_broker, paho_client):
     url = hook_server.answer("/on_publish", Answer(hold=True))  # never answers
     server = webhooks_broker(
         {"hook": "on_publish", "url": url}, anonymous=True, max_pending_events=2
     )
-    client = mqtt_client(server)
+    client = paho_client(server)
     for i in range(5):
         client.publish("t", str(i).encode(), qos=1)  # every PUBACK comes at once
     hook_server.expect("/on_publish")
