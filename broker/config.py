@@ -53,6 +53,7 @@ class BrokerSettings:
     max_message_rate: int = 0
     max_subscriptions_per_client: int = 0
     upgrade_outgoing_qos: bool = False
+    slow_subscriber_timeout: float = 2.0
     shared_subscription_policy: Literal["prefer_local", "local_only", "random", "round_robin"] = (
         "prefer_local"
     )
@@ -225,6 +226,8 @@ def _convert(hint: Any, value: Any, name: str) -> Any:
         return value
     if hint is int:
         return _integer(value, name)
+    if hint is float:
+        return _seconds(value, name)
     if not isinstance(value, hint):
         raise ConfigError(f"{name}: expected {hint.__name__}, got {_kind(value)}")
     if name.endswith("node_name") and (not value or any(c in value for c in "/+#\0")):
@@ -247,6 +250,13 @@ def _integer(value: Any, name: str) -> int:
     if key == "receive_max_broker" and not 1 <= value <= 65535:
         raise ConfigError(f"{name}: must be between 1 and 65535, got {value}")
     return value
+
+
+def _seconds(value: Any, name: str) -> float:
+    """A positive number of seconds, fractions allowed (e.g. 0.5)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{name}: expected a number of seconds above 0, got {value!r}")
+    return float(value)
 
 
 def _duration(value: Any, name: str) -> Duration:

@@ -194,7 +194,13 @@ class ConnectHandling:
             will = packet.will
             self.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
             self.will = Message(
-                will.topic, will.payload, will.qos, will.retain, will.properties, self.client_id
+                will.topic,
+                will.payload,
+                will.qos,
+                will.retain,
+                will.properties,
+                self.client_id,
+                now=self.loop.time(),
             )
         self.keepalive = packet.keepalive
         server_keepalive = self._server_keepalive()
@@ -216,7 +222,7 @@ class ConnectHandling:
         else:
             expiry = self.broker.settings.persistent_client_expiration or None
         registry = self.broker.registry
-        session, present = registry.connect(self, self.client_id, packet.clean_start, expiry)
+        session, present = registry.connect(self.client_id, packet.clean_start, expiry)
         session.apply_limits(session_limits(modifiers))
         self.session = session
         hooks = self.broker.hooks

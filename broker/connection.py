@@ -6,12 +6,11 @@ flushed with one `writelines` per event-loop turn, so a burst of deliveries cost
 system call. When the transport's buffer passes its high-water mark, `writable` turns
 false and deliveries wait in the session's bounded queue until `resume_writing`.
 
-Back-pressure: a publisher whose message had to wait for a congested subscriber stops
-being read (`pause_reading`) until that subscriber's queue has drained, so a flood slows
-to the pace of its readers instead of filling queues and being dropped. A subscriber that
-stays congested for STALL_LIMIT seconds is deemed stuck: the publishers waiting for it go
-on, and until its transport drains its queue's limit and drop policy apply instead, so one
-stuck client cannot stall the broker.
+A connection is both ends of flow control (broker/flow.py): as a subscriber's `Outlet`
+it is `writable` while its transport is not paused and its unflushed bytes stay under
+OUT_HIGH_WATER (beyond that, deliveries wait in the session's queue); as a publisher's
+`Reader` it stops parsing packets at once when held (the rest stay in the decoder's
+buffer) and pauses its transport, so a flood slows to the pace of its readers.
 
 Timers are `loop.call_later` handles: a connect timeout until CONNECT arrives, then one
 keepalive timer that re-arms itself for the time left instead of being reset per packet.
@@ -73,7 +72,7 @@ log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 PINGRESP = b"\xd0\x00"
-STALL_LIMIT = 1.0  # seconds a congested subscriber may hold publishers back
+OUT_HIGH_WATER = 64 * 1024  # unflushed bytes after which deliveries wait in the queue
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
@@ -90,11 +89,12 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         "_closing",
         "_connecting",
         "_out",
+        "_out_bytes",
         "_rate_count",
         "_rate_window_end",
-        "_stall_timer",
         "_timer",
         "_transport_paused",
+        "_write_paused",
         "aliases_in",
         "aliases_out",
         "attributes",
@@ -114,11 +114,9 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         "protocol_level",
         "reading_paused",
         "session",
-        "stuck",
         "throttled",
         "transport",
         "username",
-        "waiting_publishers",
         "will",
         "will_delay",
         "writable",
@@ -138,8 +136,9 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self.peer = ("?", 0)
         self.will: Message | None = None
         self.will_delay = 0
-        self.writable = True
-        self.reading_paused = False  # back-pressure: a subscriber we feed is congested
+        self.writable = True  # Outlet: room for deliveries (see OUT_HIGH_WATER)
+        self._write_paused = False  # the transport's buffer is above its high-water mark
+        self.reading_paused = False  # held by flow control: a subscriber we feed is full
         self.busy = 0  # awaiting hook flows (e.g. a webhook) holding further packets
         self._transport_paused = False
         self.max_message_rate = broker.settings.max_message_rate  # PUBLISHes per second
@@ -154,11 +153,9 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
         self._connecting: tuple | None = None  # (CONNECT, assigned id) during the exchange
         self.attributes: dict = {}  # shared by the plugins for this connection
-        self.waiting_publishers: set[Connection] = set()  # publishers paused for our sake
-        self.stuck = False  # congested too long: holds no publisher back any more
-        self._stall_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -220,53 +217,48 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self.broker.listener_connections[self.listener] -= 1
         self.broker.metrics.socket_close += 1
         self._out.clear()
-        self._release_publishers()
-        if self.session is not None:
-            self.broker.registry.disconnected(self)
+        self.broker.flow.forget_publisher(self)
+        self.leave_session()
+
+    def leave_session(self) -> None:
+        """Hand the session back to the registry (offline, or ended), with our will."""
+        session = self.session
+        if session is None:
+            return
+        self.session = None
+        will, self.will = self.will, None
+        self.broker.registry.release(session, will, self.will_delay, self._client_context())
+
+    def take_over(self) -> None:
+        """Another connection claimed this client id [MQTT-3.1.4-3]: close, and leave the
+        session at once so that the new connection can attach to it."""
+        self.close(ReasonCode.SESSION_TAKEN_OVER)
+        self.leave_session()
 
     def pause_writing(self) -> None:
+        self._write_paused = True
         self.writable = False
 
     def resume_writing(self) -> None:
-        self.writable = True
-        self.stuck = False
+        self._write_paused = False
+        self.writable = self._out_bytes < OUT_HIGH_WATER
         if self.session is not None:
             self.session.drain()
-        self._release_publishers()
 
-    # -- back-pressure -----------------------------------------------------------------
+    # -- flow control: this connection as a publisher ---------------------------------
 
-    def wait_for(self, congested: list[Connection]) -> None:
-        """Stop reading from this publisher until the congested subscribers drain."""
+    def hold(self) -> None:
+        """Stop reading: a subscriber this client feeds has a full queue."""
+        self.broker.metrics.flow_publisher_held += 1
         self.reading_paused = True
         self._update_reading()
-        for subscriber in congested:
-            subscriber.waiting_publishers.add(self)
-            if subscriber._stall_timer is None:
-                subscriber._stall_timer = self.loop.call_later(STALL_LIMIT, subscriber._stalled)
 
-    def _stalled(self) -> None:
-        self._stall_timer = None
-        if not self.writable:
-            log.info("%s: not reading; publishers no longer wait for it", self._name())
-            self.stuck = True
-        self._release_publishers()
-
-    def _release_publishers(self) -> None:
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-        waiting = self.waiting_publishers
-        if waiting:
-            self.waiting_publishers = set()
-            for publisher in waiting:
-                publisher._resume_reading()
-
-    def _resume_reading(self) -> None:
+    def release(self) -> None:
+        """Read again: the subscribers it waited for have drained."""
         if self.reading_paused and not self._closing:
             self.reading_paused = False
             self._update_reading()
-            self.loop.call_soon(self._process)  # packets that arrived before the pause
+            self.loop.call_soon(self._process)  # packets that arrived before the hold
 
     # -- writing -----------------------------------------------------------------------
 
@@ -275,6 +267,9 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         if not out:
             self.loop.call_soon(self._flush)
         out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= OUT_HIGH_WATER:
+            self.writable = False  # what comes next waits in the session's queue
 
     def send(self, packet: Packet) -> None:
         data = encode(packet, self.protocol_level)
@@ -297,13 +292,13 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         out = self._out
         if out and not self._closing:
             self.transport.writelines(out)
-            self.broker.metrics.bytes_sent += sum(map(len, out))
+            self.broker.metrics.bytes_sent += self._out_bytes
         self._out = []
+        self._out_bytes = 0
+        self.writable = not self._write_paused
         session = self.session
-        if session is not None and self.writable:
-            if session.queue:
-                session.drain()  # the next step of a long queue, one step per loop turn
-            self._release_publishers()
+        if session is not None and self.writable and (session.queue or session.held):
+            session.drain()  # the next step of a long queue, one step per loop turn
 
     def close(self, reason_code: int | None = None, reason: str | None = None) -> None:
         """Close this connection; MQTT 5 clients past CONNECT are told why first (with
@@ -505,6 +500,7 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
                 self.client_id,
                 packet.raw,
                 self.protocol_level,
+                now=self.loop.time(),
             )
         else:
             message = Message(
@@ -514,11 +510,12 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
                 changed.retain,
                 changed.properties,
                 self.client_id,
+                now=self.loop.time(),
             )
         if not message.topic.startswith("$SYS"):  # $SYS belongs to the broker
-            congested = self.broker.publish(message, self.session.shared_policy)
-            if congested:
-                self.wait_for(congested)
+            full = self.broker.publish(message, self.session.shared_policy)
+            if full:
+                self.broker.flow.hold(self, full)
             on_publish = self.broker.on_publish[self.protocol_level == MQTT5]
             if on_publish:
                 self.broker.hooks.notify(on_publish.name, changed or self._publish_context(packet))
@@ -591,10 +588,6 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
                 return self.close(ReasonCode.PROTOCOL_ERROR)
             session.expiry = None if expiry == NEVER_EXPIRES else expiry
         self.close()
-
-    def take_over(self) -> None:
-        """Another connection claimed this client id [MQTT-3.1.4-3]."""
-        self.close(ReasonCode.SESSION_TAKEN_OVER)
 
     _handlers = {
         Connect: ConnectHandling._on_connect,

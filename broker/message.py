@@ -1,11 +1,20 @@
-"""An application message as it travels through the broker, and its cached wire forms."""
+"""An application message as it travels through the broker, its cached wire forms, and
+the Delivery of it to one subscriber.
+
+Time: a message with an MQTT 5 Message Expiry Interval gets a deadline on the broker's one
+clock (the event loop's `time()`), given by whoever creates it (`now`). Nothing here reads
+a clock of its own, so tests can drive expiry with a fake clock.
+"""
 
 from __future__ import annotations
 
 import math
-import time
+from typing import TYPE_CHECKING
 
 from broker.protocol import Properties, Property, Publish, PublishTemplate
+
+if TYPE_CHECKING:
+    from broker.router import SharedGroup
 
 MQTT5 = 5
 
@@ -42,6 +51,8 @@ class Message:
         sender: str | None = None,
         raw: bytes | None = None,
         raw_level: int = 0,
+        *,
+        now: float | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -54,20 +65,24 @@ class Message:
         # at the same QoS and without subscription ids it is the outbound encoding already.
         self.raw = raw
         self.raw_level = raw_level
+        self.expires_at: float | None = None
         interval = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
-        self.expires_at = None if interval is None else time.monotonic() + interval
         if interval is not None:
+            if now is None:
+                raise ValueError("a message with an expiry interval needs the clock's `now`")
+            self.expires_at = now + interval
             self.raw = None  # its interval is the original one, not what is left
 
-    def expired(self) -> bool:
-        return self.expires_at is not None and self.expires_at <= time.monotonic()
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
     def template(
-        self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, level: int, qos: int, retain: bool, subscription_ids: tuple[int, ...], now: float
     ) -> PublishTemplate:
-        """The encoding for a subscriber of `level` (without Topic Alias), cached per form."""
+        """The encoding for a subscriber of `level` (without Topic Alias), cached per form.
+        (`now` matters only for a message that expires: it carries the time left.)"""
         if self.expires_at is not None:
-            return self._encode(level, qos, retain, subscription_ids)
+            return self._encode(level, qos, retain, subscription_ids, now)
         key = (level, qos, retain, subscription_ids)
         template = self.wire.get(key)
         if template is None:
@@ -79,15 +94,21 @@ class Message:
             ):
                 template = PublishTemplate(self.raw, retain)
             else:
-                template = self._encode(level, qos, retain, subscription_ids)
+                template = self._encode(level, qos, retain, subscription_ids, now)
             self.wire[key] = template
         return template
 
     def aliased(
-        self, qos: int, retain: bool, subscription_ids: tuple[int, ...], alias: int, known: bool
+        self,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        now: float,
+        alias: int,
+        known: bool,
     ) -> PublishTemplate:
         """The MQTT 5 encoding with a Topic Alias: the topic itself only the first time."""
-        return self._encode(MQTT5, qos, retain, subscription_ids, alias, known)
+        return self._encode(MQTT5, qos, retain, subscription_ids, now, alias, known)
 
     def _encode(
         self,
@@ -95,6 +116,7 @@ class Message:
         qos: int,
         retain: bool,
         subscription_ids: tuple[int, ...],
+        now: float,
         alias: int | None = None,
         alias_known: bool = False,
     ) -> PublishTemplate:
@@ -104,13 +126,42 @@ class Message:
             if subscription_ids:
                 properties[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
             if self.expires_at is not None:
-                left = math.ceil(self.expires_at - time.monotonic())
+                left = math.ceil(self.expires_at - now)
                 properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(left, 1)
             if alias:
                 properties[Property.TOPIC_ALIAS] = alias
         topic = "" if alias_known else self.topic
         packet = Publish(topic, self.payload, qos, retain, False, None, properties)
         return PublishTemplate.encode(packet, level)
+
+
+class Delivery:
+    """One message on its way to one subscriber: the QoS and retain flag it goes out with,
+    the subscription identifiers to carry, and the shared group it came through, if any
+    (so that a session that ends can hand it back to the group)."""
+
+    __slots__ = ("group", "message", "qos", "retain", "sub_ids")
+
+    def __init__(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...] = (),
+        group: SharedGroup | None = None,
+    ) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.group = group
+
+    def __repr__(self) -> str:
+        return f"<Delivery {self.message.topic!r} qos={self.qos}>"
+
+    def replace(self, message: Message) -> Delivery:
+        """The same delivery of another message (a plugin rewrote it)."""
+        return Delivery(message, self.qos, self.retain, self.sub_ids, self.group)
 
 
 class TopicAliases:

@@ -23,12 +23,13 @@ Clean start is ignored while other connections are attached: their queue is in u
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from broker.session import AWAITING_ACK, Delivery, Session
+from broker.message import Delivery
+from broker.session import AWAITING_ACK, Session
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.outlet import Outlet
 
 
 class Member(Session):
@@ -36,11 +37,13 @@ class Member(Session):
 
     __slots__ = ()
 
-    def attach(self, connection: Connection, receive_maximum: int) -> None:
-        super().attach(connection, receive_maximum)
+    owner: MultiSession
+
+    def attach(self, outlet: Outlet, receive_maximum: int) -> None:
+        super().attach(outlet, receive_maximum)
         self.owner.join(self)
 
-    def apply_limits(self, limits: dict) -> None:
+    def apply_limits(self, limits: dict[str, Any]) -> None:
         super().apply_limits(limits)
         self.owner.apply_limits(limits)  # queue limits belong to the client id
 
@@ -59,7 +62,7 @@ class Member(Session):
 class MultiSession(Session):
     __slots__ = ("_member_options", "balance", "members")
 
-    def __init__(self, client_id: str, *, balance: bool, **options) -> None:
+    def __init__(self, client_id: str, *, balance: bool, **options: Any) -> None:
         super().__init__(client_id, **options)
         self.members: list[Member] = []
         self.balance = balance
@@ -90,7 +93,7 @@ class MultiSession(Session):
         backlog = list(self.queue)
         self.queue.clear()
         for delivery in backlog:
-            self.deliver(*delivery)
+            self.deliver(delivery)
 
     def leave(self, member: Member) -> None:
         """A member's connection ended: hand on what it left unacknowledged."""
@@ -99,19 +102,18 @@ class MultiSession(Session):
         if self.members and not self.balance:
             return  # fanout: every other member got its own copy
         for delivery in unacked:
-            self.deliver(*delivery)  # another member, or the offline queue
+            self.deliver(delivery)  # another member, or the offline queue
 
-    def deliver(
-        self, message, qos: int, retain: bool, sub_ids: tuple[int, ...]
-    ) -> Connection | None:
+    def deliver(self, delivery: Delivery) -> Session | None:
+        """Returns a member whose queue is full enough to hold the publisher, if any."""
         members = self.members
         if not members:
-            return super().deliver(message, qos, retain, sub_ids)
+            return super().deliver(delivery)
         if self.balance:
-            return self._pick(qos).deliver(message, qos, retain, sub_ids)
+            return self._pick(delivery.qos).deliver(delivery)
         congested = None
         for member in members:
-            congested = member.deliver(message, qos, retain, sub_ids) or congested
+            congested = member.deliver(delivery) or congested
         return congested
 
     def _pick(self, qos: int) -> Member:

@@ -11,6 +11,10 @@ The lifetime rules, MQTT 5 wording (MQTT 3 maps clean session on to expiry 0 and
 - With `allow_multiple_sessions` the session is a MultiSession: a CONNECT joins it
   instead of taking it over, and it goes offline only when its last connection ends
   (broker/multi_session.py).
+
+The registry never touches a connection's attributes: a connection attaches itself to the
+session `connect` returns, and hands it back with `release` (with its will) when it ends;
+a takeover asks the old connection to `take_over()`, which releases synchronously.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from broker.message import Delivery, Message
 from broker.multi_session import MultiSession
 from broker.session import AWAITING_ACK, Session
 from hooks import ClientContext
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
     from broker.server import Broker
 
 log = logging.getLogger("nautilus.registry")
@@ -35,14 +39,13 @@ class Registry:
         self.sessions: dict[str, Session] = {}
 
     def connect(
-        self, connection: Connection, client_id: str, clean_start: bool, expiry: int | None
+        self, client_id: str, clean_start: bool, expiry: int | None
     ) -> tuple[Session, bool]:
-        """Attach `connection` to its session; returns (session, session_present)."""
+        """The session a new connection of `client_id` attaches to, and whether it existed
+        (CONNACK's session present); an older connection of that client is taken over."""
         session = self.sessions.get(client_id)
-        if session is not None and session.connection is not None:
-            old = session.connection
-            old.take_over()
-            self._release(old)
+        if session is not None and session.outlet is not None:
+            session.outlet.take_over()  # it releases the session before returning
             session = self.sessions.get(client_id)
         if session is not None and not session.online:
             if session.expiry_timer is not None:
@@ -73,23 +76,18 @@ class Registry:
         if expires_in is not None:
             session.expiry_timer = self.broker.loop.call_later(expires_in, self.expire, session)
 
-    def disconnected(self, connection: Connection) -> None:
-        session = connection.session
-        if session is not None and session.connection is connection:
-            self._release(connection)
-
-    def _release(self, connection: Connection) -> None:
-        session = connection.session
-        connection.session = None
+    def release(
+        self, session: Session, will: Message | None, will_delay: int, client: ClientContext
+    ) -> None:
+        """A connection ended: its session goes offline (or ends), its will is due."""
         session.detach()
-        will, connection.will = connection.will, None
-        if session.owner is not session:  # one of a client id's several connections
-            owner = session.owner
+        owner = session.owner
+        if owner is not session and isinstance(owner, MultiSession):  # one of several
             owner.leave(session)
             if owner.online:  # the others carry on: only this connection's will is due
-                self._event("on_client_offline", connection)
+                self._event("on_client_offline", client)
                 if will is not None:
-                    self.broker.loop.call_later(connection.will_delay, self.broker.publish, will)
+                    self.broker.loop.call_later(will_delay, self.broker.publish, will)
                 return
             session = owner  # that was the last: the client id goes offline
         self.broker.save_session(session)
@@ -97,11 +95,11 @@ class Registry:
             if will is not None:
                 self.broker.publish(will)
             self.end(session)
-            self._event("on_client_gone", connection)
+            self._event("on_client_gone", client)
             return
-        self._event("on_client_offline", connection)
+        self._event("on_client_offline", client)
         if will is not None:
-            delay = connection.will_delay
+            delay = will_delay
             if session.expiry is not None:
                 delay = min(delay, session.expiry)
             if delay:
@@ -119,36 +117,27 @@ class Registry:
         if hooks.chain("on_session_expired"):
             hooks.notify("on_session_expired", ClientContext(client_id=session.client_id))
 
-    def _event(self, hook: str, connection: Connection) -> None:
+    def _event(self, hook: str, client: ClientContext) -> None:
         hooks = self.broker.hooks
         if hooks.chain(hook):
-            context = ClientContext(
-                client_id=connection.client_id,
-                username=connection.username,
-                attributes=connection.attributes,
-            )
-            hooks.notify(hook, context)
+            hooks.notify(hook, client)
 
     def _publish_will(self, session: Session) -> None:
+        assert session.pending_will is not None
         _, will = session.pending_will
         session.pending_will = None
         self.broker.publish(will)
 
     @staticmethod
-    def _shared_deliveries(session: Session) -> list:
-        """(group, message) of the QoS 1/2 messages that reached this session through a
-        shared group and were not acknowledged (PUBLISH unanswered, or still queued):
-        when the session ends they go to another member of the group."""
-        found = []
+    def _shared_deliveries(session: Session) -> list[Delivery]:
+        """The QoS 1/2 deliveries that reached this session through a shared group and
+        were not acknowledged (PUBLISH unanswered, or still queued): when the session ends
+        they go to another member of the group."""
         pending = [
             delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK
         ]
         pending.extend(session.queue)
-        for message, qos, _, sub_ids in pending:
-            group = getattr(sub_ids, "group", None)
-            if group is not None and qos:
-                found.append((group, message))
-        return found
+        return [d for d in pending if d.group is not None and d.qos]
 
     def end(self, session: Session) -> None:
         """The session is over: publish a will still pending, forget its state."""
@@ -165,13 +154,11 @@ class Registry:
             self.broker.unsubscribe(session, topic_filter)
         session.queue.clear()
         session.inflight.clear()
-        if unacked:
-            settings = self.broker.settings
-            for group, message in unacked:
-                # The session left the group above: another member gets it, if any remains.
-                group.deliver(
-                    message, settings.shared_subscription_policy, settings.upgrade_outgoing_qos
-                )
+        policy = self.broker.settings.shared_subscription_policy
+        for delivery in unacked:
+            # The session left the group above: another member gets it, if any remains.
+            assert delivery.group is not None
+            self.broker.deliver_shared(delivery.group, delivery.message, policy)
         self.broker.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]

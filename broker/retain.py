@@ -20,13 +20,13 @@ class RetainedMessages:
         else:
             self._by_topic.pop(message.topic, None)
 
-    def matching(self, topic_filter: str) -> list[Message]:
+    def matching(self, topic_filter: str, now: float) -> list[Message]:
         if "+" not in topic_filter and "#" not in topic_filter:
             message = self._by_topic.get(topic_filter)
             found = [message] if message is not None else []
         else:
             found = [m for t, m in self._by_topic.items() if topic_matches(topic_filter, t)]
-        expired = [m for m in found if m.expires_at is not None and m.expired()]
+        expired = [m for m in found if m.expired(now)]
         for message in expired:  # a retained message expires too [MQTT-3.3.2-5]
             del self._by_topic[message.topic]
         return [m for m in found if m not in expired] if expired else found

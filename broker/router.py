@@ -12,6 +12,9 @@ Shared subscriptions (`$share/<group>/<filter>`) live in the same trie: the node
 sessions. `match` never sees them; `match_shared` returns the groups a topic reaches
 (cached the same way) and is only called while some group exists, so ordinary fan-out
 does no extra work.
+
+The router only matches: it never delivers. What a subscriber gets (QoS, retain flag,
+subscription ids) is decided by the broker from the Route or the group's options.
 """
 
 from __future__ import annotations
@@ -68,21 +71,6 @@ class Route:
         return Route(self.subscriber, kept).fold() if kept else None
 
 
-class SharedIds(tuple):
-    """The subscription ids of a delivery made through a shared group, remembering the
-    group: it travels inside the Delivery tuple (queue, in-flight window) unchanged and
-    encodes like a plain tuple, so a session that ends can hand its unacknowledged shared
-    deliveries back to their groups. The store keeps the group's filter beside the message."""
-
-    group: SharedGroup
-
-    @classmethod
-    def of(cls, sub_ids: tuple[int, ...], group: SharedGroup) -> SharedIds:
-        shared_ids = cls(sub_ids)
-        shared_ids.group = group
-        return shared_ids
-
-
 class SharedGroup:
     """The members of one shared subscription (a share name on one filter)."""
 
@@ -116,21 +104,6 @@ class SharedGroup:
             return members[start]
         online = [m for m in members if m.online]
         return random.choice(online or members)
-
-    def deliver(self, message: Any, policy: str, upgrade: bool) -> Any:
-        """Give `message` to one member; returns what Session.deliver returns."""
-        session = self.pick(policy)
-        if session is None:
-            return None
-        options = self.members[session]
-        qos = message.qos
-        sub_ids = () if options.subscription_id is None else (options.subscription_id,)
-        return session.deliver(
-            message,
-            options.qos if upgrade or qos > options.qos else qos,
-            message.retain and options.retain_as_published,
-            SharedIds.of(sub_ids, self),
-        )
 
 
 @dataclass(slots=True)

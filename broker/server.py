@@ -13,15 +13,16 @@ from typing import Any
 
 from broker.config import Config
 from broker.connection import Connection
-from broker.message import Message
+from broker.flow import FlowControl
+from broker.message import Delivery, Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
 from broker.plugins import call_all, load_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
 from broker.retain import RetainedMessages
-from broker.router import Router, SharedIds, SubOptions
-from broker.session import Delivery, Session
+from broker.router import Router, SharedGroup, SubOptions
+from broker.session import Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
 from hooks import Chain, Hooks
@@ -42,6 +43,7 @@ class Broker:
         self.settings = config.broker
         self.loop = loop or asyncio.get_running_loop()
         self.metrics = Metrics()
+        self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
         self.router = Router()
         self.retained = RetainedMessages()
         self.registry = Registry(self)
@@ -98,7 +100,7 @@ class Broker:
             server.close()
         for connection in list(self.connections):
             connection.close(ReasonCode.SERVER_SHUTTING_DOWN)
-            self.registry.disconnected(connection)  # sessions go offline (and to the store) now
+            connection.leave_session()  # sessions go offline (and to the store) now
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
@@ -136,11 +138,9 @@ class Broker:
     def _rejoin(self, delivery: Delivery, share: str | None) -> Delivery:
         """A restored delivery that came through a shared subscription remembers its
         group again, so that it can go to another member if this session ends."""
-        group = self.router.group(share) if share is not None else None
-        if group is None:
-            return delivery
-        message, qos, retain, sub_ids = delivery
-        return message, qos, retain, SharedIds.of(sub_ids, group)
+        if share is not None:
+            delivery.group = self.router.group(share)
+        return delivery
 
     def save_session(self, session: Session) -> None:
         """Write a persistent session's record (not its queue) to the store."""
@@ -171,19 +171,20 @@ class Broker:
             metrics=self.metrics,
             store=self.store,
             hooks=self.hooks,
+            clock=self.loop,
+            flow=self.flow,
             retry_interval=s.retry_interval,
         )
         if s.allow_multiple_sessions:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
         return Session(client_id, **options)
 
-    def publish(
-        self, message: Message, shared_policy: str | None = None
-    ) -> list[Connection] | None:
+    def publish(self, message: Message, shared_policy: str | None = None) -> list[Session] | None:
         """Route one message to every matching session (and keep it if retained).
         `shared_policy`: the publisher's own shared_subscription_policy, if a plugin set one.
 
-        Returns the subscriber connections too congested to take it now, if any.
+        Returns the subscriber sessions whose queues reached their high-water marks, if
+        any: the publisher is held until they drain (broker/flow.py).
         """
         if message.retain:
             self.retained.update(message)
@@ -202,25 +203,45 @@ class Broker:
                 route = route.without_no_local()  # [MQTT-3.8.3-3]
                 if route is None:
                     continue
-            blocked = session.deliver(
-                message,
-                route.qos if upgrade or qos > route.qos else qos,
-                retain and route.retain_as_published,
-                route.subscription_ids,
+            full = session.deliver(
+                Delivery(
+                    message,
+                    route.qos if upgrade or qos > route.qos else qos,
+                    retain and route.retain_as_published,
+                    route.subscription_ids,
+                )
             )
-            if blocked is not None:
+            if full is not None:
                 if congested is None:
                     congested = []
-                congested.append(blocked)
+                congested.append(full)
         if self.router.group_count:  # $share/<group>/<filter>: one member per group
             policy = shared_policy or self.settings.shared_subscription_policy
             for group in self.router.match_shared(message.topic):
-                blocked = group.deliver(message, policy, upgrade)
-                if blocked is not None:
+                full = self.deliver_shared(group, message, policy)
+                if full is not None:
                     if congested is None:
                         congested = []
-                    congested.append(blocked)
+                    congested.append(full)
         return congested
+
+    def deliver_shared(self, group: SharedGroup, message: Message, policy: str) -> Session | None:
+        """Give `message` to one member of a shared group; returns what Session.deliver does."""
+        session = group.pick(policy)
+        if session is None:
+            return None
+        options = group.members[session]
+        qos = message.qos
+        sub_ids = () if options.subscription_id is None else (options.subscription_id,)
+        return session.deliver(
+            Delivery(
+                message,
+                options.qos if self.settings.upgrade_outgoing_qos or qos > options.qos else qos,
+                message.retain and options.retain_as_published,
+                sub_ids,
+                group,
+            )
+        )
 
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
         session.subscriptions[topic_filter] = options
@@ -235,5 +256,5 @@ class Broker:
     def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:
         """Retained messages for a new subscription, with the retain flag set [MQTT-3.3.1-6]."""
         sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
-        for message in self.retained.matching(topic_filter):
-            session.deliver(message, min(message.qos, options.qos), True, sub_ids)
+        for message in self.retained.matching(topic_filter, self.loop.time()):
+            session.deliver(Delivery(message, min(message.qos, options.qos), True, sub_ids))

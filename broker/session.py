@@ -11,6 +11,11 @@ queue delivers newest first.
 Outbound QoS 1/2 messages get a packet id and stay in `inflight` until acknowledged; at
 most `window` are in flight [MQTT-4.9.0-2]. Unacknowledged ones are sent again, with DUP,
 when the session resumes on a new connection [MQTT-4.4.0-1].
+
+A session writes to an `Outlet` (broker/outlet.py), never to a connection, and takes part
+in flow control (broker/flow.py): `deliver` says when its queue reached the high-water
+mark, so that the publisher is held; `drain` releases the publishers once the queue is
+down to the low-water mark. `progress` counts what it wrote, for the stall check.
 """
 
 from __future__ import annotations
@@ -18,25 +23,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from broker.message import Message
+from broker.flow import water_marks
+from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
 from hooks import Chain, Ok, PublishContext, Result
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.clock import Clock, Timer
+    from broker.flow import FlowControl
     from broker.metrics import Metrics
+    from broker.outlet import Outlet
     from broker.store import MessageStore
     from hooks import Hooks
 
 log = logging.getLogger("nautilus.session")
-
-# A message waiting for delivery: (message, qos, retain flag, subscription ids).
-Delivery = tuple[Message, int, bool, tuple[int, ...]]
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
@@ -44,19 +48,23 @@ ON_DELIVER = ("on_deliver", "on_deliver_m5")
 DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
-def _rewritten(message: Message, result: Result) -> Message:
+def _rewritten(delivery: Delivery, result: Result) -> Delivery:
     """on_deliver(_m5) may rewrite topic, payload or properties; errors change nothing."""
     if type(result) is not Ok or not result.modifiers:
-        return message
+        return delivery
     modifiers = result.modifiers
-    return Message(
+    message = delivery.message
+    rewritten = Message(
         modifiers.get("topic", message.topic),
         modifiers.get("payload", message.payload),
         message.qos,
         message.retain,
         dict(modifiers.get("properties", message.properties)),
         message.sender,
+        now=0.0,  # replaced below
     )
+    rewritten.expires_at = message.expires_at  # the same deadline, whatever the plugin said
+    return delivery.replace(rewritten)
 
 
 class Session:
@@ -69,25 +77,32 @@ class Session:
         "_retry_due",
         "_retry_timer",
         "client_id",
-        "connection",
+        "clock",
         "deferred",
         "expiry",
         "expiry_timer",
+        "flow",
+        "held",
+        "high_water",
         "hooks",
         "inflight",
         "lifo",
+        "low_water",
         "max_inflight",
         "max_offline",
         "max_online",
         "metrics",
+        "outlet",
         "owner",
         "pending_will",
+        "progress",
         "queue",
         "received_qos2",
         "retry_interval",
         "shared_policy",
         "store",
         "stored_seqs",
+        "stuck",
         "subscriptions",
         "window",
     )
@@ -103,16 +118,18 @@ class Session:
         metrics: Metrics,
         store: MessageStore,
         hooks: Hooks,
+        clock: Clock,
+        flow: FlowControl,
         retry_interval: int = 0,
     ) -> None:
         self.client_id = client_id
-        self.connection: Connection | None = None
+        self.outlet: Outlet | None = None
         # Who holds the subscriptions and the offline queue: the session itself, or the
         # MultiSession whose connections share them (allow_multiple_sessions).
         self.owner: Session = self
         self.subscriptions: dict[str, SubOptions] = {}
         self.queue: deque[Delivery] = deque()
-        self.inflight: dict[int, list] = {}  # packet id -> [Delivery, state]
+        self.inflight: dict[int, list[Any]] = {}  # packet id -> [Delivery, state]
         self.received_qos2: set[int] = set()  # inbound QoS 2 ids awaiting PUBREL
         self._configured = {
             "max_inflight_messages": max_inflight,
@@ -125,89 +142,102 @@ class Session:
         self.max_inflight = max_inflight or 65535  # 0 means no limit
         self.window = self.max_inflight
         self.max_online = max_online
+        self.high_water, self.low_water = water_marks(max_online)
         self.max_offline = max_offline
         self.lifo = lifo
         # How this client's own PUBLISHes pick a shared subscriber (None: the broker's).
         self.shared_policy: str | None = None
         self.metrics = metrics
+        self.clock = clock
+        self.flow = flow
+        self.held = False  # publishers wait for this queue to drain (flow control)
+        self.stuck = False  # delivered nothing for slow_subscriber_timeout while held
+        self.progress = 0  # messages written to the client
         self.expiry: int | None = 0  # seconds after disconnect; None: never expires
-        self.expiry_timer = None
-        self.pending_will: tuple[asyncio.TimerHandle, Message] | None = None
+        self.expiry_timer: Timer | None = None
+        self.pending_will: tuple[Timer, Message] | None = None
         self._next_id = 1
-        # While offline, a persistent session's queue is mirrored in the store; these are
-        # the store's sequence numbers of the queued messages, in queue order.
         self.store = store
         self.hooks = hooks
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
-        self._retry_timer: asyncio.TimerHandle | None = None
+        self._retry_timer: Timer | None = None
         self._retry_due: set[int] = set()
         # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id).
         self.deferred: deque[tuple[Delivery, int | None]] = deque()
-        self._deferred_task: asyncio.Task | None = None
+        self._deferred_task: asyncio.Task[None] | None = None
+        # While offline, a persistent session's queue is mirrored in the store; these are
+        # the store's sequence numbers of the queued messages, in queue order.
         self.stored_seqs: deque[int] = deque()
         self._next_seq = 0
         self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
-        return f"<Session {self.client_id!r} online={self.connection is not None}>"
+        return f"<Session {self.client_id!r} online={self.outlet is not None}>"
 
     @property
     def online(self) -> bool:
-        return self.connection is not None
+        return self.outlet is not None
 
     # -- attaching connections ---------------------------------------------------------
 
-    def attach(self, connection: Connection, receive_maximum: int) -> None:
+    def attach(self, outlet: Outlet, receive_maximum: int) -> None:
         """Resume on a new connection: resend what was in flight, then drain the queue."""
-        self.connection = connection
+        self.outlet = outlet
         self.window = min(self.max_inflight, receive_maximum)
         if self.store.persistent and self.expiry != 0:
             self.store.clear_queue(self.client_id)  # the queue lives in memory again
             self.stored_seqs.clear()
         for packet_id in self.inflight:
-            self._resend(connection, packet_id)
+            self._resend(outlet, packet_id)
         if self.inflight:
-            self._arm_retry(connection)
+            self._arm_retry(outlet)
         self.drain()
 
-    def _resend(self, connection: Connection, packet_id: int) -> None:
+    def _resend(self, outlet: Outlet, packet_id: int) -> None:
         """Send an unacknowledged PUBLISH again with DUP, or its PUBREL [MQTT-4.4.0-1]."""
-        (message, qos, retain, sub_ids), state = self.inflight[packet_id]
+        delivery, state = self.inflight[packet_id]
         if state == AWAITING_ACK:
-            template = message.template(connection.protocol_level, qos, retain, sub_ids)
-            connection.write(template.with_packet_id(packet_id, dup=True))
+            template = delivery.message.template(
+                outlet.protocol_level,
+                delivery.qos,
+                delivery.retain,
+                delivery.sub_ids,
+                self.clock.time(),
+            )
+            outlet.write(template.with_packet_id(packet_id, dup=True))
         else:
-            connection.send(PubRel(packet_id))
+            outlet.send(PubRel(packet_id))
 
     # -- retry_interval: MQTT 3 clients only ---------------------------------------------
 
-    def _arm_retry(self, connection: Connection) -> None:
+    def _arm_retry(self, outlet: Outlet) -> None:
         """VerneMQ's retry_interval: resend what a 3.x client left unacknowledged that long.
         MQTT 5 forbids resending within a connection [MQTT-4.4.0-1], so never for 5.0."""
-        if self.retry_interval and connection.protocol_level < 5 and self._retry_timer is None:
+        if self.retry_interval and outlet.protocol_level < 5 and self._retry_timer is None:
             self._retry_due = set(self.inflight)
-            self._retry_timer = connection.loop.call_later(self.retry_interval, self._retry)
+            self._retry_timer = self.clock.call_later(self.retry_interval, self._retry)
 
     def _retry(self) -> None:
         """Resend what was in flight at the last tick and still is: unacknowledged for
         between one and two intervals."""
         self._retry_timer = None
-        connection = self.connection
-        if connection is None:
+        outlet = self.outlet
+        if outlet is None:
             return
         for packet_id in self._retry_due & self.inflight.keys():
             self.metrics.queue_message_retried += 1
-            self._resend(connection, packet_id)
+            self._resend(outlet, packet_id)
         if self.inflight:
-            self._arm_retry(connection)
+            self._arm_retry(outlet)
 
-    def apply_limits(self, limits: dict) -> None:
+    def apply_limits(self, limits: dict[str, Any]) -> None:
         """The settings an auth_on_register plugin chose for this connection (VerneMQ's
         modifiers). Every CONNECT starts again from the configured ones, so a resumed
         session does not keep what a plugin said the last time."""
         settings = {**self._configured, **limits}
         self.max_inflight = settings["max_inflight_messages"] or 65535
         self.max_online = settings["max_online_messages"]
+        self.high_water, self.low_water = water_marks(self.max_online)
         self.max_offline = settings["max_offline_messages"]
         self.lifo = settings["queue_type"] == "lifo"
         self.retry_interval = settings["retry_interval"]
@@ -216,12 +246,15 @@ class Session:
     def _event(self, hook: str, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""
         if self.hooks.chain(hook):
-            message, qos, retain, _ = delivery
-            self.hooks.notify(hook, self._context(message, qos, retain, reason))
+            self.hooks.notify(hook, self._context(delivery, reason))
 
     def detach(self) -> None:
-        """Go offline. A persistent session's undelivered messages are written to the store."""
-        self.connection = None
+        """Go offline. A persistent session's undelivered messages are written to the store;
+        the publishers waiting for this queue go on."""
+        self.outlet = None
+        if self.held:
+            self.flow.release(self)
+        self.stuck = False
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
@@ -247,52 +280,49 @@ class Session:
 
     # -- outbound messages -------------------------------------------------------------
 
-    def deliver(
-        self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]
-    ) -> Connection | None:
+    def deliver(self, delivery: Delivery) -> Session | None:
         """Offer one routed message to this session (the hot path of fan-out).
 
-        Returns the connection when the message had to wait for its congested transport
-        and the queue still has room: the publisher should wait for it (back-pressure).
+        Returns this session when its queue reached the high-water mark: the publisher
+        must be held until it drains (flow control). Nothing is dropped for that.
         """
-        connection = self.connection
-        if connection is None:
-            if qos == 0:
+        outlet = self.outlet
+        if outlet is None:
+            if delivery.qos == 0:
                 self.metrics.queue_message_unhandled += 1
             else:
-                delivery = (message, qos, retain, sub_ids)
                 self._event("on_offline_message", delivery)
                 self._enqueue(delivery, self.max_offline)
             return None
         if (
             not self.queue
-            and connection.writable
-            and (qos == 0 or len(self.inflight) < self.window)
+            and outlet.writable
+            and (delivery.qos == 0 or len(self.inflight) < self.window)
         ):
-            self._send(connection, message, qos, retain, sub_ids)
+            self._send(outlet, delivery)
             return None
-        queued = self._enqueue((message, qos, retain, sub_ids), self.max_online)
-        if queued and not connection.writable and not connection.stuck:
-            return connection
+        self._enqueue(delivery, self.max_online)
+        if len(self.queue) >= self.high_water and not self.stuck:
+            return self
         return None
 
     def has_room(self, qos: int) -> bool:
         """Whether a message would go out now rather than wait in the queue."""
-        connection = self.connection
+        outlet = self.outlet
         return (
-            connection is not None
+            outlet is not None
             and not self.queue
-            and connection.writable
+            and outlet.writable
             and (qos == 0 or len(self.inflight) < self.window)
         )
 
     def _enqueue(self, delivery: Delivery, limit: int) -> bool:
         """Queue a delivery; False when the queue was full and a message was dropped."""
         queue = self.queue
-        expires_at = delivery[0].expires_at
+        expires_at = delivery.message.expires_at
         if expires_at is not None and expires_at < self._purge_due:
             self._purge_due = expires_at
-        if 0 <= limit <= len(queue) and self._purge_due <= time.monotonic():
+        if 0 <= limit <= len(queue) and self._purge_due <= self.clock.time():
             self._drop_expired()
         if 0 <= limit <= len(queue):
             self.metrics.queue_message_drop += 1
@@ -307,7 +337,7 @@ class Session:
             return False
         queue.append(delivery)
         self.metrics.queue_message_in += 1
-        if self.connection is None and self.store.persistent and self.expiry != 0:
+        if self.outlet is None and self.store.persistent and self.expiry != 0:
             self._store(delivery)
         return True
 
@@ -315,7 +345,7 @@ class Session:
         """A full queue first lets go of the messages whose expiry passed [MQTT-3.3.2-5],
         so that they do not push out live ones. Scans only once something may have expired
         (`_purge_due`: the earliest expiry time among the queued messages)."""
-        now = time.monotonic()
+        now = self.clock.time()
         queued = list(self.queue)
         # While offline the stored copies' sequence numbers follow the queue one to one.
         seqs = list(self.stored_seqs) if len(self.stored_seqs) == len(queued) else None
@@ -323,7 +353,7 @@ class Session:
         self.stored_seqs.clear()
         self._purge_due = math.inf
         for i, delivery in enumerate(queued):
-            expires_at = delivery[0].expires_at
+            expires_at = delivery.message.expires_at
             if expires_at is not None and expires_at <= now:
                 self.metrics.queue_message_expired += 1
                 self._event("on_message_drop", delivery, "expired")
@@ -336,38 +366,34 @@ class Session:
             if seqs is not None:
                 self.stored_seqs.append(seqs[i])
 
-    def _send(
-        self,
-        connection: Connection,
-        message: Message,
-        qos: int,
-        retain: bool,
-        sub_ids: tuple[int, ...],
-    ) -> None:
-        if message.expires_at is not None and message.expired():
+    def _send(self, outlet: Outlet, delivery: Delivery) -> None:
+        message = delivery.message
+        if message.expires_at is not None and message.expired(self.clock.time()):
             # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
             self.metrics.queue_message_expired += 1
-            return self._event("on_message_drop", (message, qos, retain, sub_ids), "expired")
-        on_deliver = self.hooks.chain(ON_DELIVER[connection.protocol_level == 5])
+            return self._event("on_message_drop", delivery, "expired")
+        on_deliver = self.hooks.chain(ON_DELIVER[outlet.protocol_level == 5])
         if on_deliver:
             if not on_deliver.synchronous:
-                return self._defer(on_deliver, (message, qos, retain, sub_ids))
-            context = self._context(message, qos, retain)
-            message = _rewritten(message, on_deliver.run_sync(context))
-        self._write(connection, (message, qos, retain, sub_ids), None)
+                return self._defer(on_deliver, delivery)
+            delivery = _rewritten(delivery, on_deliver.run_sync(self._context(delivery)))
+        self._write(outlet, delivery, None)
 
-    def _write(self, connection: Connection, delivery: Delivery, packet_id: int | None) -> None:
+    def _write(self, outlet: Outlet, delivery: Delivery, packet_id: int | None) -> None:
         """Encode and send one delivery (packet_id: a slot reserved by _defer)."""
-        message, qos, retain, sub_ids = delivery
+        message, qos = delivery.message, delivery.qos
+        now = self.clock.time() if message.expires_at is not None else 0.0
         alias = None
-        aliases = connection.aliases_out
+        aliases = outlet.aliases_out
         if aliases is not None:
             alias, known = aliases.lookup(message.topic)
         if alias is None:
-            template = message.template(connection.protocol_level, qos, retain, sub_ids)
+            template = message.template(
+                outlet.protocol_level, qos, delivery.retain, delivery.sub_ids, now
+            )
         else:
-            template = message.aliased(qos, retain, sub_ids, alias, known)
-        limit = connection.max_packet_out
+            template = message.aliased(qos, delivery.retain, delivery.sub_ids, now, alias, known)
+        limit = outlet.max_packet_out
         if limit and len(template.data) > limit:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
             self.metrics.queue_message_drop += 1
@@ -375,32 +401,33 @@ class Session:
                 del self.inflight[packet_id]
             return self._event("on_message_drop", delivery, "max_packet_size_exceeded")
         if qos == 0:
-            connection.write(template.data)
+            outlet.write(template.data)
         else:
             if packet_id is None:
                 packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
-            connection.write(template.with_packet_id(packet_id))
+            outlet.write(template.with_packet_id(packet_id))
             if self._retry_timer is None and self.retry_interval:
-                self._arm_retry(connection)
+                self._arm_retry(outlet)
         if alias is not None and not known:
+            assert aliases is not None
             aliases.learned(message.topic, alias)
+        self.progress += 1
         self.metrics.queue_message_out += 1
         self.metrics.mqtt_publish_sent += 1
 
-    def _context(
-        self, message: Message, qos: int, retain: bool, reason: str = ""
-    ) -> PublishContext:
+    def _context(self, delivery: Delivery, reason: str = "") -> PublishContext:
         """The receiver's view of a delivery, for on_deliver and the message events."""
-        connection = self.connection
+        outlet = self.outlet
+        message = delivery.message
         return PublishContext(
             client_id=self.client_id,
-            username=connection.username if connection is not None else None,
-            attributes=connection.attributes if connection is not None else {},
+            username=outlet.username if outlet is not None else None,
+            attributes=outlet.attributes if outlet is not None else {},
             topic=message.topic,
             payload=message.payload,
-            qos=qos,
-            retain=retain,
+            qos=delivery.qos,
+            retain=delivery.retain,
             properties=message.properties,
             reason=reason,
         )
@@ -412,51 +439,58 @@ class Session:
         through them in order. A QoS 1/2 delivery takes its in-flight slot (and packet id)
         now, so the window stays exact and a reconnect resends it."""
         packet_id = None
-        if delivery[1]:
+        if delivery.qos:
             packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
         self.deferred.append((delivery, packet_id))
         if self._deferred_task is None:
-            self._deferred_task = asyncio.ensure_future(self._deliver_deferred(chain))
-            self.hooks.tasks.add(self._deferred_task)
-            self._deferred_task.add_done_callback(self._deferred_done)
+            task = asyncio.ensure_future(self._deliver_deferred(chain))
+            self._deferred_task = task
+            self.hooks.tasks.add(task)
+            task.add_done_callback(self._deferred_done)
 
     async def _deliver_deferred(self, chain: Chain) -> None:
         while self.deferred:
             delivery, packet_id = self.deferred.popleft()
-            message, qos, retain, sub_ids = delivery
-            connection = self.connection
-            if connection is None:
+            if self.outlet is None:
                 continue  # QoS 1/2 wait in flight for the reconnect; QoS 0 is lost
-            result = await chain.run(self._context(message, qos, retain))
-            connection = self.connection
-            if connection is None or (packet_id is not None and packet_id not in self.inflight):
+            result = await chain.run(self._context(delivery))
+            outlet = self.outlet
+            if outlet is None or (packet_id is not None and packet_id not in self.inflight):
                 continue  # gone meanwhile, or the session ended
-            self._write(connection, (_rewritten(message, result), qos, retain, sub_ids), packet_id)
+            self._write(outlet, _rewritten(delivery, result), packet_id)
 
-    def _deferred_done(self, task: asyncio.Task) -> None:
+    def _deferred_done(self, task: asyncio.Task[None]) -> None:
         self.hooks.tasks.discard(task)
         self._deferred_task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("on_deliver failed for %s", self.client_id, exc_info=task.exception())
 
     def drain(self) -> None:
-        """Move queued messages to the connection while the window and transport allow.
+        """Move queued messages to the connection while the window and the outlet allow,
+        then let the held publishers go on once the queue is down to the low-water mark.
 
         At most DRAIN_STEP per call: the connection asks for the next step after it has
         flushed, so a long queue goes out in bounded writes, one per loop turn.
         """
-        connection = self.connection
+        outlet = self.outlet
         queue = self.queue
-        pop = queue.pop if self.lifo else queue.popleft
-        for _ in range(DRAIN_STEP):
-            if not queue or connection is None or not connection.writable:
-                return
-            message, qos, retain, sub_ids = queue[-1] if self.lifo else queue[0]
-            if qos and len(self.inflight) >= self.window:
-                return
-            pop()
-            self._send(connection, message, qos, retain, sub_ids)
+        progress = self.progress
+        if outlet is not None and queue:
+            pop = queue.pop if self.lifo else queue.popleft
+            inflight = self.inflight
+            for _ in range(DRAIN_STEP):
+                if not queue or not outlet.writable:
+                    break
+                delivery = queue[-1] if self.lifo else queue[0]
+                if delivery.qos and len(inflight) >= self.window:
+                    break
+                pop()
+                self._send(outlet, delivery)
+        if self.stuck and self.progress != progress:
+            self.stuck = False  # it reads again: it may hold publishers back again
+        if self.held and len(queue) <= self.low_water:
+            self.flow.release(self)
 
     def _allocate_packet_id(self) -> int:
         packet_id = self._next_id
@@ -469,7 +503,7 @@ class Session:
 
     def on_puback(self, packet_id: int) -> None:
         entry = self.inflight.get(packet_id)
-        if entry is not None and entry[0][1] == 1:
+        if entry is not None and entry[0].qos == 1:
             del self.inflight[packet_id]
             self._event("on_delivery_complete", entry[0])
             self.drain()
@@ -477,7 +511,7 @@ class Session:
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:
         """Returns the reason code for our PUBREL [MQTT-4.3.3]."""
         entry = self.inflight.get(packet_id)
-        if entry is None or entry[0][1] != 2:
+        if entry is None or entry[0].qos != 2:
             return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
             del self.inflight[packet_id]

@@ -103,7 +103,7 @@ class SysTree:
     def _clear_retained(self) -> None:
         """Drop retained values a run with `systree_retain` on left in the store: no client
         may publish under $SYS, so none could clear them."""
-        for message in self.broker.retained.matching(self.prefix + "#"):
+        for message in self.broker.retained.matching(self.prefix + "#", self.broker.loop.time()):
             self.broker.publish(Message(message.topic, b"", 0, True))
 
     def _tick(self) -> None:

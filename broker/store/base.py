@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.message import Message
+from broker.message import Delivery, Message
 from broker.router import SubOptions
-from broker.session import Delivery
 
 
 @dataclass(slots=True)

@@ -25,10 +25,9 @@ from collections.abc import Iterator
 
 import plyvel
 
-from broker.message import Message
+from broker.message import Delivery, Message
 from broker.protocol import Decoder, Property, Publish, encode
 from broker.router import SHARE_PREFIX, SubOptions
-from broker.session import Delivery
 from broker.store.base import MessageStore, SessionRecord
 
 RETAINED = b"r/"
@@ -47,15 +46,17 @@ def _publish_bytes(message: Message, qos: int, retain: bool, sub_ids: tuple[int,
 
 
 def _queued_bytes(delivery: Delivery) -> bytes:
-    group = getattr(delivery[3], "group", None)
+    data = _publish_bytes(delivery.message, delivery.qos, delivery.retain, delivery.sub_ids)
+    group = delivery.group
     if group is None:
-        return _publish_bytes(*delivery)
+        return data
     share = f"{SHARE_PREFIX}{group.name}/{group.filter}".encode()
-    return b"\0" + len(share).to_bytes(2, "big") + share + _publish_bytes(*delivery)
+    return b"\0" + len(share).to_bytes(2, "big") + share + data
 
 
-def _delivery_from(data: bytes) -> tuple[Delivery, str | None]:
-    """A queued message and the shared subscription filter it came through, if any."""
+def _delivery_from(data: bytes, now: float) -> tuple[Delivery, str | None]:
+    """A queued message and the shared subscription filter it came through, if any.
+    (`now`: a stored message's expiry interval counts again from the restart.)"""
     share = None
     if data[0] == 0:
         end = 3 + int.from_bytes(data[1:3], "big")
@@ -63,9 +64,12 @@ def _delivery_from(data: bytes) -> tuple[Delivery, str | None]:
     decoder = Decoder("client", 5)
     decoder.receive_data(data)
     packet = decoder.next_packet()
+    assert isinstance(packet, Publish)
     sub_ids = tuple(packet.properties.pop(Property.SUBSCRIPTION_IDENTIFIER, ()))
-    message = Message(packet.topic, packet.payload, packet.qos, packet.retain, packet.properties)
-    return (message, packet.qos, packet.retain, sub_ids), share
+    message = Message(
+        packet.topic, packet.payload, packet.qos, packet.retain, packet.properties, now=now
+    )
+    return Delivery(message, packet.qos, packet.retain, sub_ids), share
 
 
 def _queue_prefix(client_id: str) -> bytes:
@@ -103,9 +107,10 @@ class LevelDBStore(MessageStore):
         self._writes().delete(RETAINED + topic.encode())
 
     def load_retained(self) -> Iterator[Message]:
+        now = self._loop.time()
         for _, value in self._db.iterator(prefix=RETAINED):
-            (message, *_), _ = _delivery_from(value)
-            yield message
+            delivery, _ = _delivery_from(value, now)
+            yield delivery.message
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -139,8 +144,9 @@ class LevelDBStore(MessageStore):
                 {f: SubOptions(*o) for f, o in data["subscriptions"].items()},
             )
             prefix = _queue_prefix(client_id)
+            now = self._loop.time()
             record.queue = [
-                (int.from_bytes(k[len(prefix) :], "big"), *_delivery_from(v))
+                (int.from_bytes(k[len(prefix) :], "big"), *_delivery_from(v, now))
                 for k, v in self._db.iterator(prefix=prefix)
             ]
             yield record

@@ -1,0 +1,156 @@
+"""Flow control: a publisher is read only as fast as the subscribers it feeds take its
+messages.
+
+Theory of operation. Every session has a high-water mark on its queue, well below its
+queue limit (`max_online_messages`). When routing a PUBLISH leaves some subscriber's queue
+at or above that mark, the publisher that sent it is *held*: its connection stops reading
+(its socket's buffer fills and TCP slows the device down) until every subscriber it waits
+for has drained to its low-water mark. The check runs after each PUBLISH, so one read of
+thousands of packets never fills a queue by itself: the rest stay unparsed in the
+decoder's buffer. A QoS 1/2 message acknowledged to its publisher therefore always has
+room in the queues it was routed to; nothing acknowledged is dropped because the broker
+fell behind.
+
+Fairness. A subscriber fed by several publishers releases them all at once, in the order
+they started waiting, rotated by one at each release: the first publisher to run refills
+most of the queue, so the lead passes round and each publisher gets its share over a few
+releases. A publisher waits only for the subscribers it fed, so a slow subscriber never
+holds back publishers that do not feed it.
+
+Stuck subscribers. A subscriber that holds publishers and delivers nothing for
+`slow_subscriber_timeout` seconds (it stopped reading, or stopped acknowledging) is
+*stuck*: its publishers go on, and its own queue limit and drop policy apply (drops are
+counted and reported through `on_message_drop`). It stops being stuck as soon as it
+delivers again.
+
+This module knows nothing of sockets or sessions' internals: a publisher is a `Reader`
+(hold / release) and a subscriber a `Subscriber` (its progress counter and stuck flag).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker.clock import Clock, Timer
+    from broker.metrics import Metrics
+
+log = logging.getLogger("nautilus.flow")
+
+FLOW_HIGH_WATER = 256  # queued messages that hold publishers back (at most)
+
+
+def water_marks(queue_limit: int) -> tuple[int, int]:
+    """(high, low) water marks for a queue of `queue_limit` messages (-1: no limit): half
+    the limit, at most FLOW_HIGH_WATER, so publishers stop long before the queue is full."""
+    high = FLOW_HIGH_WATER if queue_limit < 0 else max(1, min(queue_limit // 2, FLOW_HIGH_WATER))
+    return high, high // 2
+
+
+class Reader(Protocol):
+    """A publisher's connection, as flow control sees it."""
+
+    def hold(self) -> None:
+        """Stop reading from the client."""
+
+    def release(self) -> None:
+        """Read from the client again."""
+
+
+class Subscriber(Protocol):
+    """A subscriber's session, as flow control sees it."""
+
+    client_id: str
+    progress: int  # messages written to its client so far
+    stuck: bool  # holds no publisher back (set here, cleared by the session on progress)
+    held: bool  # some publisher waits for it (kept by this module)
+
+
+class FlowControl:
+    """The broker's one record of which publishers wait for which subscribers."""
+
+    __slots__ = ("_blocked_on", "_stall_timers", "_waiting", "clock", "metrics", "timeout")
+
+    def __init__(self, clock: Clock, slow_subscriber_timeout: float, metrics: Metrics) -> None:
+        self.clock = clock
+        self.timeout = slow_subscriber_timeout
+        self.metrics = metrics
+        self._waiting: dict[Subscriber, dict[Reader, None]] = {}  # in order of waiting
+        self._blocked_on: dict[Reader, set[Subscriber]] = {}
+        self._stall_timers: dict[Subscriber, Timer] = {}
+
+    def waiting_for(self, subscriber: Subscriber) -> list[Reader]:
+        return list(self._waiting.get(subscriber, ()))
+
+    def blocked(self, publisher: Reader) -> bool:
+        return publisher in self._blocked_on
+
+    # -- holding -----------------------------------------------------------------------
+
+    def hold(self, publisher: Reader, subscribers: list[Subscriber]) -> None:
+        """`publisher` just filled these subscribers' queues to their high-water marks."""
+        blocked_on = self._blocked_on.get(publisher)
+        if blocked_on is None:
+            blocked_on = self._blocked_on[publisher] = set()
+            publisher.hold()
+        for subscriber in subscribers:
+            blocked_on.add(subscriber)
+            waiting = self._waiting.get(subscriber)
+            if waiting is None:
+                waiting = self._waiting[subscriber] = {}
+                subscriber.held = True
+                self._watch(subscriber, subscriber.progress)
+            waiting[publisher] = None
+
+    def _watch(self, subscriber: Subscriber, progress: int) -> None:
+        self._stall_timers[subscriber] = self.clock.call_later(
+            self.timeout, self._check_stall, subscriber, progress
+        )
+
+    def _check_stall(self, subscriber: Subscriber, progress: int) -> None:
+        """`slow_subscriber_timeout` after it started holding publishers (or after its last
+        check): stuck if it delivered nothing meanwhile."""
+        del self._stall_timers[subscriber]
+        if subscriber.progress != progress:
+            return self._watch(subscriber, subscriber.progress)
+        log.info(
+            "%s: delivered nothing for %ss; publishers no longer wait for it",
+            subscriber.client_id,
+            self.timeout,
+        )
+        self.metrics.flow_slow_subscribers += 1
+        subscriber.stuck = True
+        self.release(subscriber)
+
+    # -- releasing ---------------------------------------------------------------------
+
+    def release(self, subscriber: Subscriber) -> None:
+        """The subscriber drained (or went away, or is stuck): its publishers may go on,
+        each once it waits for nothing else."""
+        waiting = self._waiting.pop(subscriber, None)
+        subscriber.held = False
+        timer = self._stall_timers.pop(subscriber, None)
+        if timer is not None:
+            timer.cancel()
+        if not waiting:
+            return
+        order = list(waiting)
+        if len(order) > 1:  # the lead passes round (see "Fairness" above)
+            order.append(order.pop(0))
+        blocked_on = self._blocked_on
+        for publisher in order:
+            subscribers = blocked_on[publisher]
+            subscribers.discard(subscriber)
+            if not subscribers:
+                del blocked_on[publisher]
+                publisher.release()
+
+    def forget_publisher(self, publisher: Reader) -> None:
+        """The publisher's connection ended: it waits for nobody any more."""
+        for subscriber in self._blocked_on.pop(publisher, ()):
+            waiting = self._waiting.get(subscriber)
+            if waiting is not None:
+                waiting.pop(publisher, None)
+                if not waiting:
+                    self.release(subscriber)

@@ -1,0 +1,174 @@
+"""Flow control end to end (broker/flow.py): open-loop publishers that know nothing of
+their subscribers are read only as fast as those subscribers take the messages, and
+nothing acknowledged to a publisher is dropped for an online subscriber.
+
+The publishers here write everything at once from a thread (as a device writes as fast as
+TCP accepts); the subscribers are raw sockets that read and acknowledge only when the test
+says so, with the broker's default limits (20 in flight, 1000 queued) unless a test sets
+its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+
+import pytest
+
+from .helpers import (
+    PUBACK,
+    PUBLISH,
+    TIMEOUT,
+    RawClient,
+    publish_packet,
+    unique_id,
+)
+
+WINDOW = 20  # max_inflight_messages default
+HIGH_WATER = 256  # broker.flow.FLOW_HIGH_WATER: queue depth that holds a publisher
+
+
+def open_publisher(server) -> RawClient:
+    client = RawClient(server.host, server.port)
+    client.connect(unique_id("pub"))
+    return client
+
+
+def send_in_background(client: RawClient, data: bytes) -> threading.Thread:
+    """Write `data` from a thread: sendall blocks while the broker does not read."""
+    client.sock.settimeout(60)
+    thread = threading.Thread(target=client.sock.sendall, args=(data,), daemon=True)
+    thread.start()
+    return thread
+
+
+def qos1_flood(topic: str, count: int, tag: bytes = b"") -> bytes:
+    return b"".join(
+        publish_packet(topic, tag + b"%d" % i, qos=1, packet_id=i % 65535 + 1) for i in range(count)
+    )
+
+
+def pubacks_until_silence(client: RawClient) -> int:
+    """PUBACKs that arrive until none comes for a moment: what the broker acknowledged."""
+    count = 0
+    while True:
+        try:
+            pkt = client.read_packet(timeout=0.5)
+        except TimeoutError:
+            return count
+        assert pkt is not None and pkt.type == PUBACK, pkt
+        count += 1
+
+
+def receive(subscriber: RawClient, count: int) -> list[bytes]:
+    """Read and acknowledge `count` PUBLISHes; their payloads in arrival order."""
+    payloads = []
+    for _ in range(count):
+        pkt = subscriber.expect(PUBLISH)
+        subscriber.ack(pkt)
+        payloads.append(pkt.payload)
+    return payloads
+
+
+def subscriber(server, topic: str, qos: int = 1) -> RawClient:
+    client = RawClient(server.host, server.port)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(unique_id("sub"))
+    client.subscribe((topic, qos))
+    return client
+
+
+def metrics(server) -> dict[str, int]:
+    return server.call(server.broker.metrics.snapshot)
+
+
+@pytest.mark.parametrize("max_online", [1000, 10])
+def test_qos1_flood_loses_nothing_it_acknowledged(start_broker, max_online):
+    # A device floods 5,000 QoS 1 messages at a subscriber that reads nothing for now. The
+    # broker may acknowledge only what its queue can hold for that subscriber; then the
+    # subscriber reads, and every message arrives, in order, with no drop.
+    server = start_broker(broker={"max_online_messages": max_online})
+    sub = subscriber(server, "flood/q1")
+    pub = open_publisher(server)
+    count = 5000
+    sending = send_in_background(pub, qos1_flood("flood/q1", count))
+
+    acknowledged = pubacks_until_silence(pub)
+    high_water = min(max_online // 2, HIGH_WATER)
+    assert acknowledged <= WINDOW + high_water + 1 < count
+    assert metrics(server)["flow_publisher_held"] >= 1
+
+    assert receive(sub, count) == [b"%d" % i for i in range(count)]
+    sending.join(TIMEOUT)
+    assert acknowledged + pubacks_until_silence(pub) == count
+    assert metrics(server)["queue_message_drop"] == 0
+
+
+def test_one_large_read_never_fills_a_queue(start_broker):
+    # 2,000 QoS 0 PUBLISHes of 200 B in one write (one read is up to 256 KiB), to a
+    # subscriber that reads nothing yet and whose queue holds 10: the broker stops parsing
+    # the read once the queue is at its high-water mark, so nothing is dropped however
+    # much arrived at once.
+    server = start_broker(broker={"max_online_messages": 10})
+    sub = subscriber(server, "batch/t", qos=0)
+    pub = open_publisher(server)
+    count = 2000
+    payload = b"x" * 196
+    data = b"".join(publish_packet("batch/t", b"%04d" % i + payload) for i in range(count))
+    send_in_background(pub, data)
+    got = receive(sub, count)
+    assert [p[:4] for p in got] == [b"%04d" % i for i in range(count)]
+    counters = metrics(server)
+    assert counters["queue_message_drop"] == 0
+    assert counters["flow_publisher_held"] >= 1
+
+
+def test_a_slow_subscriber_holds_back_only_its_own_publishers(start_broker):
+    # Publisher A feeds a subscriber that reads nothing; publisher B feeds one that reads.
+    # A is held, B is not: B's 3,000 messages all arrive while A waits.
+    server = start_broker(broker={"slow_subscriber_timeout": 60})
+    slow = subscriber(server, "iso/slow")
+    fast = subscriber(server, "iso/fast")
+    pub_a, pub_b = open_publisher(server), open_publisher(server)
+    send_in_background(pub_a, qos1_flood("iso/slow", 3000))
+    assert pubacks_until_silence(pub_a) < 3000  # A is held
+    send_in_background(pub_b, qos1_flood("iso/fast", 3000))
+    assert receive(fast, 3000) == [b"%d" % i for i in range(3000)]
+    assert pubacks_until_silence(pub_b) == 3000
+    assert pubacks_until_silence(pub_a) == 0  # still held: its subscriber still reads nothing
+    slow.close()
+
+
+def test_a_stuck_subscriber_stops_holding_publishers(start_broker):
+    # A subscriber that delivers nothing for slow_subscriber_timeout is stuck: the publisher
+    # goes on, the healthy subscriber gets everything, and the stuck one's queue limit and
+    # drop policy apply (counted).
+    server = start_broker(
+        broker={"slow_subscriber_timeout": 0.3, "max_online_messages": 100},
+    )
+    stuck = subscriber(server, "stuck/t")
+    healthy = subscriber(server, "stuck/t")
+    pub = open_publisher(server)
+    count = 2000
+    send_in_background(pub, qos1_flood("stuck/t", count))
+    assert receive(healthy, count) == [b"%d" % i for i in range(count)]
+    counters = metrics(server)
+    assert counters["flow_slow_subscribers"] == 1
+    # The stuck subscriber got its window and its queue; the rest was dropped, counted.
+    assert counters["queue_message_drop"] == count - WINDOW - 100
+    stuck.close()
+
+
+def test_fan_in_shares_a_slow_subscriber_between_its_publishers(start_broker):
+    # Three publishers flood one subscriber that takes messages only as fast as it
+    # acknowledges them (20 in flight): each publisher gets a fair share of what it reads.
+    server = start_broker(broker={"slow_subscriber_timeout": 60})
+    sub = subscriber(server, "fanin/t")
+    publishers = [open_publisher(server) for _ in range(3)]
+    for tag, pub in zip(b"abc", publishers, strict=True):
+        send_in_background(pub, qos1_flood("fanin/t", 5000, bytes([tag])))
+    got = receive(sub, 9000)
+    shares = collections.Counter(payload[:1] for payload in got[3000:])  # past the start-up
+    assert set(shares) == {b"a", b"b", b"c"}
+    assert min(shares.values()) >= 6000 / 3 / 2, shares  # at least half a fair share each
