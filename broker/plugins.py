@@ -10,6 +10,8 @@ table's other keys are validated against it with the same rules and messages as 
 of the config (`plugins.acl.acl_file: expected str, got int`). The plugin is built as
 `Class(config)`; optional `start()` and `stop()` methods (sync or async) run with the
 broker. Order: plugins with a `priority` first, lowest number first; then config order.
+Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt hook or a
+hook with the wrong signature stops start-up like a config error, naming the plugin.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 from typing import Any
 
 from broker.config import ConfigError, build_section
-from hooks import HOOKS
+from hooks import PluginError, check_plugin
 
 log = logging.getLogger("nautilus.plugins")
 
@@ -49,7 +51,10 @@ def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
             raise ConfigError(f"unknown config key '{where}.{next(iter(settings))}'")
         else:
             plugin = cls()
-        _warn_unknown_hooks(name, plugin)
+        try:
+            check_plugin(name, plugin)
+        except PluginError as exc:
+            raise ConfigError(f"{where}: {exc.problem}") from None
         order = (0, priority, position) if priority is not None else (1, 0, position)
         loaded.append((order, name, plugin))
     loaded.sort(key=lambda item: item[0])
@@ -74,13 +79,6 @@ def _plugin_class(name: str, module: Any, where: str) -> type:
     if not inspect.isclass(cls):
         raise ConfigError(f"{where}: {path} has no plugin class {attribute!r}")
     return cls
-
-
-def _warn_unknown_hooks(name: str, plugin: Any) -> None:
-    """A method that looks like a hook but names none is most likely a typo."""
-    for attribute in dir(plugin):
-        if attribute.startswith(("auth_on_", "on_")) and attribute not in HOOKS:
-            log.warning("plugin %s: %s is not a hook; it will never be called", name, attribute)
 
 
 async def call_all(plugins: list[tuple[str, Any]], method: str) -> None:

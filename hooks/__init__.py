@@ -10,10 +10,14 @@ A plugin is a class built from its config section; a hook is a method named afte
                 return Ok()
             return NEXT
 
-See docs/plugins.md for every hook, its context and the results it accepts.
+A deciding hook answers Ok (allow, maybe with modifiers), Error (deny) or NEXT (no
+opinion: ask the next plugin); returning None also means NEXT. A plugin whose methods
+break the contract (a misspelt hook name, a hook that does not take one context) stops
+start-up with PluginError. See docs/plugins.md for every hook, its context and the
+results it accepts.
 """
 
-from hooks.dispatch import Chain, Hooks
+from hooks.dispatch import Chain, Hooks, PluginError, check_plugin
 from hooks.results import NEXT, Error, Next, Ok, Result
 from hooks.spec import (
     HOOKS,
@@ -38,10 +42,12 @@ __all__ = [
     "Hooks",
     "Next",
     "Ok",
+    "PluginError",
     "PublishContext",
     "RegisterContext",
     "Result",
     "SubscribeContext",
     "TopicRequest",
     "UnsubscribeContext",
+    "check_plugin",
 ]

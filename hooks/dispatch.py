@@ -8,12 +8,23 @@ implementations are all synchronous runs without awaiting (`run_sync`), so a syn
 plugin adds no task or coroutine to the publish path.
 
 A plugin that raises is logged and counted; in an auth chain that is a denial, never an
-allow.
+allow. A deciding hook that returns None (a plain `return`, or falling off the end) has no
+opinion, as if it returned NEXT.
+
+Plugins are checked when chains are built (`check_plugin`): a public method named like a
+hook (`on_*`, `auth_on_*`) that is no hook, or a hook that cannot be called with the one
+context argument, raises PluginError, which the loader turns into a one-line start-up
+error; otherwise a typo would be a hook that is silently never called, and a wrong
+signature a crash on every call.
+
+`hooks.versions(name)` gives a hook pair's chains as (MQTT 3, MQTT 5), so a call site
+picks its chain by protocol version with an index instead of building the name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
 import logging
 from collections.abc import Iterable
@@ -81,11 +92,13 @@ class Chain:
                     log.error("plugin %s: %s; treated as an error", plugin, problem)
                     return Error("invalid_modifiers")
             return result
-        if type(result) is Next:
-            return NEXT  # any Next() instance, not only the NEXT constant
+        if result is None or type(result) is Next:
+            return NEXT  # None, as Python authors expect; any Next(), not only NEXT
         if type(result) is Error:
             return result
-        log.error("plugin %s: %s returned %r, not Ok, Next or Error", plugin, self.name, result)
+        log.error(
+            "plugin %s: %s returned %r, not Ok, Error, Next or None", plugin, self.name, result
+        )
         return INVALID_RESULT
 
     def _crashed(self, plugin: str) -> Error:
@@ -118,13 +131,80 @@ class Chain:
         return done
 
 
+class PluginError(Exception):
+    """A plugin breaks the hook contract. `problem` says how, without the plugin's name."""
+
+    def __init__(self, plugin: str, problem: str) -> None:
+        super().__init__(f"plugin {plugin}: {problem}")
+        self.plugin = plugin
+        self.problem = problem
+
+
+def check_plugin(name: str, plugin: Any) -> None:
+    """Raise PluginError for the first method of `plugin` that looks like a hook but is
+    none, or that is a hook but cannot take one context argument. Hooks are looked up on
+    the instance (a plugin may set them in __init__); None hides a hook."""
+    for attribute in dir(plugin):
+        if not attribute.startswith(("on_", "auth_on_")):
+            continue
+        method = getattr(plugin, attribute, None)
+        if attribute not in HOOKS:
+            if callable(method):
+                raise PluginError(name, _not_a_hook(attribute))
+        elif method is not None:
+            problem = _call_problem(attribute, method)
+            if problem is not None:
+                raise PluginError(name, problem)
+
+
+def _not_a_hook(attribute: str) -> str:
+    close = difflib.get_close_matches(attribute, HOOKS, n=1)
+    if close:
+        return f"method {attribute} is not a hook; did you mean {close[0]}?"
+    return (
+        f"method {attribute} is not a hook; on_* and auth_on_* names are kept for hooks "
+        "(see docs/plugins.md), so rename it (a helper can start with _)"
+    )
+
+
+def _call_problem(hook: str, method: Any) -> str | None:
+    """What stops `method` from being called as method(context), or None."""
+    if not callable(method):
+        return f"hook {hook} is not callable (it is {type(method).__name__})"
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):  # some builtins have none: they are trusted
+        return None
+    try:
+        signature.bind(None)
+    except TypeError:
+        return f"hook {hook}{_bare(signature)} must take one positional argument, the context"
+    return None
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: the parameters are what the message is about."""
+    empty = inspect.Signature.empty
+    return signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty,
+    )
+
+
 class Hooks:
-    """Every hook's chain, built from plugins in call order."""
+    """Every hook's chain, built from plugins in call order (each checked first)."""
 
     def __init__(self, plugins: Iterable[tuple[str, Any]] = ()) -> None:
         self.plugins = list(plugins)
+        for name, plugin in self.plugins:
+            check_plugin(name, plugin)
         self.tasks: set[asyncio.Task] = set()  # running async event hooks
         self._chains = {name: self._build(name) for name in HOOKS}
+        self._versions = {
+            spec.v4_fallback: (self._chains[spec.v4_fallback], self._chains[name])
+            for name, spec in HOOKS.items()
+            if spec.v4_fallback is not None
+        }
 
     def _build(self, name: str) -> Chain:
         spec = HOOKS[name]
@@ -140,6 +220,14 @@ class Hooks:
     def chain(self, name: str) -> Chain:
         return self._chains[name]
 
+    def versions(self, name: str) -> tuple[Chain, Chain]:
+        """The chains of the hook pair `name` / `name_m5` as (MQTT 3, MQTT 5): a call site
+        resolves them once and picks one with `[protocol_level == 5]`."""
+        try:
+            return self._versions[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not the MQTT 3 name of a hook pair") from None
+
     def notify(self, name: str, context: Any) -> None:
         """Fire an event hook (callers build `context` only when the chain is non-empty)."""
         self._chains[name].notify(context, self.tasks)
@@ -149,4 +237,4 @@ class Hooks:
         return sum(chain.crashes for chain in self._chains.values())
 
 
-__all__ = ["Chain", "Error", "Hooks", "Next", "Ok"]
+__all__ = ["Chain", "Error", "Hooks", "Next", "Ok", "PluginError", "check_plugin"]

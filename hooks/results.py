@@ -7,7 +7,7 @@ These follow VerneMQ's result rules (vmq_plugin_helper:all_till_ok):
 | Ok()              | stop, allow                              |
 | Ok({...})         | stop, allow with these modifiers         |
 | Error(reason)     | stop, deny                               |
-| NEXT              | ask the next plugin                      |
+| NEXT, None        | ask the next plugin                      |
 | anything else     | treated as Error (and logged)            |
 | chain exhausted   | deny                                     |
 """

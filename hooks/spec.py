@@ -6,9 +6,13 @@ object. For an MQTT 5 client the broker calls the `_m5` hook; a plugin that only
 the v4 method serves the `_m5` hook with it, as VerneMQ's compatibility layer does. The
 context is the same class either way; v4 implementations simply ignore `properties`.
 
-Modes: "all_till_ok" (auth: Ok stops and allows, Error stops and denies, Next asks the
-next plugin, an exhausted chain denies), "all" (events: every plugin is called, results
-are ignored).
+Modes: "all_till_ok" (auth: Ok stops and allows, Error stops and denies, Next or None
+asks the next plugin, an exhausted chain denies), "all" (events: every plugin is called,
+results are ignored).
+
+Modifiers: each hook lists VerneMQ's modifiers with a validator, and those Nautilus does
+not apply as `Unsupported(why)`, so a plugin that asks for one learns it from a clear
+error instead of being silently ignored.
 """
 
 from __future__ import annotations
@@ -103,8 +107,13 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _positive(value: Any) -> bool:
-    return _int(value) and value > 0
+def _non_negative(value: Any) -> bool:
+    return _int(value) and value >= 0
+
+
+def _limit(value: Any) -> bool:
+    """A queue bound: a count, or -1 for none (as the config's max_*_messages)."""
+    return _int(value) and value >= -1
 
 
 def _str(value: Any) -> bool:
@@ -142,32 +151,47 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
     return lambda value: value in choices
 
 
-Validators = Mapping[str, Callable[[Any], bool]]
+def _never(value: Any) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A VerneMQ modifier that Nautilus does not apply: returning it is an error, logged
+    with `why`. Values for which `harmless` is true ask for what Nautilus does anyway (a
+    `mountpoint` of "") and pass."""
+
+    why: str
+    harmless: Callable[[Any], bool] = _never
+
+
+Validators = Mapping[str, Callable[[Any], bool] | Unsupported]
+
+_NO_MOUNTPOINTS = Unsupported('mountpoints are not implemented (only "" is accepted)', _one_of(""))
+_NO_NETSPLIT = Unsupported("it is a netsplit switch, and Nautilus has no clustering (no netsplit)")
+_NO_MIGRATION = Unsupported(
+    "it paces queue migration between nodes, and Nautilus has no clustering"
+)
 
 _REGISTER: Validators = {
     **dict.fromkeys(
-        ("allow_register", "allow_publish", "allow_subscribe", "allow_unsubscribe"), _bool
+        ("allow_register", "allow_publish", "allow_subscribe", "allow_unsubscribe"), _NO_NETSPLIT
     ),
     **dict.fromkeys(
-        (
-            "max_message_size",
-            "max_connection_lifetime",
-            "max_message_rate",
-            "max_inflight_messages",
-            "retry_interval",
-            "max_online_messages",
-            "max_offline_messages",
-            "max_drain_time",
-            "max_msgs_per_drain_step",
-        ),
-        _int,
+        ("max_message_size", "max_message_rate", "max_inflight_messages", "retry_interval"),
+        _non_negative,
     ),
+    **dict.fromkeys(("max_online_messages", "max_offline_messages"), _limit),
+    **dict.fromkeys(("max_drain_time", "max_msgs_per_drain_step"), _NO_MIGRATION),
+    "max_connection_lifetime": Unsupported("connections have no lifetime limit"),
     "username": _str,
     "client_id": _str,
-    "mountpoint": _str,
+    "mountpoint": _NO_MOUNTPOINTS,
     "clean_session": _bool,
     "clean_start": _bool,
-    "upgrade_qos": _bool,
+    "upgrade_qos": Unsupported(
+        "QoS upgrade is set for all clients (broker.upgrade_outgoing_qos), not per client"
+    ),
     "queue_type": _one_of("fifo", "lifo"),
     "shared_subscription_policy": _one_of(
         "prefer_local", "local_only", "random", "round_robin", "prefer_online_before_local"
@@ -179,11 +203,22 @@ _PUBLISH: Validators = {
     "payload": _bytes,
     "qos": _qos,
     "retain": _bool,
-    "mountpoint": _str,
-    "throttle": _positive,
+    "mountpoint": _NO_MOUNTPOINTS,
+    "throttle": Unsupported(
+        "per-message throttling is not implemented (max_message_rate, an auth_on_register "
+        "modifier, paces a client)"
+    ),
     "properties": _properties,
 }
-_SUBSCRIBE: Validators = {"topics": _topic_list, "properties": _properties}
+_SUBSCRIBE: Validators = {
+    "topics": _topic_list,
+    "properties": Unsupported(
+        "the SUBACK of an accepted SUBSCRIBE carries no plugin properties "
+        "(a refusal's does: Error(properties=...))",
+        lambda value: isinstance(value, Mapping) and not value,
+    ),
+}
+_UNSUBSCRIBE: Validators = {"topics": _topic_list, "properties": _properties}
 _DELIVER: Validators = {"topic": _publish_topic, "payload": _bytes, "properties": _properties}
 _AUTH: Validators = {"properties": _properties, "reason_code": _int}
 
@@ -218,7 +253,7 @@ HOOKS: dict[str, HookSpec] = {
         *_pair("on_register", "all", RegisterContext),
         *_pair("on_publish", "all", PublishContext),
         *_pair("on_subscribe", "all", SubscribeContext),
-        *_pair("on_unsubscribe", "all_till_ok", UnsubscribeContext, _SUBSCRIBE),
+        *_pair("on_unsubscribe", "all_till_ok", UnsubscribeContext, _UNSUBSCRIBE),
         *_pair("on_deliver", "all_till_ok", PublishContext, _DELIVER),
         HookSpec("on_auth_m5", "all_till_ok", AuthContext, _AUTH),
         HookSpec("on_offline_message", "all", PublishContext),
@@ -238,9 +273,12 @@ def check_modifiers(hook: str, modifiers: Mapping[str, Any]) -> str | None:
     """None when every modifier is allowed for `hook`, else what is wrong (one line)."""
     allowed = HOOKS[hook].modifiers
     for key, value in modifiers.items():
-        validator = allowed.get(key)
-        if validator is None:
+        rule = allowed.get(key)
+        if rule is None:
             return f"modifier {key!r} is not allowed in {hook}"
-        if not validator(value):
+        if type(rule) is Unsupported:
+            if not rule.harmless(value):
+                return f"modifier {key!r} of {hook} is not supported by Nautilus: {rule.why}"
+        elif not rule(value):
             return f"modifier {key!r} has an invalid value {value!r} in {hook}"
     return None

@@ -57,6 +57,3 @@ class ResultCache:
             self.evictions += 1
         kept = {k: v for k, v in modifiers.items() if k != "payload"}
         entries[key] = (self.clock() + max_age, kept)
-
-    def clear(self) -> None:
-        self._entries.clear()

@@ -164,13 +164,39 @@ class NoConfig:
 
 
 class Misspelled:
-    """A hook name with a typo, which the loader warns about."""
+    """A hook name with a typo, which stops the loader."""
 
     def auth_on_publsh(self, context):
         return Ok()
 
     def on_publish(self, context) -> None:
         pass
+
+
+class TwoArguments:
+    """A hook that cannot be called with the context alone, which stops the loader."""
+
+    def on_publish(self, context, extra) -> None:
+        pass
+
+
+class WithLifecycle:
+    """start() and stop() (what the broker calls besides hooks) and helpers are no hooks."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    async def stop(self) -> None:
+        self.started -= 1
+
+    def auth_on_publish(self, context):
+        return Ok() if self._own_topic(context) else NEXT
+
+    def _own_topic(self, context) -> bool:
+        return context.topic.startswith(f"{context.client_id}/")
 
 
 NOT_A_CLASS = object()

@@ -123,9 +123,12 @@ REFUSALS = [
     ),
     pytest.param("next", 5, 0x87, "plugin_chain_exhausted", id="exhausted"),
     pytest.param("raise", 5, 0x87, "plugin_crashed", id="crash"),
-    pytest.param("none", 5, 0x87, "invalid_result", id="None"),
+    pytest.param("none", 5, 0x87, "plugin_chain_exhausted", id="None-is-next"),
     pytest.param(
         {"modifiers": {"no_such_modifier": 1}}, 5, 0x87, "invalid_modifiers", id="bad-modifier"
+    ),
+    pytest.param(
+        {"modifiers": {"upgrade_qos": True}}, 5, 0x87, "invalid_modifiers", id="unsupported"
     ),
 ]
 
@@ -147,6 +150,27 @@ def test_a_refused_register(start_broker, raw_client, version, answer, v3_code, 
         hook("auth_on_register", version),
         "on_register_failed",
     ]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_none_lets_the_next_plugin_decide(start_broker, raw_client, version):
+    def plugin(answer: str) -> dict:
+        return {
+            "enabled": True,
+            "module": RECORDER,
+            "hooks": ["auth_on_register"],
+            "answers": {"auth_on_register": answer},
+        }
+
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"silent": plugin("none"), "judge": plugin("ok")},
+    )
+    client_id = unique_id("none")
+    raw_client(server, version).connect(client_id)  # CONNACK 0: "judge" allowed it
+    plugins = dict(server.broker.plugins)
+    for name in ("silent", "judge"):  # the v4 method serves MQTT 5 clients too
+        plugins[name].wait("auth_on_register", client_id=client_id)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

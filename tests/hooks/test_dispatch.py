@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from hooks import HOOKS, NEXT, Chain, Error, Hooks, Next, Ok, PublishContext
+from hooks import HOOKS, NEXT, Chain, Error, Hooks, Next, Ok, PluginError, PublishContext
 
 CONTEXT = PublishContext(client_id="c", topic="a/b", payload=b"x", qos=1)
 
@@ -97,6 +97,21 @@ def test_a_new_next_instance_also_asks_the_next_plugin():
     assert MC([answer(Next()), answer(Next())]) == Error("plugin_chain_exhausted")
 
 
+def test_none_asks_the_next_plugin():
+    # A hook that returns None (or falls off its end) has no opinion, as NEXT.
+    def silent(context):
+        pass
+
+    async def async_silent(context):
+        await asyncio.sleep(0)
+
+    calls: list[str] = []
+    assert MC([silent, answer(None, calls, "b"), answer(Ok(), calls, "c")]) == Ok()
+    assert calls == ["b", "c"] * 2  # run() then run_sync()
+    assert MC([async_silent, answer(Error("no")), never]) == Error("no")
+    assert MC([silent, async_silent]) == Error("plugin_chain_exhausted")
+
+
 def test_exhausted_chain_denies():
     assert MC([answer(NEXT), answer(NEXT)]) == Error("plugin_chain_exhausted")
 
@@ -111,13 +126,13 @@ def test_empty_chain_is_falsy_and_denies():
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, False, "ok", 0, {"ok": True}, Ok, Next, Error, ("ok",)],
+    [True, False, "ok", 0, {"ok": True}, Ok, Next, Error, ("ok",)],
     ids=repr,
 )
 def test_anything_else_is_an_invalid_result(value, caplog):
     with caplog.at_level(logging.ERROR, logger="nautilus.hooks"):
         assert MC([answer(value), never]) == Error("invalid_result")
-    assert "not Ok, Next or Error" in caplog.text
+    assert "not Ok, Error, Next or None" in caplog.text
 
 
 def test_a_crash_denies_even_if_a_later_plugin_would_allow(caplog):
@@ -156,11 +171,15 @@ GOOD = {
         "username": "u",
         "client_id": "c2",
         "max_inflight_messages": 5,
+        "max_online_messages": 0,
         "max_offline_messages": -1,
+        "max_message_size": 1024,
+        "max_message_rate": 0,
+        "retry_interval": 30,
         "clean_start": False,
         "queue_type": "lifo",
-        "allow_publish": True,
         "shared_subscription_policy": "random",
+        "mountpoint": "",  # no mountpoint: what Nautilus does anyway
         "properties": {},
     },
     "auth_on_publish": {
@@ -168,23 +187,29 @@ GOOD = {
         "payload": b"x",
         "qos": 2,
         "retain": True,
-        "throttle": 10,
         "mountpoint": "",
         "properties": {},
     },
     "auth_on_subscribe": {"topics": [("a/#", 1), ["b", 128]], "properties": {}},
+    "on_unsubscribe": {"topics": ["a/#"], "properties": {0x1F: "bye"}},
     "on_deliver": {"topic": "x/y", "payload": b"y", "properties": {}},
 }
 UNKNOWN = {
     "auth_on_register": {"topic": "a"},
     "auth_on_publish": {"username": "u"},
     "auth_on_subscribe": {"qos": 1},
+    "on_unsubscribe": {"qos": 1},
     "on_deliver": {"qos": 1},
 }
 INVALID = {
     "auth_on_register": [
         {"max_inflight_messages": "5"},
         {"max_online_messages": True},
+        {"max_online_messages": -2},
+        {"max_inflight_messages": -1},
+        {"max_message_rate": -1},
+        {"retry_interval": -5},
+        {"max_message_size": -1},
         {"queue_type": "stack"},
         {"clean_start": 1},
         {"username": b"u"},
@@ -199,7 +224,6 @@ INVALID = {
         {"qos": 3},
         {"qos": True},
         {"retain": 1},
-        {"throttle": 0},
         {"properties": [1]},
     ],
     "auth_on_subscribe": [
@@ -214,6 +238,44 @@ INVALID = {
 
 def _both(hook: str) -> list[str]:
     return [hook, f"{hook}_m5"]
+
+
+# What VerneMQ accepts and Nautilus does not apply: refused, saying why.
+UNSUPPORTED = {
+    "auth_on_register": [
+        ("allow_register", True, "netsplit"),
+        ("allow_publish", False, "netsplit"),
+        ("allow_subscribe", True, "netsplit"),
+        ("allow_unsubscribe", True, "netsplit"),
+        ("max_connection_lifetime", 60, "no lifetime limit"),
+        ("max_drain_time", 10, "queue migration"),
+        ("max_msgs_per_drain_step", 100, "queue migration"),
+        ("upgrade_qos", True, "broker.upgrade_outgoing_qos"),
+        ("upgrade_qos", False, "broker.upgrade_outgoing_qos"),
+        ("mountpoint", "tenant-a", "mountpoints are not implemented"),
+    ],
+    "auth_on_publish": [
+        ("mountpoint", "tenant-a", "mountpoints are not implemented"),
+        ("throttle", 10, "max_message_rate"),
+    ],
+    "auth_on_subscribe": [("properties", {0x26: [("k", "v")]}, "a refusal's does")],
+}
+
+
+@pytest.mark.parametrize(
+    ("hook", "key", "value", "why"),
+    [(h, *case) for base, cases in UNSUPPORTED.items() for h in _both(base) for case in cases],
+)
+def test_an_unsupported_modifier_is_an_error_that_says_why(hook, key, value, why, caplog):
+    modifiers = {**GOOD[hook.removesuffix("_m5")], key: value}
+    with caplog.at_level(logging.ERROR, logger="nautilus.hooks"):
+        assert MC([answer(Ok(modifiers)), never], hook) == Error("invalid_modifiers")
+    [message] = {record.getMessage() for record in caplog.records}  # run(), run_sync()
+    assert message.startswith(
+        f"plugin p0: modifier {key!r} of {hook} is not supported by Nautilus: "
+    ), message
+    assert why in message
+    assert message.endswith("; treated as an error")
 
 
 @pytest.mark.parametrize("hook", [h for base in GOOD for h in _both(base)])
@@ -238,11 +300,6 @@ def test_an_invalid_modifier_value_is_an_error(hook, modifiers, caplog):
     with caplog.at_level(logging.ERROR, logger="nautilus.hooks"):
         assert MC([answer(Ok(modifiers)), never], hook) == Error("invalid_modifiers")
     assert "invalid value" in caplog.text
-
-
-def test_event_hooks_accept_no_modifiers():
-    assert MC([answer(Ok({"topics": ["a"]}))], "on_unsubscribe") == Ok({"topics": ["a"]})
-    assert MC([answer(Ok({"payload": b"x"}))], "on_unsubscribe") == Error("invalid_modifiers")
 
 
 # -- building chains from plugins ---------------------------------------------------------
@@ -314,6 +371,26 @@ def test_hooks_nobody_implements_are_empty_chains():
     assert not Hooks().chain("on_publish")
 
 
+def test_versions_gives_a_pair_as_mqtt3_then_mqtt5():
+    calls: list[str] = []
+    hooks = Hooks([("p", Both(calls)), ("q", V4Only(calls))])
+    v3, v5 = hooks.versions("auth_on_publish")
+    assert (v3, v5) == (hooks.chain("auth_on_publish"), hooks.chain("auth_on_publish_m5"))
+    v3.run_sync(CONTEXT)
+    v5.run_sync(CONTEXT)
+    assert calls == ["v4", "m5"]  # p decided each time: v4 for MQTT 3, m5 for MQTT 5
+    pairs = [name for name in HOOKS if f"{name}_m5" in HOOKS]
+    assert len(pairs) == 8
+    for name in pairs:
+        assert hooks.versions(name) == (hooks.chain(name), hooks.chain(f"{name}_m5"))
+
+
+@pytest.mark.parametrize("name", ["auth_on_publish_m5", "on_auth_m5", "on_client_gone", "x"])
+def test_versions_refuses_what_is_not_a_pair(name):
+    with pytest.raises(KeyError, match="is not the MQTT 3 name of a hook pair"):
+        Hooks().versions(name)
+
+
 def test_sync_and_async_implementations_mixed():
     calls: list[str] = []
     impls = [
@@ -347,6 +424,128 @@ def test_synchronous_is_decided_per_implementation():
     assert hooks.chain("on_publish").synchronous
     assert not hooks.chain("auth_on_publish").synchronous
     assert not hooks.chain("auth_on_publish_m5").synchronous  # served by the async v4
+
+
+# -- the contract, checked when chains are built --------------------------------------------
+
+
+def contract_problem(plugin) -> str:
+    with pytest.raises(PluginError) as info:
+        Hooks([("ok", V4Only([])), ("bad", plugin)])
+    assert info.value.plugin == "bad"
+    assert str(info.value) == f"plugin bad: {info.value.problem}"
+    return info.value.problem
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("auth_on_publsh", "auth_on_publish"),
+        ("on_publish_m6", "on_publish_m5"),
+        ("on_client_wake_up", "on_client_wakeup"),
+        ("on_disconnect", None),
+    ],
+)
+def test_a_method_named_like_a_hook_must_be_one(name, suggestion):
+    plugin = type("Plugin", (), {name: lambda self, ctx: Ok()})()
+    problem = contract_problem(plugin)
+    assert problem.startswith(f"method {name} is not a hook; ")
+    if suggestion is not None:
+        assert problem.endswith(f"did you mean {suggestion}?")
+    else:
+        assert "did you mean" not in problem
+        assert "rename it" in problem
+
+
+def test_a_hook_set_on_the_instance_is_checked_too():
+    plugin = V4Only([])
+    plugin.on_publsh = lambda ctx: None
+    assert contract_problem(plugin).endswith("did you mean on_publish?")
+
+
+class WrongSignatures:
+    def too_many(self, ctx, extra):
+        pass
+
+    def none(self):
+        pass
+
+    def keyword_only(self, *, ctx):
+        pass
+
+    def required_keyword(self, ctx, *, flag):
+        pass
+
+    def annotated(self, ctx: PublishContext, extra: int = 0, *, more: int) -> Ok:
+        return Ok()
+
+
+@pytest.mark.parametrize(
+    ("method", "shown"),
+    [
+        (WrongSignatures().too_many, "(ctx, extra)"),
+        (WrongSignatures().none, "()"),
+        (WrongSignatures().keyword_only, "(*, ctx)"),
+        (WrongSignatures().required_keyword, "(ctx, *, flag)"),
+        (WrongSignatures().annotated, "(ctx, extra=0, *, more)"),
+        (lambda: None, "()"),
+    ],
+)
+def test_a_hook_must_take_one_positional_argument(method, shown):
+    plugin = V4Only([])
+    plugin.auth_on_subscribe = method
+    assert contract_problem(plugin) == (
+        f"hook auth_on_subscribe{shown} must take one positional argument, the context"
+    )
+
+
+def test_a_hook_must_be_callable():
+    plugin = V4Only([])
+    plugin.on_deliver = "yes"
+    assert contract_problem(plugin) == "hook on_deliver is not callable (it is str)"
+
+
+def test_what_the_contract_allows():
+    class Fine:
+        auth_on_register = None  # None hides a hook
+        on_publish_count = 0  # not a method: not a hook either
+
+        def __init__(self, config=None) -> None:
+            self.on_subscribe = self._on_subscribe  # hooks may be set per instance
+
+        def start(self) -> None:  # lifecycle and helpers are not hooks
+            pass
+
+        async def stop(self) -> None:
+            pass
+
+        def _on_subscribe(self, ctx):
+            return Ok()
+
+        def online(self) -> bool:
+            return True
+
+        def auth_on_publish(self, ctx, timeout: float = 1.0):  # extra defaults are fine
+            return Ok()
+
+        async def on_publish(self, *args):
+            pass
+
+        @staticmethod
+        def on_deliver(ctx, /):
+            return NEXT
+
+    hooks = Hooks([("fine", Fine())])
+    assert [name for name in HOOKS if hooks.chain(name)] == [
+        "auth_on_publish",
+        "auth_on_publish_m5",
+        "on_publish",
+        "on_publish_m5",
+        "on_subscribe",
+        "on_subscribe_m5",
+        "on_deliver",
+        "on_deliver_m5",
+    ]
 
 
 # -- all: events ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError
-from broker.plugins import load_plugins
+from broker.plugins import call_all, load_plugins
 from hooks import Hooks
 
-from .sample import Misspelled, NoConfig, Recorder
+from .sample import NoConfig, Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDER = "tests.hooks.sample:Recorder"
@@ -129,24 +130,39 @@ def test_priority_first_ascending_then_config_order():
     assert [name for name, _, _ in chain.impls] == ["f", "d", "b", "e", "a", "c"]
 
 
-def test_a_misspelled_hook_is_warned_about(caplog):
-    with caplog.at_level(logging.WARNING, logger="nautilus.plugins"):
-        [(_, plugin)] = load_plugins(
-            {"m": {"enabled": True, "module": "tests.hooks.sample:Misspelled"}}
-        )
-    assert type(plugin) is Misspelled
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "auth_on_publsh" in warnings[0].getMessage()
-    assert "plugin m" in warnings[0].getMessage()
+def sample_plugin(cls: str) -> dict:
+    return {"enabled": True, "module": f"tests.hooks.sample:{cls}"}
 
 
-def test_real_hook_names_are_not_warned_about(caplog):
-    with caplog.at_level(logging.WARNING, logger="nautilus.plugins"):
-        load_plugins(
-            {"rec": rec(), "p": {"enabled": True, "module": "tests.hooks.sample:NoConfig"}}
-        )
+def test_a_misspelled_hook_stops_loading_naming_plugin_method_and_hook():
+    assert error({"rec": rec(), "m": sample_plugin("Misspelled")}) == (
+        "plugins.m: method auth_on_publsh is not a hook; did you mean auth_on_publish?"
+    )
+
+
+def test_a_hook_with_the_wrong_signature_stops_loading():
+    assert error({"two": sample_plugin("TwoArguments")}) == (
+        "plugins.two: hook on_publish(context, extra) must take one positional argument, "
+        "the context"
+    )
+
+
+def test_hooks_lifecycle_methods_and_helpers_keep_the_contract(caplog):
+    sections = {
+        "rec": rec(),
+        "p": sample_plugin("NoConfig"),
+        "life": sample_plugin("WithLifecycle"),
+    }
+    with caplog.at_level(logging.WARNING):
+        plugins = load_plugins(sections)
+    assert [name for name, _ in plugins] == ["rec", "p", "life"]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The lifecycle methods still run with the broker.
+    life = dict(plugins)["life"]
+    asyncio.run(call_all(plugins, "start"))
+    assert life.started == 1
+    asyncio.run(call_all(plugins, "stop"))
+    assert life.started == 0
 
 
 def test_other_async_hooks_are_fine():
@@ -167,6 +183,14 @@ def test_other_async_hooks_are_fine():
         ('module = "tests.hooks.no_such_module:X"', "nautilus: plugins.bad: cannot load plugin"),
         ('module = "tests.hooks.sample"', "nautilus: plugins.bad.module: expected"),
         (f'module = "{RECORDER}"\nhooks = "all"', "nautilus: plugins.bad.hooks: expected an array"),
+        (
+            'module = "tests.hooks.sample:Misspelled"',
+            "nautilus: plugins.bad: method auth_on_publsh is not a hook; did you mean",
+        ),
+        (
+            'module = "tests.hooks.sample:TwoArguments"',
+            "nautilus: plugins.bad: hook on_publish(context, extra) must take one",
+        ),
     ],
 )
 def test_cli_exits_2_with_one_line_naming_the_plugin(tmp_path, table, expected):

@@ -259,6 +259,27 @@ def test_invalid_answers(data, reason):
     assert caught.value.reason == reason
 
 
+@pytest.mark.parametrize(
+    ("hook", "modifiers"),
+    [
+        ("auth_on_register", {"upgrade_qos": True}),
+        ("auth_on_register_m5", {"allow_publish": False}),
+        ("auth_on_register", {"client_id": "c2", "mountpoint": "tenant-a"}),
+        ("auth_on_publish", {"throttle": 100}),
+    ],
+)
+def test_a_modifier_nautilus_does_not_apply_is_refused_saying_so(hook, modifiers):
+    with pytest.raises(InvalidResponse) as caught:
+        answer(hook, {"result": "ok", "modifiers": modifiers})
+    assert caught.value.reason == "invalid_modifiers"
+    assert f"of {hook} is not supported by Nautilus: " in caught.value.detail
+
+
+def test_an_empty_mountpoint_goes_with_client_id_as_vernemq_wants():
+    mods = {"client_id": "c2", "mountpoint": ""}
+    assert answer("auth_on_register", {"result": "ok", "modifiers": mods}) == Ok(mods)
+
+
 def test_register_modifiers():
     mods = {"username": "bob", "max_inflight_messages": 5, "queue_type": "lifo"}
     assert answer("auth_on_register", {"result": "ok", "modifiers": mods}) == Ok(mods)
