@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONFIG ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint typecheck format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: $(STAMP) lint
+test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -36,4 +39,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .hypothesis
+	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache

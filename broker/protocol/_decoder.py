@@ -117,9 +117,11 @@ class Decoder:
         required = REQUIRED_FLAGS.get(packet_type)
         if required is not None and flags != required:
             raise malformed(f"invalid fixed header flags {flags:#x} [MQTT-2.1.3-1]")
+        # No level only before CONNECT, the one packet allowed then, which carries its own.
+        level = self.protocol_level or 0
         if packet_type == PUBLISH:  # the hot path: one copy, which the packet keeps as raw
-            return read_publish(flags, bytes(buf[pos : i + length]), self.protocol_level, i - pos)
-        packet = READERS[packet_type](flags, bytes(buf[i : i + length]), self.protocol_level)
+            return read_publish(flags, bytes(buf[pos : i + length]), level, i - pos)
+        packet = READERS[packet_type](flags, bytes(buf[i : i + length]), level)
         if type(packet) is Connect:
             self.protocol_level = packet.protocol_level
             self._allowed = allowed_types(self.role, self.protocol_level)

@@ -48,8 +48,9 @@ class Property(IntEnum):
 _T = PropertyType
 _ACKS = ("PUBACK", "PUBREC", "PUBREL", "PUBCOMP")
 
-# Property -> (type, packets it may appear in).
-PROPERTY_SPEC: dict[Property, tuple[PropertyType, frozenset[str]]] = {
+# Property -> (type, packets it may appear in). Keyed by the Property members, looked up
+# with the plain ints that key `Properties` (an IntEnum hashes as its value).
+PROPERTY_SPEC: dict[int, tuple[PropertyType, frozenset[str]]] = {
     p: (t, frozenset(where))
     for p, t, where in [
         (Property.PAYLOAD_FORMAT_INDICATOR, _T.BYTE, ("PUBLISH", "WILL")),

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from ._buffer import (
     decode_utf8,
@@ -129,7 +130,10 @@ def read_properties(data: bytes, pos: int, where: str) -> tuple[Properties, int]
     return props, end
 
 
-def _end(data: bytes, pos: int, packet: Packet) -> Packet:
+_P = TypeVar("_P", bound=Packet)
+
+
+def _end(data: bytes, pos: int, packet: _P) -> _P:
     if pos != len(data):
         raise malformed(f"{type(packet).__name__} has {len(data) - pos} unexpected bytes")
     return packet
@@ -236,7 +240,9 @@ def read_publish(flags: int, data: bytes, level: int, start: int = 0) -> Publish
     return packet
 
 
-def _ack_reader(cls: type, where: str) -> Callable[[int, bytes, int], Packet]:
+def _ack_reader(
+    cls: type[PubAck | PubRec | PubRel | PubComp], where: str
+) -> Callable[[int, bytes, int], Packet]:
     """PUBACK, PUBREC, PUBREL and PUBCOMP share one layout [3.4.2]."""
 
     def read_ack(flags: int, data: bytes, level: int) -> Packet:
@@ -323,14 +329,14 @@ def read_unsuback(flags: int, data: bytes, level: int) -> UnsubAck:
     return UnsubAck(packet_id, list(data[pos:]), props)
 
 
-def _empty_reader(cls: type) -> Callable[[int, bytes, int], Packet]:
+def _empty_reader(cls: type[PingReq | PingResp]) -> Callable[[int, bytes, int], Packet]:
     def read_empty(flags: int, data: bytes, level: int) -> Packet:
         return _end(data, 0, cls())
 
     return read_empty
 
 
-def _reason_reader(cls: type, where: str) -> Callable[[int, bytes, int], Packet]:
+def _reason_reader(cls: type[Disconnect | Auth], where: str) -> Callable[[int, bytes, int], Packet]:
     """DISCONNECT and AUTH: reason code and properties, both optional [3.14.2.1]."""
 
     def read_reason(flags: int, data: bytes, level: int) -> Packet:

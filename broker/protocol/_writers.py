@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from ._buffer import encode_binary, encode_string, encode_u16, encode_varint
 from ._errors import LocalProtocolError
@@ -34,6 +35,10 @@ from ._properties import PROPERTY_SPEC, Property, PropertyType
 from ._readers import MQTT5, PROTOCOL_NAMES
 
 _u32 = struct.Struct(">I").pack
+
+# A writer takes the packet class it is filed under in WRITERS, which a Callable type
+# cannot say of a table keyed by class: the packet parameter is typed Any there.
+Writer = Callable[[Any, int], tuple[int, list[bytes]]]
 
 
 def _encode_value(kind: PropertyType, value) -> bytes:
@@ -104,8 +109,8 @@ def write_connack(p: ConnAck, level: int) -> tuple[int, list[bytes]]:
     ]
 
 
-def _ack_writer(first_byte: int, where: str) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
-    def write_ack(p: PubAck, level: int) -> tuple[int, list[bytes]]:
+def _ack_writer(first_byte: int, where: str) -> Writer:
+    def write_ack(p: PubAck | PubRec | PubRel | PubComp, level: int) -> tuple[int, list[bytes]]:
         chunks = [encode_u16(p.packet_id)]
         if level == MQTT5 and (p.reason_code or p.properties):
             chunks.append(bytes((p.reason_code,)))
@@ -145,10 +150,10 @@ def write_unsuback(p: UnsubAck, level: int) -> tuple[int, list[bytes]]:
     return 0xB0, chunks
 
 
-def _reason_writer(first_byte: int, where: str) -> Callable[[Packet, int], tuple[int, list[bytes]]]:
+def _reason_writer(first_byte: int, where: str) -> Writer:
     """DISCONNECT and AUTH: in MQTT 5 the reason and properties may be left out."""
 
-    def write_reason(p: Disconnect, level: int) -> tuple[int, list[bytes]]:
+    def write_reason(p: Disconnect | Auth, level: int) -> tuple[int, list[bytes]]:
         if level < MQTT5 or not (p.reason_code or p.properties):
             return first_byte, []
         chunks = [bytes((p.reason_code,))]
@@ -173,13 +178,15 @@ def write_publish(p: Publish, level: int) -> tuple[int, list[bytes]]:
     first = 0x30 | (p.dup << 3) | (p.qos << 1) | p.retain
     chunks = [encode_string(p.topic)]
     if p.qos:
+        if p.packet_id is None:
+            raise LocalProtocolError(f"QoS {p.qos} PUBLISH without a packet identifier")
         chunks.append(encode_u16(p.packet_id))
     chunks += _props(level, p.properties, "PUBLISH")
     chunks.append(p.payload)
     return first, chunks
 
 
-WRITERS: dict[type, Callable[[Packet, int], tuple[int, list[bytes]]]] = {
+WRITERS: dict[type[Packet], Writer] = {
     Connect: write_connect,
     ConnAck: write_connack,
     Publish: write_publish,

@@ -78,7 +78,7 @@ class Reloader:
         check = self._loop.run_in_executor(None, self._check, self.stamp)
         check.add_done_callback(self._checked)
 
-    def _check(self, known: Stamp | None) -> tuple[Stamp, RuleSet | Exception] | None:
+    def _check(self, known: Stamp | None) -> tuple[Stamp | None, RuleSet | Exception] | None:
         """In the executor: None when unchanged, else the new stamp and rules or problem."""
         try:
             stamp = _stamp(os.stat(self.path))
@@ -88,7 +88,7 @@ class Reloader:
         except ValueError as exc:  # AclSyntaxError, or not UTF-8
             return stamp, exc
         except OSError as exc:
-            return None, exc  # type: ignore[return-value]
+            return None, exc
 
     def _checked(self, check: asyncio.Future) -> None:
         if self._loop is None:  # stopped meanwhile

@@ -36,7 +36,9 @@ _TOKEN = re.compile(r"%\(\s*(u|c)\s*,\s*(:|-|\|)\s*,\s*([0-9]+)\s*\)")
 _CLAIM = re.compile(r"%\(\s*claim\s*,\s*([^\s,()]+)\s*\)")
 _ACCESS = re.compile(r"(read|write)\s+(\S.*)")
 _LABEL = re.compile(r"(?:^|\s)label(?:\s+|$)")
-_SIMPLE_SLOTS = {"%u": "u", "%c": "c", "%m": "m"}
+_SIMPLE_SLOTS: dict[str, Literal["u", "c", "m"]] = {"%u": "u", "%c": "c", "%m": "m"}
+_KINDS: dict[str, Kind] = {"topic": "topic", "pattern": "pattern", "token": "token"}
+_ACCESSES: dict[str, Access] = {"read": "read", "write": "write"}
 
 
 class AclSyntaxError(ValueError):
@@ -91,8 +93,8 @@ def parse(text: str) -> list[Rule]:
             if not rest:
                 raise AclSyntaxError(number, "`user` needs a username")
             user = rest
-        elif keyword in ("topic", "pattern", "token"):
-            rules.extend(_rules(keyword, rest, user if keyword == "topic" else None, number))
+        elif kind := _KINDS.get(keyword):
+            rules.extend(_rules(kind, rest, user if kind == "topic" else None, number))
         else:
             raise AclSyntaxError(
                 number, f"unknown keyword {keyword!r} (expected topic, user, pattern or token)"
@@ -103,7 +105,7 @@ def parse(text: str) -> list[Rule]:
 def _rules(kind: Kind, rest: str, user: str | None, number: int) -> list[Rule]:
     accesses: tuple[Access, ...] = ("read", "write")
     if access := _ACCESS.fullmatch(rest):  # `topic read` alone is the topic "read", as in VerneMQ
-        accesses, rest = (access[1],), access[2]  # type: ignore[assignment]
+        accesses, rest = (_ACCESSES[access[1]],), access[2]
     label = None
     found = _LABEL.search(rest)
     if found:
@@ -123,14 +125,15 @@ def _level(kind: Kind, level: str, number: int) -> str | Slot:
     if kind == "topic" or not level.startswith("%"):
         return level
     if level in _SIMPLE_SLOTS:
-        return Slot(_SIMPLE_SLOTS[level], level)  # type: ignore[arg-type]
+        return Slot(_SIMPLE_SLOTS[level], level)
     if kind == "pattern":
         return level  # VerneMQ: anything else is a plain level
     if match := _TOKEN.fullmatch(level):
         source, delim, index = match.groups()
         if int(index) < 1:
             raise AclSyntaxError(number, f"{level!r}: pieces are counted from 1")
-        return Slot(source, level, delim=delim, index=int(index))  # type: ignore[arg-type]
+        user_or_client: Literal["u", "c"] = "u" if source == "u" else "c"
+        return Slot(user_or_client, level, delim=delim, index=int(index))
     if match := _CLAIM.fullmatch(level):
         return Slot("claim", level, claim=match[1])
     raise AclSyntaxError(
@@ -237,7 +240,7 @@ class RuleSet:
         self._users: dict[Access, dict[str, _Table]] = {"read": {}, "write": {}}
         self._pattern = {a: _Table(Trie(), []) for a in ("read", "write")}
         self._token = {a: _Table(Trie(), []) for a in ("read", "write")}
-        claims = set()
+        claims: set[str] = set()
         for rule in self.rules:
             if rule.kind == "pattern":
                 table = self._pattern[rule.access]
@@ -252,7 +255,7 @@ class RuleSet:
                 table.slotted.append(rule)
                 claims.update(s.claim for s in rule.levels if type(s) is Slot and s.claim)
             else:
-                table.fixed.add(rule.levels, rule)  # type: ignore[arg-type]
+                table.fixed.add(rule.levels, rule)  # type: ignore[arg-type]  # not slotted: all str
         self.claims = tuple(sorted(claims))  # the claims some rule looks at
 
     @classmethod
@@ -334,7 +337,7 @@ class ClientView:
     def _substitute(self, levels: tuple[str | Slot, ...]) -> tuple[str, ...] | None:
         out = []
         for level in levels:
-            if type(level) is Slot:
+            if isinstance(level, Slot):
                 value = self._value(level)
                 if value is None or "/" in value or "+" in value or "#" in value:
                     return None  # the rule does not apply to this client
@@ -346,7 +349,7 @@ class ClientView:
     def _value(self, slot: Slot) -> str | None:
         source = slot.source
         if source == "claim":
-            return _claim(self.claims, slot.claim)  # type: ignore[arg-type]
+            return _claim(self.claims, slot.claim)  # type: ignore[arg-type]  # set with "claim"
         if source == "m":
             return self.mountpoint
         value = self.username if source == "u" else self.client_id

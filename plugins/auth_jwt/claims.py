@@ -12,9 +12,12 @@ import binascii
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
+
+if TYPE_CHECKING:
+    from jwt.types import Options
 
 # Algorithm families, by the JWK key type ("kty") that verifies them.
 HMAC = frozenset({"HS256", "HS384", "HS512"})
@@ -57,11 +60,12 @@ class Rules:
     username_claim: str = "rid"  # "" turns the username rule off
     # Prepared PyJWT arguments, so that a CONNECT builds no list or dict.
     _algorithms: list[str] = field(init=False, repr=False, compare=False)
-    _options: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _options: Options = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_algorithms", sorted(self.algorithms))
-        object.__setattr__(self, "_options", {"require": list(self.required)})
+        options: Options = {"require": list(self.required)}
+        object.__setattr__(self, "_options", options)
 
 
 def header(token: bytes) -> tuple[str, str | None]:

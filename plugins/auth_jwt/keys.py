@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import jwt
@@ -35,6 +35,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
 from broker.config import ConfigError
 from plugins.auth_jwt.claims import EC, KEY_TYPE, OKP, RSA
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 log = logging.getLogger("nautilus.plugins.auth_jwt")
 
@@ -65,6 +68,7 @@ def load_public_key(path: str, where: str) -> Any:
         raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
     if b"PRIVATE KEY-----" in data:
         raise ConfigError(f"{where}: {path} holds a private key; give the broker the public key")
+    key: PublicKeyTypes
     try:
         if b"-----BEGIN CERTIFICATE-----" in data:
             key = x509.load_pem_x509_certificate(data).public_key()

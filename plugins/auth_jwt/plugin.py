@@ -58,14 +58,14 @@ class AuthJwtConfig:
     # Allowed "alg" values; empty: every algorithm the key source can verify.
     algorithms: list[str] = field(default_factory=list)
     # Seconds of clock skew allowed when checking exp, nbf and iat.
-    leeway: Duration = 0  # type: ignore[assignment]
+    leeway: Duration = Duration(0)
     issuer: str = ""  # when set, "iss" must equal it
     audience: str = ""  # when set, "aud" must contain it
     username_claim: str = "rid"  # must equal the MQTT username; "" turns the rule off
     required_claims: list[str] = field(default_factory=list)  # e.g. ["exp"]
-    jwks_refresh_interval: Duration = 900  # type: ignore[assignment]  # 0: never periodically
-    jwks_min_refresh_interval: Duration = 30  # type: ignore[assignment]  # for unknown kids
-    jwks_timeout: Duration = 10  # type: ignore[assignment]
+    jwks_refresh_interval: Duration = Duration(900)  # 0: never periodically
+    jwks_min_refresh_interval: Duration = Duration(30)  # for unknown kids
+    jwks_timeout: Duration = Duration(10)
 
 
 class NeedKeys(Refused):
@@ -103,8 +103,9 @@ class AuthJwtPlugin:
                 timeout=config.jwks_timeout,
             )
             usable = ASYMMETRIC
-            # Only this source may have to wait for I/O, so only here is the hook async.
-            self.auth_on_register = self._auth_on_register_jwks
+            # Only this source may have to wait for I/O, so only here is the hook async: the
+            # instance attribute shadows the plain method (hooks take either kind).
+            self.auth_on_register = self._auth_on_register_jwks  # type: ignore[method-assign,assignment]
         allowed = _allowed_algorithms(config.algorithms, usable, chosen[0])
         if config.secret:
             _check_secret_length(config.secret.encode(), allowed)
@@ -144,8 +145,10 @@ class AuthJwtPlugin:
             try:
                 claims = self._verify(ctx.password, ctx.username)
             except NeedKeys:
-                refreshed = await self.keys.refresh_for_unknown_key()
-                if not self.keys.loaded:
+                keys = self.keys
+                assert isinstance(keys, JwksKeys)  # this hook serves a JWKS URL only
+                refreshed = await keys.refresh_for_unknown_key()
+                if not keys.loaded:
                     raise Refused(JWKS_UNAVAILABLE, "no JWK set fetched yet") from None
                 if not refreshed:
                     raise  # too soon after the last fetch: the kid stays unknown

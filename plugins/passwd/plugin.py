@@ -31,7 +31,7 @@ INVALID_CREDENTIALS = Error("invalid_credentials")
 class PasswdConfig:
     password_file: str = "./nautilus.passwd"
     # Seconds between checks for a changed file; 0 turns reloading off.
-    password_reload_interval: Duration = 10  # type: ignore[assignment]
+    password_reload_interval: Duration = Duration(10)
 
 
 class PasswdPlugin:

@@ -10,8 +10,9 @@
 See docs/plugins/webhooks.md.
 """
 
-from plugins.webhooks.plugin import Config, EndpointConfig, WebhooksPlugin
+from plugins.webhooks.plugin import EndpointConfig, WebhooksConfig, WebhooksPlugin
 
 PLUGIN = WebhooksPlugin
+Config = WebhooksConfig
 
-__all__ = ["PLUGIN", "Config", "EndpointConfig", "WebhooksPlugin"]
+__all__ = ["PLUGIN", "Config", "EndpointConfig", "WebhooksConfig", "WebhooksPlugin"]

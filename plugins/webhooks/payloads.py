@@ -17,7 +17,7 @@ import binascii
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from broker.protocol import Property
 from hooks import HOOKS, NEXT, Error, Ok, Result
@@ -176,7 +176,7 @@ def _decode_property(name: str, kind: str, value: Any) -> Any:
     return value
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

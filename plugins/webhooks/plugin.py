@@ -52,7 +52,7 @@ class EndpointConfig:
 
 
 @dataclass(slots=True)
-class Config:
+class WebhooksConfig:
     response_timeout: int = 5000  # ms
     pool_max_connections: int = 100
     pool_timeout: int = 60000  # ms an idle keep-alive connection is kept
@@ -72,9 +72,9 @@ class Metrics:
 class WebhooksPlugin:
     """Serves each configured hook by POSTing VerneMQ's JSON to its endpoints."""
 
-    Config = Config
+    Config = WebhooksConfig
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: WebhooksConfig) -> None:
         self.config = config
         _check_limits(config)
         self.endpoints = [_endpoint(i, e, config) for i, e in enumerate(config.endpoints)]
@@ -215,7 +215,7 @@ def _event_method(hook: str, endpoints: tuple[Endpoint, ...]):
 # -- config checks -----------------------------------------------------------------------
 
 
-def _check_limits(config: Config) -> None:
+def _check_limits(config: WebhooksConfig) -> None:
     for key in ("response_timeout", "pool_max_connections", "pool_timeout", "max_pending_events"):
         if getattr(config, key) < 1:
             raise ConfigError(f"{WHERE}.{key}: must be 1 or more, got {getattr(config, key)}")
@@ -240,7 +240,7 @@ def _check_unique(endpoints: list[Endpoint]) -> None:
                 )
 
 
-def _endpoint(i: int, entry: EndpointConfig, config: Config) -> Endpoint:
+def _endpoint(i: int, entry: EndpointConfig, config: WebhooksConfig) -> Endpoint:
     where = f"{WHERE}.endpoints[{i}]"
     hook = entry.hook
     if not hook:
