@@ -73,6 +73,7 @@ log = logging.getLogger("nautilus.connection")
 MQTT5 = 5
 PINGRESP = b"\xd0\x00"
 OUT_HIGH_WATER = 64 * 1024  # unflushed bytes after which deliveries wait in the queue
+LINGER = 1.0  # seconds a connection we close keeps reading (and discarding) before it goes
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
@@ -172,6 +173,8 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self._timer = self.loop.call_later(self.broker.settings.connect_timeout, self._no_connect)
 
     def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return  # lingering: read and discard (see close)
         self.last_seen = self.loop.time()
         self.broker.metrics.bytes_received += len(data)
         self.decoder.receive_data(data)
@@ -217,6 +220,11 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
         self.broker.listener_connections[self.listener] -= 1
         self.broker.metrics.socket_close += 1
         self._out.clear()
+        self._leave()
+
+    def _leave(self) -> None:
+        """This client is done: it waits for no subscriber, and its session goes back to
+        the registry (idempotent: called at close and again when the socket is gone)."""
         self.broker.flow.forget_publisher(self)
         self.leave_session()
 
@@ -310,7 +318,29 @@ class Connection(ConnectHandling, SubscriptionHandling, asyncio.Protocol):
             self.send(Disconnect(reason_code, {Property.REASON_STRING: reason} if reason else {}))
         self._flush()
         self._closing = True
-        self.transport.close()
+        self._leave()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close gracefully: stop writing (FIN after what we sent), but keep reading and
+        discarding for up to LINGER seconds. Closing a socket with unread bytes makes the
+        kernel answer with a reset, and a client still in the middle of an exchange would
+        then fail on a broken pipe instead of reading our last packet (a DISCONNECT with
+        its reason, a refusing CONNACK). The client's own close (EOF) ends the wait early."""
+        transport = self.transport
+        if self._timer is not None:
+            self._timer.cancel()
+        if transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already
+            transport.close()
+            return
+        if self._transport_paused:
+            transport.resume_reading()
+        self._timer = self.loop.call_later(LINGER, transport.close)
 
     def _name(self) -> str:
         return f"{self.peer[0]}:{self.peer[1]}" + (f" ({self.client_id})" if self.client_id else "")

@@ -99,8 +99,9 @@ class Broker:
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
-            connection.close(ReasonCode.SERVER_SHUTTING_DOWN)
-            connection.leave_session()  # sessions go offline (and to the store) now
+            connection.close(ReasonCode.SERVER_SHUTTING_DOWN)  # its session goes offline
+            if connection.transport is not None:
+                connection.transport.close()  # no lingering at shutdown
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()

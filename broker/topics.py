@@ -5,11 +5,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 
-def valid_topic_name(topic: str, max_depth: int = 0) -> bool:
-    """A PUBLISH topic: non-empty, no wildcards [MQTT-4.7.3-1, MQTT-3.3.2-2]."""
-    if not topic or "+" in topic or "#" in topic:
-        return False
-    return not max_depth or topic.count("/") < max_depth
+def valid_topic_name(topic: str) -> bool:
+    """A PUBLISH topic: non-empty, no wildcards [MQTT-4.7.3-1, MQTT-3.3.2-2]. (Depth is a
+    broker limit, `topic_max_depth`, checked where it is counted.)"""
+    return bool(topic) and "+" not in topic and "#" not in topic
 
 
 @lru_cache(maxsize=4096)

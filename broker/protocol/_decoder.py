@@ -61,11 +61,6 @@ class Decoder:
             self._pos = 0
         self._buffer += data
 
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet decoded (a partial packet)."""
-        return len(self._buffer) - self._pos
-
     def next_packet(self) -> Packet | None:
         """The next complete packet, or None until more bytes arrive.
 

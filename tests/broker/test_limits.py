@@ -8,11 +8,22 @@ import pytest
 
 from hooks import Ok
 
-from .helpers import DISCONNECT, PUBACK, PUBLISH, V5, V311, VERSIONS, publish_packet, unique_id
+from .helpers import (
+    DISCONNECT,
+    PUBACK,
+    PUBLISH,
+    PUBREC,
+    V5,
+    V311,
+    VERSIONS,
+    publish_packet,
+    unique_id,
+)
 
 TOPIC_NAME_INVALID = 0x90
 TOPIC_FILTER_INVALID = 0x8F
 QUOTA_EXCEEDED = 0x97
+RECEIVE_MAXIMUM_EXCEEDED = 0x93
 
 
 def metrics(server) -> dict[str, int]:
@@ -162,3 +173,21 @@ def test_register_modifiers_apply_to_their_connection_only(start_broker, raw_cli
     again = raw_client(server, V311)
     again.connect(client_id, clean=False)
     assert [again.expect(PUBLISH).payload for _ in range(2)] == [b"a", b"b"]  # window 20
+
+
+def test_a_closing_connection_still_reads_what_the_client_sends(start_broker, raw_client):
+    # The broker closes a connection (here: more QoS 2 PUBLISHes than its Receive Maximum)
+    # while the client is still sending. It stops writing after its DISCONNECT but keeps
+    # reading and discarding for a moment, so the client's sends do not fail with a broken
+    # pipe or a reset before it has read why [Paho's test_flow_control2].
+    server = start_broker(broker={"receive_max_broker": 2})
+    raw = raw_client(server, V5)
+    raw.connect(unique_id("rmax"))
+    raw.send(
+        b"".join(publish_packet("rmax/t", b"q2", qos=2, packet_id=i, version=V5) for i in (1, 2, 3))
+    )
+    assert [raw.read_packet().type for _ in range(2)] == [PUBREC, PUBREC]
+    disconnect = raw.read_packet()
+    assert (disconnect.type, disconnect.reason_code) == (DISCONNECT, RECEIVE_MAXIMUM_EXCEEDED)
+    raw.send(publish_packet("rmax/t", b"x" * 1000, version=V5) * 1000)  # 1 MB, unanswered
+    assert raw.expect_closed() == []  # then a clean end of stream
