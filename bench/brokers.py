@@ -3,11 +3,15 @@
 # Strategy: each broker runs as a child process on a free loopback port, with a config
 # file generated into a temporary directory and its output captured in a log file there.
 # Readiness is a TCP connect polled with a deadline. Every child is stopped in `finally`,
-# so an exception or Ctrl-C never leaves a broker behind.
+# so an exception or Ctrl-C never leaves a broker behind. Children import from this
+# checkout (PYTHONPATH is set to REPO), so the broker measured is the one beside the bench.
+# A broker's configuration depends on the mode of the scenario (MODES): bounded rows keep
+# the queue limits of every earlier run, flood rows run each broker with its defaults.
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import resource
 import shutil
 import socket
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from .drops import SysCounter
 from .scenarios import Target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,31 +32,77 @@ HOST = "127.0.0.1"
 _READY_TIMEOUT = 20.0
 _STOP_TIMEOUT = 5.0
 
-NAUTILUS_TOML = """\
-[broker]
-allow_anonymous = true
-max_inflight_messages = 100
-max_online_messages = 100000
-[[listeners]]
-type = "tcp"
-address = "{host}:{port}"
-[store]
-backend = "memory"
-"""
 
-# Mosquitto with the same limits as Nautilus. TCP_NODELAY is on because asyncio (and so
-# Nautilus and amqtt) sets it on every socket; Mosquitto's default would add Nagle delays.
-MOSQUITTO_CONF = """\
-listener {port} {host}
-allow_anonymous true
-persistence false
-max_inflight_messages 100
-max_queued_messages 100000
-set_tcp_nodelay true
-log_dest stderr
-log_type error
-log_type warning
-"""
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-subscriber queue limits: deliveries in flight before acks, and queued."""
+
+    inflight: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """How the brokers are configured for the throughput scenarios of one mode."""
+
+    name: str
+    limits: Limits | None  # None: each broker's own defaults (left out of its config)
+    sys_interval: int | None  # $SYS period in seconds when the drop counter is read
+
+
+# bounded: the limits of every earlier run (100 in flight, 100,000 queued), so the figures
+#   stay comparable with earlier ones.
+# flood: each broker as users run it, with its default limits (Nautilus and Mosquitto 2.0
+#   alike: 20 in flight, 1,000 queued). Under an open-loop flood those limits decide
+#   between queueing, pushing back and dropping, so raising them would measure a broker
+#   nobody runs. The $SYS tree comes every second, for the drop counter.
+MODES = {
+    "bounded": Mode("bounded", Limits(inflight=100, queued=100_000), sys_interval=None),
+    "flood": Mode("flood", None, sys_interval=1),
+}
+MOSQUITTO_DEFAULTS = Limits(inflight=20, queued=1000)  # man mosquitto.conf, 2.0
+
+
+def nautilus_defaults() -> Limits:
+    """Nautilus's own defaults, from the checkout's broker/config.py."""
+    from broker.config import BrokerSettings
+
+    settings = BrokerSettings()
+    return Limits(settings.max_inflight_messages, settings.max_online_messages)
+
+
+def nautilus_toml(mode: Mode) -> str:
+    """The Nautilus config of `mode`, with {host} and {port} left to fill in."""
+    lines = ["[broker]", "allow_anonymous = true"]
+    if mode.limits is not None:
+        lines += [
+            f"max_inflight_messages = {mode.limits.inflight}",
+            f"max_online_messages = {mode.limits.queued}",
+        ]
+    if mode.sys_interval:
+        lines.append(f"systree_interval = {mode.sys_interval}")
+    lines += ["[[listeners]]", 'type = "tcp"', 'address = "{host}:{port}"']
+    lines += ["[store]", 'backend = "memory"']
+    return "\n".join(lines) + "\n"
+
+
+def mosquitto_conf(mode: Mode) -> str:
+    """Mosquitto with the limits of `mode`. TCP_NODELAY is on because asyncio (and so
+    Nautilus and amqtt) sets it on every socket; Mosquitto's default adds Nagle delays."""
+    lines = ["listener {port} {host}", "allow_anonymous true", "persistence false"]
+    if mode.limits is not None:
+        lines += [
+            f"max_inflight_messages {mode.limits.inflight}",
+            f"max_queued_messages {mode.limits.queued}",
+        ]
+    if mode.sys_interval:
+        lines.append(f"sys_interval {mode.sys_interval}")
+    lines += ["set_tcp_nodelay true", "log_dest stderr", "log_type error", "log_type warning"]
+    return "\n".join(lines) + "\n"
+
+
+NAUTILUS_TOML = nautilus_toml(MODES["bounded"])  # also the base of bench/acl.py, webhooks.py
+MOSQUITTO_CONF = mosquitto_conf(MODES["bounded"])
 
 
 class BrokerError(RuntimeError):
@@ -67,18 +118,26 @@ class BrokerSpec:
     version: Callable[[], str]
     # Scenario topologies the broker cannot serve, with why (not measured, reported).
     unsupported: Mapping[str, str] = field(default_factory=dict)
+    inflight: int | None = None  # QoS 1 deliveries per subscriber before it waits for acks
+    drops: SysCounter | None = None  # its queue drop counter, when the mode reads it
 
 
-def _nautilus(workdir: Path, port: int) -> list[str]:
-    config = workdir / "nautilus.toml"
-    config.write_text(NAUTILUS_TOML.format(host=HOST, port=port))
-    return [sys.executable, "-m", "broker", "--config", str(config)]
+def _nautilus(mode: Mode) -> Callable[[Path, int], list[str]]:
+    def command(workdir: Path, port: int) -> list[str]:
+        config = workdir / "nautilus.toml"
+        config.write_text(nautilus_toml(mode).format(host=HOST, port=port))
+        return [sys.executable, "-m", "broker", "--config", str(config)]
+
+    return command
 
 
-def _mosquitto(workdir: Path, port: int) -> list[str]:
-    config = workdir / "mosquitto.conf"
-    config.write_text(MOSQUITTO_CONF.format(host=HOST, port=port))
-    return [mosquitto_path(), "-c", str(config)]
+def _mosquitto(mode: Mode) -> Callable[[Path, int], list[str]]:
+    def command(workdir: Path, port: int) -> list[str]:
+        config = workdir / "mosquitto.conf"
+        config.write_text(mosquitto_conf(mode).format(host=HOST, port=port))
+        return [mosquitto_path(), "-c", str(config)]
+
+    return command
 
 
 def _amqtt(workdir: Path, port: int) -> list[str]:
@@ -107,19 +166,62 @@ def _nautilus_version() -> str:
     return f"{version} ({git.stdout.strip()})" if git.returncode == 0 else version
 
 
-BROKERS = {
-    "nautilus": BrokerSpec("nautilus", "Nautilus", _nautilus, _nautilus_version),
-    "mosquitto": BrokerSpec("mosquitto", "Mosquitto", _mosquitto, _mosquitto_version),
-    "amqtt": BrokerSpec(
-        "amqtt",
-        "amqtt",
-        _amqtt,
-        lambda: importlib.metadata.version("amqtt"),
-        unsupported={"shared": "no shared subscriptions"},
-    ),
-    # A byte pipe, not a broker: calibrates the load generator (see bench/nullbroker.py).
-    "null": BrokerSpec("null", "null broker", _null, lambda: "-"),
-}
+def _nautilus_drops(mode: Mode) -> SysCounter | None:
+    """`queue_message_drop`, published every `systree_interval` under the node name."""
+    if not mode.sys_interval:
+        return None
+    from broker.config import BrokerSettings
+
+    node = BrokerSettings().node_name
+    return SysCounter(f"$SYS/{node}/queue/message/drop", period=mode.sys_interval)
+
+
+def _mosquitto_drops(mode: Mode) -> SysCounter | None:
+    """Published when it changed, in rounds that come once more than `sys_interval`
+    whole seconds have passed (every 2 s for 1), each starting with the uptime."""
+    if not mode.sys_interval:
+        return None
+    return SysCounter(
+        "$SYS/broker/publish/messages/dropped",
+        period=mode.sys_interval + 1,
+        round_topic="$SYS/broker/uptime",
+    )
+
+
+def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
+    """Every broker, configured for `mode`."""
+    limits = mode.limits
+    return {
+        "nautilus": BrokerSpec(
+            "nautilus",
+            "Nautilus",
+            _nautilus(mode),
+            _nautilus_version,
+            inflight=(limits or nautilus_defaults()).inflight,
+            drops=_nautilus_drops(mode),
+        ),
+        "mosquitto": BrokerSpec(
+            "mosquitto",
+            "Mosquitto",
+            _mosquitto(mode),
+            _mosquitto_version,
+            inflight=(limits or MOSQUITTO_DEFAULTS).inflight,
+            drops=_mosquitto_drops(mode),
+        ),
+        # No queue limits to set, no drop counter: the same in every mode.
+        "amqtt": BrokerSpec(
+            "amqtt",
+            "amqtt",
+            _amqtt,
+            lambda: importlib.metadata.version("amqtt"),
+            unsupported={"shared": "no shared subscriptions"},
+        ),
+        # A byte pipe, not a broker: calibrates the load generator (see bench/nullbroker.py).
+        "null": BrokerSpec("null", "null broker", _null, lambda: "-"),
+    }
+
+
+BROKERS = for_mode(MODES["bounded"])
 
 
 def raise_fd_limit() -> None:
@@ -132,6 +234,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
+
+
+def _child_env() -> dict[str, str]:
+    """The environment with REPO first on PYTHONPATH: `broker` and `bench` are imported
+    from this checkout, whatever the virtualenv's editable install points at."""
+    env = dict(os.environ)
+    others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *others])
+    return env
 
 
 class RunningBroker:
@@ -172,10 +283,15 @@ class RunningBroker:
         argv = self.spec.command(self._workdir, port)
         with self._log.open("wb") as log:
             self._proc = subprocess.Popen(
-                argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=raise_fd_limit
+                argv,
+                cwd=REPO,
+                env=_child_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=raise_fd_limit,
             )
         self._wait_ready(port)
-        self.target = Target(HOST, port, self._proc.pid)
+        self.target = Target(HOST, port, self._proc.pid, self.spec.inflight, self.spec.drops)
 
     def _wait_ready(self, port: int) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT

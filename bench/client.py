@@ -72,6 +72,8 @@ class MqttClient(asyncio.Protocol):
         self.on_ack: Callable[[], None] | None = None
         self.on_writable: Callable[[], None] | None = None
         self.on_delivery: Callable[[], None] | None = None
+        # Called with (topic, payload) for each PUBLISH the per-packet parser reads.
+        self.on_message: Callable[[bytes, bytes], None] | None = None
         # When a list is given, each PUBLISH payload starts with a perf_counter_ns stamp.
         self.latencies = latencies
         self._uniform = uniform
@@ -188,13 +190,15 @@ class MqttClient(asyncio.Protocol):
 
     def _publish(self, qos: int, body: bytes) -> None:
         self.received += 1
-        start = 2 + int.from_bytes(body[:2], "big")  # after the topic
+        topic_end = start = 2 + int.from_bytes(body[:2], "big")  # after the topic
         if qos:
             self.transport.write(packets.PUBACK_HEAD + body[start : start + 2])
             start += 2
         if self.latencies is not None:
             sent = int.from_bytes(body[start : start + 8], "big")
             self.latencies.append(time.perf_counter_ns() - sent)
+        if self.on_message is not None:
+            self.on_message(body[2:topic_end], body[start:])
 
 
 def _fixed_header(buf: bytearray, pos: int, end: int) -> tuple[int, int] | None:
@@ -240,6 +244,8 @@ async def open_client(
 
 async def subscribe(client: MqttClient, topic_filter: str, qos: int, timeout: float = 10.0) -> None:
     """Subscribe to one filter and wait for a SUBACK granting it."""
+    if client.suback.done():  # a further SUBSCRIBE on this connection
+        client.suback = asyncio.get_running_loop().create_future()
     client.transport.write(packets.subscribe(topic_filter, qos))
     granted = await asyncio.wait_for(client.suback, timeout)
     if granted is None:

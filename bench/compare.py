@@ -4,7 +4,9 @@
 # of one measurement leaks into the next. Brokers take turns within each repeat, so slow
 # drift of the machine touches all of them alike; the report shows the median of the
 # repeats and bench/results/ keeps every raw figure. A failed measurement is recorded with
-# its error and the run goes on.
+# its error and the run goes on. Throughput scenarios run once per mode (--modes): the
+# flood variant of each comes right after its bounded runs, with the brokers configured
+# for that mode (bench/brokers.py, MODES).
 from __future__ import annotations
 
 import argparse
@@ -21,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from . import report
-from .brokers import BROKERS, REPO, BrokerError, BrokerSpec, RunningBroker, raise_fd_limit
+from .brokers import (
+    BROKERS,
+    MODES,
+    REPO,
+    BrokerError,
+    BrokerSpec,
+    RunningBroker,
+    for_mode,
+    raise_fd_limit,
+)
 from .scenarios import (
     BY_NAME,
     NOT_MEASURED,
@@ -29,6 +40,7 @@ from .scenarios import (
     Measurement,
     Scenario,
     Settings,
+    in_modes,
     measure,
 )
 
@@ -43,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     # (where SIGINT is inherited as ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    scenarios = [BY_NAME[name] for name in args.scenarios.split(",")]
+    chosen = [BY_NAME[name] for name in args.scenarios.split(",")]
+    scenarios = in_modes(chosen, args.modes.split(","))
     brokers = [BROKERS[name] for name in args.brokers.split(",")]
     busy = report.cpu_busy()
     if busy > 0.1:
@@ -90,10 +103,12 @@ def _run_all(
     if args.calibrate:
         for _ in range(args.repeats):
             calibration.append(_measure_on(BROKERS["null"], BY_NAME["qos0-1to1"], args))
+    configured = {name: for_mode(mode) for name, mode in MODES.items()}
     for scenario in scenarios:
         for _ in range(args.repeats):
             for broker in brokers:
-                raw[scenario.name, broker.name].append(_measure_on(broker, scenario, args))
+                spec = configured[scenario.mode][broker.name]
+                raw[scenario.name, broker.name].append(_measure_on(spec, scenario, args))
     return raw, calibration
 
 
@@ -112,6 +127,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scenarios", default=",".join(s.name for s in SCENARIOS), help="comma-separated"
     )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="throughput modes, comma-separated: bounded (publishers wait for the backlog "
+        "bound), flood (only TCP and the QoS 1 window; brokers at their default limits)",
+    )
     parser.add_argument("--duration", type=float, default=defaults.duration, help="seconds")
     parser.add_argument("--warmup", type=float, default=defaults.warmup, help="seconds")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell")
@@ -119,7 +140,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--backlog",
         type=int,
         default=defaults.backlog,
-        help="QoS 0 deliveries owed before floods wait; 0 floods without bound",
+        help="deliveries owed before bounded-mode publishers wait; 0: no bound",
     )
     parser.add_argument("--idle-connections", type=int, default=defaults.idle_connections)
     parser.add_argument(
@@ -136,8 +157,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.argv = sys.argv[1:] if argv is None else argv
     unknown = set(args.brokers.split(",")) - set(BROKERS)
     unknown |= set(args.scenarios.split(",")) - set(BY_NAME)
+    unknown |= set(args.modes.split(",")) - set(MODES)
     if unknown:
-        parser.error(f"unknown broker or scenario: {', '.join(sorted(unknown))}")
+        parser.error(f"unknown broker, scenario or mode: {', '.join(sorted(unknown))}")
     return args
 
 
@@ -179,7 +201,8 @@ def _run(coro: Coroutine[Any, Any, Measurement]) -> Measurement:
 def _progress(broker: BrokerSpec, scenario: Scenario, m: Measurement) -> None:
     figures = {
         "delivered/s": m.delivered,
-        "sent/s": m.sent,
+        "accepted/s": m.accepted,
+        "drops": m.drops,
         "p50 ms": m.p50_ms,
         "p99 ms": m.p99_ms,
         "connected": m.connections,
@@ -188,7 +211,7 @@ def _progress(broker: BrokerSpec, scenario: Scenario, m: Measurement) -> None:
     }
     text = "  ".join(f"{k} {v:,.2f}" for k, v in figures.items() if v is not None)
     error = f"  ERROR {m.error}" if m.error else ""
-    print(f"{scenario.name:<14} {broker.name:<10} {text}{error}", file=sys.stderr, flush=True)
+    print(f"{scenario.name:<20} {broker.name:<10} {text}{error}", file=sys.stderr, flush=True)
 
 
 def _summary(
@@ -208,7 +231,8 @@ def _summary(
             "repeats": str(args.repeats),
             "warmup": f"{args.warmup:g} s",
             "duration": f"{args.duration:g} s",
-            "backlog bound": f"{args.backlog:,} deliveries",
+            "modes": args.modes.replace(",", ", "),
+            "backlog bound (bounded mode)": f"{args.backlog:,} deliveries",
             "idle connections": f"{args.idle_connections:,}",
         },
         scenarios=scenarios,

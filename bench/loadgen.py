@@ -6,17 +6,26 @@
 #   the pace.
 # - Windowed (QoS 1) keeps exactly `window` PUBLISHes unacknowledged: every batch of
 #   PUBACKs is answered by one write of as many packets, sliced from the pre-encoded ring.
-# - Both also stop while a shared Backlog says too many deliveries are owed (published,
-#   not yet received by a subscriber). A broker that reads and acks faster than it
-#   delivers (amqtt queues without bound and starves its own delivery) is then measured
-#   at the rate it delivers, not at the rate its queues grow, and the figure does not
-#   depend on how long the run lasts.
+# - In bounded mode both also stop while a shared Backlog says too many deliveries are
+#   owed (published, not yet received by a subscriber). A broker that reads and acks
+#   faster than it delivers (amqtt queues without bound and starves its own delivery) is
+#   then measured at the rate it delivers, not at the rate its queues grow, and the figure
+#   does not depend on how long the run lasts. In flood mode the Backlog has no limit:
+#   publishers behave like devices, which know nothing of subscribers.
+# - `accepted` is what the broker has taken from a publisher: at QoS 1 the PUBACKs
+#   received; at QoS 0 the PUBLISHes it has read, i.e. those the kernel accepted (written
+#   minus what still waits in the transport) minus those still in the kernel's buffers of
+#   either end of the loopback connection (/proc/net/tcp). Those buffers hold megabytes:
+#   a publisher flooding a slow reader can go seconds without the kernel taking a byte
+#   while the broker keeps reading what is buffered.
 # - Paced (QoS 1) sends at a fixed rate from a 1 ms timer, stamping each payload with
 #   perf_counter_ns so a subscriber in the same process can compute latency.
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from . import packets
 from .client import MqttClient
@@ -24,6 +33,7 @@ from .client import MqttClient
 _BATCH_BYTES = 64 * 1024
 _BATCHES_PER_TURN = 8
 _TICK = 0.001
+_PROC_TCP = Path("/proc/net/tcp")
 
 
 class Backlog:
@@ -48,6 +58,12 @@ class Backlog:
         """Call the publisher's pump again once deliveries have made room."""
         self._waiting.add(publisher)
 
+    def accepted(self) -> int:
+        """Messages the broker has taken from all publishers (read, or acked at QoS 1)."""
+        ends = [p.ends for p in self.publishers if p.ends is not None]
+        waiting = unread(ends) if ends else {}
+        return sum(publisher.accepted(waiting) for publisher in self.publishers)
+
     def _delivered(self) -> None:
         # Only summed while someone waits, so an unblocked run pays nothing here.
         if self._waiting and not self.full():
@@ -59,6 +75,8 @@ class Backlog:
 class _Publisher:
     """What Flood and Windowed share: start/stop, back-pressure, the backlog check."""
 
+    ends: tuple[int, int] | None = None  # (local port, broker port) when `accepted` needs it
+
     def __init__(self, client: MqttClient, backlog: Backlog):
         self._client = client
         self._backlog = backlog
@@ -69,6 +87,10 @@ class _Publisher:
 
     @property
     def sent(self) -> int:
+        raise NotImplementedError
+
+    def accepted(self, unread: Mapping[int, int]) -> int:
+        """Messages the broker has taken; `unread` maps local ports to bytes not yet read."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -116,11 +138,18 @@ class Flood(_Publisher):
         self._batch = packet * max(1, per_batch)
         self._packet_size = len(packet)
         self._written = 0  # bytes handed to the transport
+        info = client.transport.get_extra_info
+        self.ends = (info("sockname")[1], info("peername")[1])
 
     @property
     def sent(self) -> int:
         """PUBLISHes the kernel has accepted (written, minus the transport's backlog)."""
         pending = self._client.transport.get_write_buffer_size()
+        return (self._written - pending) // self._packet_size
+
+    def accepted(self, unread: Mapping[int, int]) -> int:
+        """PUBLISHes the broker has read: accepted by the kernel, no longer in its buffers."""
+        pending = self._client.transport.get_write_buffer_size() + unread.get(self.ends[0], 0)
         return (self._written - pending) // self._packet_size
 
     def _send(self) -> None:
@@ -148,6 +177,9 @@ class Windowed(_Publisher):
     @property
     def sent(self) -> int:
         return self._count
+
+    def accepted(self, unread: Mapping[int, int]) -> int:
+        return self._client.acked
 
     def _send(self) -> None:
         room = self._window - (self._count - self._client.acked)
@@ -195,3 +227,27 @@ class Paced:
         packet_id = (self.sent - 1) % packets.MAX_PACKET_ID + 1
         stamp = time.perf_counter_ns().to_bytes(8, "big")
         return self._head + packet_id.to_bytes(2, "big") + stamp + self._padding
+
+
+def unread(ends: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """Bytes written on loopback connections that the peer has not read yet, by local port.
+
+    `ends` are (local port, peer port) pairs. /proc/net/tcp gives, for our end, what the
+    peer's kernel has not acknowledged (tx_queue) and, for the peer's end, what it has
+    received but not read (rx_queue). Empty where the file cannot be read (not Linux).
+    """
+    peers = dict(ends)
+    try:
+        lines = _PROC_TCP.read_text().splitlines()[1:]
+    except OSError:
+        return {}
+    result = dict.fromkeys(peers, 0)
+    for line in lines:
+        fields = line.split()
+        local, remote = int(fields[1][-4:], 16), int(fields[2][-4:], 16)
+        tx_queue, rx_queue = fields[4].split(":")
+        if peers.get(local) == remote:  # our end
+            result[local] += int(tx_queue, 16)
+        elif peers.get(remote) == local:  # the peer's end
+            result[remote] += int(rx_queue, 16)
+    return result

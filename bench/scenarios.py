@@ -6,15 +6,21 @@
 # messages / elapsed: what the broker still holds at the end is not counted, so a broker
 # that accepts floods faster than it delivers gains nothing. All clients live on one event
 # loop in this process, which leaves the other core of a 2-core machine to the broker.
+# Every throughput scenario runs in two modes: bounded (publishers also wait while too
+# many deliveries are owed) and flood (publishers bounded only by TCP and, at QoS 1, by
+# their own window), where the same snapshots also read what the broker had accepted and
+# its queue drop counter (bench/drops.py).
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import packets
 from .client import MqttClient, Uniform, open_client, subscribe
+from .drops import DropMonitor, SysCounter, open_monitor
 from .loadgen import Backlog, Flood, Paced, Windowed
 
 _READ_LOW_WATER = 16 * 1024  # QoS 0 subscribers: bytes waiting before a read
@@ -35,22 +41,30 @@ class Scenario:
     # shared: the subscribers are one shared subscription group on that topic.
     topology: str = "pairs"
     window: int = 100  # QoS 1 PUBLISHes in flight per publisher
-    bounded: bool = True  # False: publishers ignore the backlog bound (overload behaviour)
+    # Throughput only: "bounded" publishers also wait for the backlog bound; "flood"
+    # publishers do not, and the brokers run with their default queue limits
+    # (bench/brokers.py, MODES).
+    mode: str = "bounded"
     rate: int = 0  # latency: messages per second
     connections: int = 0  # idle: connections to open
+
+    @property
+    def bounded(self) -> bool:
+        return self.mode == "bounded"
+
+    @property
+    def base(self) -> str:
+        """The name without its mode: `qos0-1to1` for `qos0-1to1/flood`."""
+        return self.name.partition("/")[0]
+
+    @property
+    def fanout(self) -> int:
+        """Subscribers receiving each PUBLISH."""
+        return self.subscribers if self.topology == "fanout" else 1
 
 
 SCENARIOS = (
     Scenario("qos0-1to1", "QoS 0, 1 -> 1, 16 B", "throughput", 1, 1, payload=16),
-    Scenario(
-        "qos0-flood",
-        "QoS 0, 1 -> 1, 16 B, unbounded flood",
-        "throughput",
-        1,
-        1,
-        payload=16,
-        bounded=False,
-    ),
     Scenario("qos0-4pairs", "QoS 0, 4 pairs, 64 B", "throughput", 4, 4),
     Scenario("qos1-4pairs", "QoS 1, 4 pairs, 100 in flight, 64 B", "throughput", 4, 4, qos=1),
     Scenario(
@@ -72,13 +86,34 @@ SCENARIOS = (
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
 
+def in_modes(scenarios: Iterable[Scenario], modes: Iterable[str]) -> list[Scenario]:
+    """Each throughput scenario once per mode (`<name>/flood` in flood mode); the
+    latency and idle scenarios once."""
+    modes = list(modes)
+    result = []
+    for scenario in scenarios:
+        if scenario.kind != "throughput":
+            result.append(scenario)
+            continue
+        for mode in modes:
+            if mode == "bounded":
+                result.append(scenario)
+            else:
+                result.append(replace(scenario, name=f"{scenario.name}/{mode}", mode=mode))
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where the broker listens, and its pid when its memory can be read."""
+    """Where the broker listens, and what a measurement needs to know of it."""
 
     host: str
     port: int
-    pid: int | None = None
+    pid: int | None = None  # when its memory can be read
+    # QoS 1 deliveries a subscriber gets before the broker waits for its acks (None: not
+    # known, taken as the publishers' window)
+    inflight: int | None = None
+    drops: SysCounter | None = None  # its queue drop counter, if it has one
 
 
 NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve
@@ -87,7 +122,9 @@ NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve
 @dataclass(slots=True)
 class Measurement:
     delivered: float | None = None  # msg/s received by subscribers
-    sent: float | None = None  # msg/s written by publishers
+    # msg/s the broker took from publishers: QoS 0 PUBLISHes read, QoS 1 PUBACKs sent
+    accepted: float | None = None
+    drops: float | None = None  # the broker's queue drop counter over the measured seconds
     p50_ms: float | None = None
     p99_ms: float | None = None
     connections: int | None = None
@@ -134,12 +171,12 @@ async def _subscribers(
     scenario: Scenario, target: Target, filters: list[str], payload: bytes, settings: Settings
 ) -> list[MqttClient]:
     size = Uniform.publish(filters[0], payload, scenario.qos).size
-    low_water = _subscriber_low_water(scenario, settings, size, len(filters))
+    low_water = _subscriber_low_water(scenario, target, settings, size, len(filters))
 
     async def one(i: int, topic: str) -> MqttClient:
         uniform = Uniform.publish(topic, payload, scenario.qos)
         client = await open_client(
-            target.host, target.port, f"{scenario.name}-sub{i}", uniform=uniform
+            target.host, target.port, f"{scenario.base}-sub{i}", uniform=uniform
         )
         await subscribe(client, _filter(scenario, topic), scenario.qos)
         client.read_in_bulk(low_water)
@@ -149,17 +186,17 @@ async def _subscribers(
 
 
 def _subscriber_low_water(
-    scenario: Scenario, settings: Settings, size: int, subscribers: int
+    scenario: Scenario, target: Target, settings: Settings, size: int, subscribers: int
 ) -> int:
     """Bytes a subscriber lets pile up before reading: a fraction of what it must get.
 
     A subscriber waiting for more than the broker will send before hearing back would
-    stall the run: QoS 1 deliveries stop at the broker's in-flight window until acked,
-    and QoS 0 publishers stop at the backlog bound, which every subscriber holding just
-    under the mark could reach.
+    stall the run: QoS 1 deliveries stop at the broker's in-flight window until acked
+    (100 in bounded mode, the broker's default in flood mode), and QoS 0 publishers stop
+    at the backlog bound, which every subscriber holding just under the mark could reach.
     """
     if scenario.qos:
-        return min(_READ_LOW_WATER, scenario.window * size // 8)
+        return min(_READ_LOW_WATER, (target.inflight or scenario.window) * size // 8)
     limit = _backlog_limit(scenario, settings)
     return min(_READ_LOW_WATER, limit * size // (4 * subscribers)) or _READ_LOW_WATER
 
@@ -168,7 +205,7 @@ async def _publishers(scenario: Scenario, target: Target) -> list[MqttClient]:
     uniform = Uniform.puback() if scenario.qos else None
     pubs = await asyncio.gather(
         *(
-            open_client(target.host, target.port, f"{scenario.name}-pub{i}", uniform=uniform)
+            open_client(target.host, target.port, f"{scenario.base}-pub{i}", uniform=uniform)
             for i in range(scenario.publishers)
         )
     )
@@ -182,20 +219,42 @@ async def _throughput(scenario: Scenario, target: Target, settings: Settings) ->
     topics, filters = _topics(scenario)
     payload = packets.payload_of(scenario.payload)
     subs = pubs = []
+    monitor = None
     try:
         subs = await _subscribers(scenario, target, filters, payload, settings)
         pubs = await _publishers(scenario, target)
+        monitor = await _drop_monitor(scenario, target)
         backlog = _start_publishing(scenario, subs, pubs, topics, payload, settings)
+        if monitor is not None:
+            monitor.start(time.perf_counter())
         await asyncio.sleep(settings.warmup)
-        received0, sent0, t0 = _total(subs), _sent(backlog), time.perf_counter()
+        received0, accepted0, t0 = _total(subs), backlog.accepted(), time.perf_counter()
         await asyncio.sleep(settings.duration)
-        received1, sent1, t1 = _total(subs), _sent(backlog), time.perf_counter()
+        received1, accepted1, t1 = _total(subs), backlog.accepted(), time.perf_counter()
+        # Under the same load, until the drop counter has been published after t1.
+        counted = monitor is None or await monitor.until_round_after(t1)
         for publisher in backlog.publishers:
             publisher.stop()
     finally:
         _close(subs + pubs)
+        if monitor is not None:
+            monitor.close()
     elapsed = t1 - t0
-    return Measurement(delivered=(received1 - received0) / elapsed, sent=(sent1 - sent0) / elapsed)
+    result = Measurement(
+        delivered=(received1 - received0) / elapsed, accepted=(accepted1 - accepted0) / elapsed
+    )
+    if monitor is not None and counted:
+        result.drops = monitor.between(t0, t1)
+    elif monitor is not None:  # the end of the interval is unknown: no figure at all
+        result.error = "drops not counted: no $SYS round within 3 periods after the end"
+    return result
+
+
+async def _drop_monitor(scenario: Scenario, target: Target) -> DropMonitor | None:
+    """A client following the broker's queue drop counter, in flood mode."""
+    if scenario.bounded or target.drops is None:
+        return None
+    return await open_monitor(target.host, target.port, f"{scenario.base}-sys", target.drops)
 
 
 def _start_publishing(
@@ -206,8 +265,7 @@ def _start_publishing(
     payload: bytes,
     settings: Settings,
 ) -> Backlog:
-    fanout = scenario.subscribers if scenario.topology == "fanout" else 1
-    backlog = Backlog(subs, fanout, _backlog_limit(scenario, settings))
+    backlog = Backlog(subs, scenario.fanout, _backlog_limit(scenario, settings))
     for pub, topic in zip(pubs, topics, strict=True):
         if scenario.qos:
             Windowed(pub, packets.publish_ring(topic, payload), scenario.window, backlog)
@@ -286,10 +344,6 @@ async def _idle(target: Target, count: int, timeout: float) -> Measurement:
 
 def _backlog_limit(scenario: Scenario, settings: Settings) -> int:
     return settings.backlog if scenario.bounded else 0
-
-
-def _sent(backlog: Backlog) -> int:
-    return sum(publisher.sent for publisher in backlog.publishers)
 
 
 def _total(clients: list[MqttClient]) -> int:
