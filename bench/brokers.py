@@ -6,7 +6,7 @@
 # so an exception or Ctrl-C never leaves a broker behind. Children import from this
 # checkout (PYTHONPATH is set to REPO), so the broker measured is the one beside the bench.
 # A broker's configuration depends on the mode of the scenario (MODES): bounded rows keep
-# the queue limits of every earlier run, flood rows run each broker with its defaults.
+# the queue limits of every earlier run, flood rows the brokers' default queue length.
 from __future__ import annotations
 
 import importlib
@@ -46,39 +46,31 @@ class Mode:
     """How the brokers are configured for the throughput scenarios of one mode."""
 
     name: str
-    limits: Limits | None  # None: each broker's own defaults (left out of its config)
+    limits: Limits
     sys_interval: int | None  # $SYS period in seconds when the drop counter is read
 
 
 # bounded: the limits of every earlier run (100 in flight, 100,000 queued), so the figures
 #   stay comparable with earlier ones.
-# flood: each broker as users run it, with its default limits (Nautilus and Mosquitto 2.0
-#   alike: 20 in flight, 1,000 queued). Under an open-loop flood those limits decide
-#   between queueing, pushing back and dropping, so raising them would measure a broker
-#   nobody runs. The $SYS tree comes every second, for the drop counter.
+# flood: the default queue length of both brokers (1,000 messages per subscriber), as
+#   users run them: under an open-loop flood it decides between queueing, pushing back
+#   and dropping, so 100,000-message queues would measure a configuration nobody runs.
+#   The in-flight window stays at the bounded rows' 100, so each flood row differs from
+#   its bounded row only by the open loop and the queue length. The $SYS tree comes every
+#   second, for the drop counter.
 MODES = {
     "bounded": Mode("bounded", Limits(inflight=100, queued=100_000), sys_interval=None),
-    "flood": Mode("flood", None, sys_interval=1),
+    "flood": Mode("flood", Limits(inflight=100, queued=1000), sys_interval=1),
 }
-MOSQUITTO_DEFAULTS = Limits(inflight=20, queued=1000)  # man mosquitto.conf, 2.0
-
-
-def nautilus_defaults() -> Limits:
-    """Nautilus's own defaults, from the checkout's broker/config.py."""
-    from broker.config import BrokerSettings
-
-    settings = BrokerSettings()
-    return Limits(settings.max_inflight_messages, settings.max_online_messages)
 
 
 def nautilus_toml(mode: Mode) -> str:
     """The Nautilus config of `mode`, with {host} and {port} left to fill in."""
     lines = ["[broker]", "allow_anonymous = true"]
-    if mode.limits is not None:
-        lines += [
-            f"max_inflight_messages = {mode.limits.inflight}",
-            f"max_online_messages = {mode.limits.queued}",
-        ]
+    lines += [
+        f"max_inflight_messages = {mode.limits.inflight}",
+        f"max_online_messages = {mode.limits.queued}",
+    ]
     if mode.sys_interval:
         lines.append(f"systree_interval = {mode.sys_interval}")
     lines += ["[[listeners]]", 'type = "tcp"', 'address = "{host}:{port}"']
@@ -90,11 +82,10 @@ def mosquitto_conf(mode: Mode) -> str:
     """Mosquitto with the limits of `mode`. TCP_NODELAY is on because asyncio (and so
     Nautilus and amqtt) sets it on every socket; Mosquitto's default adds Nagle delays."""
     lines = ["listener {port} {host}", "allow_anonymous true", "persistence false"]
-    if mode.limits is not None:
-        lines += [
-            f"max_inflight_messages {mode.limits.inflight}",
-            f"max_queued_messages {mode.limits.queued}",
-        ]
+    lines += [
+        f"max_inflight_messages {mode.limits.inflight}",
+        f"max_queued_messages {mode.limits.queued}",
+    ]
     if mode.sys_interval:
         lines.append(f"sys_interval {mode.sys_interval}")
     lines += ["set_tcp_nodelay true", "log_dest stderr", "log_type error", "log_type warning"]
@@ -197,7 +188,7 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "Nautilus",
             _nautilus(mode),
             _nautilus_version,
-            inflight=(limits or nautilus_defaults()).inflight,
+            inflight=limits.inflight,
             drops=_nautilus_drops(mode),
         ),
         "mosquitto": BrokerSpec(
@@ -205,7 +196,7 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "Mosquitto",
             _mosquitto(mode),
             _mosquitto_version,
-            inflight=(limits or MOSQUITTO_DEFAULTS).inflight,
+            inflight=limits.inflight,
             drops=_mosquitto_drops(mode),
         ),
         # No queue limits to set, no drop counter: the same in every mode.

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from .brokers import MODES, MOSQUITTO_DEFAULTS, BrokerSpec, nautilus_defaults
+from .brokers import MODES, BrokerSpec
 from .scenarios import NOT_MEASURED, Measurement, Scenario
 
 _MISSING = "n/a"
@@ -29,9 +29,8 @@ METHOD = """\
   (asyncio sets it on every socket). amqtt: the anonymous-auth plugin only, logging at
   WARNING, on uvloop like Nautilus; it has no queue limits. Bounded rows, the latency and
   idle rows: Nautilus and Mosquitto with {bi} messages in flight and {bq} queued per
-  client, as in every earlier run. Flood rows: both with their default limits, as users
-  run them (Nautilus: `max_inflight_messages` {ni}, `max_online_messages` {nq}; Mosquitto:
-  `max_inflight_messages` {mi}, `max_queued_messages` {mq}), and their $SYS tree
+  client, as in every earlier run. Flood rows: both with {fi} in flight and the default
+  queue length users run them with, {fq} messages per client, and their $SYS tree
   published every second.
 - Load generator (`bench/loadgen.py`, `bench/client.py`): one process, one uvloop event
   loop, MQTT 3.1.1 over raw sockets, so the broker has the other core of a 2-core
@@ -136,9 +135,10 @@ def render(run: Run) -> str:
 
 def _method() -> str:
     """METHOD with the queue limits the brokers ran with."""
-    limits = {"b": MODES["bounded"].limits, "n": nautilus_defaults(), "m": MOSQUITTO_DEFAULTS}
+    limits = {"b": MODES["bounded"].limits, "f": MODES["flood"].limits}
     figures = {}
     for key, value in limits.items():
+        assert value is not None
         figures[f"{key}i"], figures[f"{key}q"] = f"{value.inflight:,}", f"{value.queued:,}"
     return METHOD.format(**figures)
 
