@@ -40,7 +40,7 @@ def ack_properties(properties: Mapping[int, Any]) -> dict[int, Any]:
 def refusal_properties(result: Result) -> dict[int, Any]:
     """The MQTT 5 properties of a refusal: the plugin's reason as Reason String, and the
     User Properties its Error carries."""
-    props = {Property.REASON_STRING: refusal_reason(result)}
+    props: dict[int, Any] = {Property.REASON_STRING: refusal_reason(result)}
     if isinstance(result, Error):
         props.update(ack_properties(result.properties))
     return props

@@ -198,7 +198,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 def _convert(hint: Any, value: Any, name: str) -> Any:
     origin = get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, name)
     if hint is Any:
         return value

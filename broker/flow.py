@@ -30,6 +30,7 @@ This module knows nothing of sockets or sessions' internals: a publisher is a `R
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class FlowControl:
 
     # -- holding -----------------------------------------------------------------------
 
-    def hold(self, publisher: Reader, subscribers: list[Subscriber]) -> None:
+    def hold(self, publisher: Reader, subscribers: Sequence[Subscriber]) -> None:
         """`publisher` just filled these subscribers' queues to their high-water marks."""
         blocked_on = self._blocked_on.get(publisher)
         if blocked_on is None:

@@ -7,22 +7,17 @@ free to change how it writes (batching, back-pressure, transports other than TCP
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from broker.message import TopicAliases
+    from broker.client import ClientState
     from broker.protocol import Packet
 
 
 class Outlet(Protocol):
-    # Identity, for the hook contexts of deliveries.
-    client_id: str | None
-    username: str | None
-    attributes: dict[str, Any]
-    # The client's wire profile.
-    protocol_level: int
-    aliases_out: TopicAliases | None  # MQTT 5 Topic Aliases towards the client, if any
-    max_packet_out: int  # the client's Maximum Packet Size; 0: no limit
+    # The client: its identity (for the hook contexts of deliveries) and its wire profile
+    # (protocol level, Topic Aliases towards it, its Maximum Packet Size).
+    client: ClientState
     # Room: False while the connection's buffers are full; resume_writing() drains.
     writable: bool
 
@@ -31,3 +26,6 @@ class Outlet(Protocol):
 
     def send(self, packet: Packet) -> None:
         """Encode and write a control packet."""
+
+    def take_over(self) -> None:
+        """A new connection claimed this client id: close, and release the session now."""

@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from broker.message import Delivery, Message
-from broker.multi_session import MultiSession
+from broker.multi_session import Member, MultiSession
 from broker.session import AWAITING_ACK, Session
 from hooks import ClientContext
 
@@ -82,7 +82,7 @@ class Registry:
         """A connection ended: its session goes offline (or ends), its will is due."""
         session.detach()
         owner = session.owner
-        if owner is not session and isinstance(owner, MultiSession):  # one of several
+        if isinstance(session, Member) and isinstance(owner, MultiSession):  # one of several
             owner.leave(session)
             if owner.online:  # the others carry on: only this connection's will is due
                 self._event("on_client_offline", client)

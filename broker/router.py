@@ -182,9 +182,10 @@ class Router:
             return None
         node = self._root
         for level in shared[1].split("/"):
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node.groups.get(shared[0])
 
     def match_shared(self, topic: str) -> list[SharedGroup]:

@@ -7,6 +7,7 @@ matches the topic in the router and offers the message to each matching session.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -82,7 +83,7 @@ class Broker:
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
             server = await self.loop.create_server(
-                lambda index=index: Connection(self, index),
+                functools.partial(Connection, self, index),
                 host,
                 port,
                 reuse_address=True,
@@ -164,7 +165,7 @@ class Broker:
 
     def new_session(self, client_id: str) -> Session:
         s = self.settings
-        options = dict(
+        options: dict[str, Any] = dict(
             max_inflight=s.max_inflight_messages,
             max_online=s.max_online_messages,
             max_offline=s.max_offline_messages,
@@ -201,9 +202,10 @@ class Broker:
         for route in self.router.match(message.topic):
             session = route.subscriber
             if route.no_local and session.client_id == sender:
-                route = route.without_no_local()  # [MQTT-3.8.3-3]
-                if route is None:
+                own = route.without_no_local()  # [MQTT-3.8.3-3]
+                if own is None:
                     continue
+                route = own
             full = session.deliver(
                 Delivery(
                     message,

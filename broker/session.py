@@ -44,7 +44,6 @@ log = logging.getLogger("nautilus.session")
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
-ON_DELIVER = ("on_deliver", "on_deliver_m5")
 DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
@@ -92,6 +91,7 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
+        "on_deliver",
         "outlet",
         "owner",
         "pending_will",
@@ -159,6 +159,7 @@ class Session:
         self._next_id = 1
         self.store = store
         self.hooks = hooks
+        self.on_deliver = hooks.versions("on_deliver")  # (MQTT 3, MQTT 5), resolved once
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
         self._retry_timer: Timer | None = None
         self._retry_due: set[int] = set()
@@ -198,7 +199,7 @@ class Session:
         delivery, state = self.inflight[packet_id]
         if state == AWAITING_ACK:
             template = delivery.message.template(
-                outlet.protocol_level,
+                outlet.client.protocol_level,
                 delivery.qos,
                 delivery.retain,
                 delivery.sub_ids,
@@ -213,7 +214,7 @@ class Session:
     def _arm_retry(self, outlet: Outlet) -> None:
         """VerneMQ's retry_interval: resend what a 3.x client left unacknowledged that long.
         MQTT 5 forbids resending within a connection [MQTT-4.4.0-1], so never for 5.0."""
-        if self.retry_interval and outlet.protocol_level < 5 and self._retry_timer is None:
+        if self.retry_interval and outlet.client.protocol_level < 5 and self._retry_timer is None:
             self._retry_due = set(self.inflight)
             self._retry_timer = self.clock.call_later(self.retry_interval, self._retry)
 
@@ -372,7 +373,7 @@ class Session:
             # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
             self.metrics.queue_message_expired += 1
             return self._event("on_message_drop", delivery, "expired")
-        on_deliver = self.hooks.chain(ON_DELIVER[outlet.protocol_level == 5])
+        on_deliver = self.on_deliver[outlet.client.protocol_level == 5]
         if on_deliver:
             if not on_deliver.synchronous:
                 return self._defer(on_deliver, delivery)
@@ -382,18 +383,19 @@ class Session:
     def _write(self, outlet: Outlet, delivery: Delivery, packet_id: int | None) -> None:
         """Encode and send one delivery (packet_id: a slot reserved by _defer)."""
         message, qos = delivery.message, delivery.qos
+        client = outlet.client
         now = self.clock.time() if message.expires_at is not None else 0.0
         alias = None
-        aliases = outlet.aliases_out
+        aliases = client.aliases_out
         if aliases is not None:
             alias, known = aliases.lookup(message.topic)
         if alias is None:
             template = message.template(
-                outlet.protocol_level, qos, delivery.retain, delivery.sub_ids, now
+                client.protocol_level, qos, delivery.retain, delivery.sub_ids, now
             )
         else:
             template = message.aliased(qos, delivery.retain, delivery.sub_ids, now, alias, known)
-        limit = outlet.max_packet_out
+        limit = client.max_packet_out
         if limit and len(template.data) > limit:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
             self.metrics.queue_message_drop += 1
@@ -422,8 +424,8 @@ class Session:
         message = delivery.message
         return PublishContext(
             client_id=self.client_id,
-            username=outlet.username if outlet is not None else None,
-            attributes=outlet.attributes if outlet is not None else {},
+            username=outlet.client.username if outlet is not None else None,
+            attributes=outlet.client.attributes if outlet is not None else {},
             topic=message.topic,
             payload=message.payload,
             qos=delivery.qos,

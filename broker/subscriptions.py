@@ -1,8 +1,8 @@
 """SUBSCRIBE and UNSUBSCRIBE for a client connection: filters, plugins, SUBACK, retained.
 
-A mixin of `broker.connection.Connection` (it uses the connection's session, broker and
-protocol level): the subscription side of the protocol in one place, apart from the
-transport and PUBLISH paths.
+Functions over the connection shell (`conn`, broker/connection.py) and its ClientState:
+the subscription side of the protocol in one place, apart from the transport and the
+PUBLISH path.
 """
 
 from __future__ import annotations
@@ -14,211 +14,206 @@ from broker.protocol import Property, ReasonCode, Subscribe, UnsubAck, Unsubscri
 from broker.protocol import SubAck as SubAckPacket
 from broker.router import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter
-from hooks import Chain, Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
+from hooks import Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
 
 if TYPE_CHECKING:
-    from broker.server import Broker
-    from broker.session import Session
+    from broker.connection import Connection
 
 MQTT5 = 5
 ALLOWED = Ok()  # the verdict when no plugin has a say
 
 
-class SubscriptionHandling:
-    """Packet handlers for SUBSCRIBE / UNSUBSCRIBE; they also use the connection's
-    client_id, username, attributes, send(), close(), _spawn() and _closing."""
-
-    __slots__ = ()
-
-    broker: Broker
-    session: Session | None
-    protocol_level: int
-
-    def _on_subscribe(self, packet: Subscribe) -> None:
-        self.broker.metrics.mqtt_subscribe_received += 1
-        codes: list[int | None] = []  # None: valid, decided by the plugins below
-        requests = []
-        for sub in packet.subscriptions:
-            if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
-                # No Local on a shared subscription is a Protocol Error [MQTT-3.8.3-4].
-                return self.close(ReasonCode.PROTOCOL_ERROR)
-            code = self._filter_problem(sub.topic_filter, requests)
-            codes.append(code)
-            if code is None:
-                requests.append(
-                    TopicRequest(
-                        topic=sub.topic_filter,
-                        qos=sub.qos,
-                        no_local=sub.no_local,
-                        retain_as_published=sub.retain_as_published,
-                        retain_handling=sub.retain_handling,
-                    )
-                )
-        chain = self.broker.hooks.chain(
-            "auth_on_subscribe_m5" if self.protocol_level == MQTT5 else "auth_on_subscribe"
-        )
-        if not chain or not requests:  # no authorization plugin: subscribing is allowed
-            return self._subscribe(packet, codes, [(r, r.qos) for r in requests], ALLOWED)
-        context = SubscribeContext(
-            client_id=self.client_id,
-            username=self.username,
-            attributes=self.attributes,
-            topics=requests,
-            properties=packet.properties,
-        )
-        if chain.synchronous:
-            result = chain.run_sync(context)
-            granted = granted_topics(requests, result, self.protocol_level)
-            return self._subscribe(packet, codes, granted, result)
-        self._spawn(self._authorize_subscribe(packet, codes, context, chain))
-
-    async def _authorize_subscribe(
-        self, packet: Subscribe, codes: list, context: SubscribeContext, chain: Chain
-    ) -> None:
-        result = await chain.run(context)
-        if not self._closing:
-            granted = granted_topics(context.topics, result, self.protocol_level)
-            self._subscribe(packet, codes, granted, result)
-
-    def _filter_problem(self, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
-        """The SUBACK failure code for a filter we cannot take, None for a good one
-        (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
-        v5 = self.protocol_level == MQTT5
-        shared = parse_shared(topic_filter)
-        if shared is not None:  # $share/<group>/<filter>
-            group, inner = shared
-            if not group or "+" in group or "#" in group or not valid_topic_filter(inner):
-                return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        elif not valid_topic_filter(topic_filter):
-            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        depth = self.broker.settings.topic_max_depth
-        inner = topic_filter if shared is None else shared[1]
-        if depth and inner.count("/") >= depth:
-            self.broker.metrics.topic_depth_exceeded += 1
-            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-        limit = self.broker.settings.max_subscriptions_per_client
-        subscriptions = self.session.subscriptions
-        if (
-            limit
-            and topic_filter not in subscriptions
-            and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
-        ):
-            self.broker.metrics.subscription_limit_exceeded += 1
-            return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
-        return None
-
-    def _subscribe(
-        self,
-        packet: Subscribe,
-        codes: list,
-        granted: list[tuple[TopicRequest, int]],
-        result: Result,
-    ) -> None:
-        """Subscribe what was granted, answer SUBACK, then send the retained messages.
-        on_subscribe fires only when the plugins allowed the request (`result` Ok)."""
-        sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
-        sub_id = sub_ids[0] if sub_ids else None
-        decisions = iter(granted)
-        retained = []
-        for i, code in enumerate(codes):
-            if code is not None:
-                continue
-            request, codes[i] = next(decisions)
-            if codes[i] > 2:
-                continue
-            options = SubOptions(
-                codes[i],
-                request.no_local,
-                request.retain_as_published,
-                request.retain_handling,
-                sub_id,
-            )
-            is_new = self.broker.subscribe(self.session.owner, request.topic, options)
-            # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
-            # A shared subscription gets no retained messages [MQTT-4.8.2].
-            if request.topic.startswith(SHARE_PREFIX):
-                continue
-            if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
-                retained.append((request.topic, options))
-        props = {}
-        if type(result) is Error and self.protocol_level == MQTT5 and self.problem_info:
-            props = refusal_properties(result)
-        self.send(SubAckPacket(packet.packet_id, codes, props))
-        self.broker.metrics.mqtt_suback_sent += 1
-        for topic_filter, options in retained:
-            self.broker.send_retained(self.session, topic_filter, options)
-        on_subscribe = self.broker.hooks.chain(
-            "on_subscribe_m5" if self.protocol_level == MQTT5 else "on_subscribe"
-        )
-        if on_subscribe and granted and type(result) is Ok:
-            topics = [
+def on_subscribe(conn: Connection, packet: Subscribe) -> None:
+    conn.broker.metrics.mqtt_subscribe_received += 1
+    codes: list[int | None] = []  # None: valid, decided by the plugins below
+    requests: list[TopicRequest] = []
+    for sub in packet.subscriptions:
+        if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
+            # No Local on a shared subscription is a Protocol Error [MQTT-3.8.3-4].
+            return conn.close(ReasonCode.PROTOCOL_ERROR)
+        code = _filter_problem(conn, sub.topic_filter, requests)
+        codes.append(code)
+        if code is None:
+            requests.append(
                 TopicRequest(
-                    topic=request.topic,
-                    qos=code,
-                    no_local=request.no_local,
-                    retain_as_published=request.retain_as_published,
-                    retain_handling=request.retain_handling,
+                    topic=sub.topic_filter,
+                    qos=sub.qos,
+                    no_local=sub.no_local,
+                    retain_as_published=sub.retain_as_published,
+                    retain_handling=sub.retain_handling,
                 )
-                for request, code in granted
-            ]
-            self.broker.hooks.notify(
-                on_subscribe.name,
-                SubscribeContext(
-                    client_id=self.client_id,
-                    username=self.username,
-                    attributes=self.attributes,
-                    topics=topics,
-                    properties=packet.properties,
-                ),
             )
+    chain = conn.broker.hooks.chain(
+        "auth_on_subscribe_m5" if conn.client.protocol_level == MQTT5 else "auth_on_subscribe"
+    )
+    if not chain or not requests:  # no authorization plugin: subscribing is allowed
+        return _subscribe(conn, packet, codes, [(r, r.qos) for r in requests], ALLOWED)
+    context = SubscribeContext(
+        client_id=conn.client.client_id,
+        username=conn.client.username,
+        attributes=conn.client.attributes,
+        topics=requests,
+        properties=packet.properties,
+    )
+    conn.decide(chain, context, _authorized_subscribe, conn, packet, codes, context)
 
-    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        self.broker.metrics.mqtt_unsubscribe_received += 1
-        chain = self.broker.hooks.chain(
-            "on_unsubscribe_m5" if self.protocol_level == MQTT5 else "on_unsubscribe"
+
+def _authorized_subscribe(
+    conn: Connection,
+    packet: Subscribe,
+    codes: list[int | None],
+    context: SubscribeContext,
+    result: Result,
+) -> None:
+    granted = granted_topics(context.topics, result, conn.client.protocol_level)
+    _subscribe(conn, packet, codes, granted, result)
+
+
+def _filter_problem(conn: Connection, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
+    """The SUBACK failure code for a filter we cannot take, None for a good one
+    (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
+    v5 = conn.client.protocol_level == MQTT5
+    shared = parse_shared(topic_filter)
+    if shared is not None:  # $share/<group>/<filter>
+        group, inner = shared
+        if not group or "+" in group or "#" in group or not valid_topic_filter(inner):
+            return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+    elif not valid_topic_filter(topic_filter):
+        return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+    depth = conn.broker.settings.topic_max_depth
+    inner = topic_filter if shared is None else shared[1]
+    if depth and inner.count("/") >= depth:
+        conn.broker.metrics.topic_depth_exceeded += 1
+        return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
+    limit = conn.broker.settings.max_subscriptions_per_client
+    assert conn.session is not None  # SUBSCRIBE comes after CONNECT (the decoder sees to it)
+    subscriptions = conn.session.subscriptions
+    if (
+        limit
+        and topic_filter not in subscriptions
+        and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
+    ):
+        conn.broker.metrics.subscription_limit_exceeded += 1
+        return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
+    return None
+
+
+def _subscribe(
+    conn: Connection,
+    packet: Subscribe,
+    codes: list,
+    granted: list[tuple[TopicRequest, int]],
+    result: Result,
+) -> None:
+    """Subscribe what was granted, answer SUBACK, then send the retained messages.
+    on_subscribe fires only when the plugins allowed the request (`result` Ok)."""
+    session = conn.session
+    assert session is not None
+    sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
+    sub_id = sub_ids[0] if sub_ids else None
+    decisions = iter(granted)
+    retained = []
+    for i, code in enumerate(codes):
+        if code is not None:
+            continue
+        request, codes[i] = next(decisions)
+        if codes[i] > 2:
+            continue
+        options = SubOptions(
+            codes[i],
+            request.no_local,
+            request.retain_as_published,
+            request.retain_handling,
+            sub_id,
         )
-        if not chain:
-            return self._unsubscribe(packet, packet.topic_filters, ALLOWED)
-        context = UnsubscribeContext(
-            client_id=self.client_id,
-            username=self.username,
-            attributes=self.attributes,
-            topics=list(packet.topic_filters),
-            properties=packet.properties,
+        is_new = conn.broker.subscribe(session.owner, request.topic, options)
+        # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
+        # A shared subscription gets no retained messages [MQTT-4.8.2].
+        if request.topic.startswith(SHARE_PREFIX):
+            continue
+        if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
+            retained.append((request.topic, options))
+    props = {}
+    if type(result) is Error and conn.client.protocol_level == MQTT5 and conn.client.problem_info:
+        props = refusal_properties(result)
+    conn.send(SubAckPacket(packet.packet_id, codes, props))
+    conn.broker.metrics.mqtt_suback_sent += 1
+    for topic_filter, options in retained:
+        conn.broker.send_retained(session, topic_filter, options)
+    on_subscribe = conn.broker.hooks.chain(
+        "on_subscribe_m5" if conn.client.protocol_level == MQTT5 else "on_subscribe"
+    )
+    if on_subscribe and granted and type(result) is Ok:
+        topics = [
+            TopicRequest(
+                topic=request.topic,
+                qos=code,
+                no_local=request.no_local,
+                retain_as_published=request.retain_as_published,
+                retain_handling=request.retain_handling,
+            )
+            for request, code in granted
+        ]
+        conn.broker.hooks.notify(
+            on_subscribe.name,
+            SubscribeContext(
+                client_id=conn.client.client_id,
+                username=conn.client.username,
+                attributes=conn.client.attributes,
+                topics=topics,
+                properties=packet.properties,
+            ),
         )
-        if chain.synchronous:
-            result = chain.run_sync(context)
-            return self._unsubscribe(packet, self._unsubscribe_topics(context, result), result)
-        self._spawn(self._authorize_unsubscribe(packet, context, chain))
 
-    async def _authorize_unsubscribe(
-        self, packet: Unsubscribe, context: UnsubscribeContext, chain: Chain
-    ) -> None:
-        result = await chain.run(context)
-        if not self._closing:
-            self._unsubscribe(packet, self._unsubscribe_topics(context, result), result)
 
-    @staticmethod
-    def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
-        """on_unsubscribe may rewrite the filters (Ok with `topics`); errors are ignored."""
-        if type(result) is Ok and "topics" in result.modifiers:
-            rewritten = [t if isinstance(t, str) else t[0] for t in result.modifiers["topics"]]
-            if len(rewritten) == len(context.topics):
-                return rewritten
-        return context.topics
+def on_unsubscribe(conn: Connection, packet: Unsubscribe) -> None:
+    conn.broker.metrics.mqtt_unsubscribe_received += 1
+    chain = conn.broker.hooks.chain(
+        "on_unsubscribe_m5" if conn.client.protocol_level == MQTT5 else "on_unsubscribe"
+    )
+    if not chain:
+        return _unsubscribe(conn, packet, packet.topic_filters, ALLOWED)
+    context = UnsubscribeContext(
+        client_id=conn.client.client_id,
+        username=conn.client.username,
+        attributes=conn.client.attributes,
+        topics=list(packet.topic_filters),
+        properties=packet.properties,
+    )
+    conn.decide(chain, context, _decided_unsubscribe, conn, packet, context)
 
-    def _unsubscribe(self, packet: Unsubscribe, topic_filters: list[str], result: Result) -> None:
-        codes = []
-        for topic_filter in topic_filters:
-            found = self.broker.unsubscribe(self.session.owner, topic_filter)
-            codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-        if self.protocol_level != MQTT5:
-            unsuback = UnsubAck(packet.packet_id)
-        else:
-            props = {}
-            if type(result) is Ok and self.problem_info:
-                # on_unsubscribe_m5 may answer with a Reason String and User Properties.
-                props = ack_properties(result.modifiers.get("properties", {}))
-            unsuback = UnsubAck(packet.packet_id, codes, props)
-        self.send(unsuback)
-        self.broker.metrics.mqtt_unsuback_sent += 1
+
+def _decided_unsubscribe(
+    conn: Connection, packet: Unsubscribe, context: UnsubscribeContext, result: Result
+) -> None:
+    _unsubscribe(conn, packet, _unsubscribe_topics(context, result), result)
+
+
+def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
+    """on_unsubscribe may rewrite the filters (Ok with `topics`); errors are ignored."""
+    if type(result) is Ok and "topics" in result.modifiers:
+        rewritten = [t if isinstance(t, str) else t[0] for t in result.modifiers["topics"]]
+        if len(rewritten) == len(context.topics):
+            return rewritten
+    return context.topics
+
+
+def _unsubscribe(
+    conn: Connection, packet: Unsubscribe, topic_filters: list[str], result: Result
+) -> None:
+    codes: list[int] = []
+    session = conn.session
+    assert session is not None
+    for topic_filter in topic_filters:
+        found = conn.broker.unsubscribe(session.owner, topic_filter)
+        codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+    if conn.client.protocol_level != MQTT5:
+        unsuback = UnsubAck(packet.packet_id)
+    else:
+        props = {}
+        if type(result) is Ok and conn.client.problem_info:
+            # on_unsubscribe_m5 may answer with a Reason String and User Properties.
+            props = ack_properties(result.modifiers.get("properties", {}))
+        unsuback = UnsubAck(packet.packet_id, codes, props)
+    conn.send(unsuback)
+    conn.broker.metrics.mqtt_unsuback_sent += 1

@@ -276,7 +276,7 @@ def check_modifiers(hook: str, modifiers: Mapping[str, Any]) -> str | None:
         rule = allowed.get(key)
         if rule is None:
             return f"modifier {key!r} is not allowed in {hook}"
-        if type(rule) is Unsupported:
+        if isinstance(rule, Unsupported):
             if not rule.harmless(value):
                 return f"modifier {key!r} of {hook} is not supported by Nautilus: {rule.why}"
         elif not rule(value):

@@ -1,0 +1,101 @@
+"""ClientState: everything the broker knows about one client connection, in one place.
+
+The connection shell (broker/connection.py) owns the socket, the timers and the write
+buffer; the packet handlers (CONNECT, PUBLISH, SUBSCRIBE) read and change this state, and
+sessions see the client through it (identity for hook contexts, the wire profile for
+encoding). Nothing here does I/O.
+
+The phase says which packets are welcome, and moves only forward:
+
+    AWAITING_CONNECT --> AUTHENTICATING --> CONNECTED --> CLOSING
+            |                  |                              ^
+            +------------------+---> CONNECTED / CLOSING -----+
+
+AUTHENTICATING covers an MQTT 5 enhanced authentication exchange before CONNACK, when
+only AUTH and DISCONNECT may arrive [MQTT-4.12.0-4]; CLOSING is final (the broker reads
+and discards while the socket lingers).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.message import Message, TopicAliases
+    from broker.protocol import Connect
+
+AWAITING_CONNECT = 0
+AUTHENTICATING = 1
+CONNECTED = 2
+CLOSING = 3
+PHASE_NAMES = ("awaiting-connect", "authenticating", "connected", "closing")
+_NEXT = {
+    AWAITING_CONNECT: frozenset({AUTHENTICATING, CONNECTED, CLOSING}),
+    AUTHENTICATING: frozenset({CONNECTED, CLOSING}),
+    CONNECTED: frozenset({CLOSING}),
+    CLOSING: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A bug of ours: the connection tried to go back to an earlier phase."""
+
+
+class ClientState:
+    __slots__ = (
+        "aliases_in",
+        "aliases_out",
+        "attributes",
+        "client_id",
+        "keepalive",
+        "max_message_rate",
+        "max_packet_out",
+        "peer",
+        "pending_connect",
+        "phase",
+        "problem_info",
+        "protocol_level",
+        "username",
+        "will",
+        "will_delay",
+    )
+
+    def __init__(self, peer: tuple[str, int] = ("?", 0), max_message_rate: int = 0) -> None:
+        self.phase = AWAITING_CONNECT
+        # Identity.
+        self.peer = peer
+        self.client_id = ""  # until CONNECT (or the one the broker assigned)
+        self.username: str | None = None
+        self.attributes: dict[str, Any] = {}  # shared by the plugins for this client
+        # Negotiated at CONNECT.
+        self.protocol_level = 4  # until CONNECT says otherwise
+        self.keepalive = 0  # seconds; 0: none
+        self.max_packet_out = 0  # the MQTT 5 client's Maximum Packet Size; 0: no limit
+        self.problem_info = True  # may acknowledgements carry Reason Strings [3.1.2.11.7]
+        self.max_message_rate = max_message_rate  # PUBLISHes per second; 0: no limit
+        # Topic Aliases: the client's towards us, ours towards the client (if any).
+        self.aliases_in: dict[int, str] = {}
+        self.aliases_out: TopicAliases | None = None
+        # The will, published when the connection ends without a normal DISCONNECT.
+        self.will: Message | None = None
+        self.will_delay = 0
+        # (CONNECT, assigned client id) while an enhanced authentication runs.
+        self.pending_connect: tuple[Connect, str | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ClientState {self.client_id!r} {PHASE_NAMES[self.phase]}>"
+
+    @property
+    def v5(self) -> bool:
+        return self.protocol_level == 5
+
+    def advance(self, phase: int) -> None:
+        """Move to `phase`; only forward moves are legal (see the module docstring)."""
+        if phase not in _NEXT[self.phase]:
+            raise IllegalTransition(f"{PHASE_NAMES[self.phase]} -> {PHASE_NAMES[phase]}")
+        self.phase = phase
+
+    def name(self) -> str:
+        """How logs name this client: its address, and its client id once known."""
+        peer = f"{self.peer[0]}:{self.peer[1]}"
+        return f"{peer} ({self.client_id})" if self.client_id else peer

@@ -1,0 +1,223 @@
+"""PUBLISH for a client connection: inbound messages (topic aliases, checks,
+auth_on_publish, routing, PUBACK / PUBREC, PUBREL) and the acknowledgements of the
+messages the broker sent (PUBACK, PUBREC, PUBCOMP).
+
+Functions over the connection shell (`conn`) and its ClientState: nothing here touches a
+transport. The hot path is `on_publish` -> `_route` -> `Broker.publish`; after routing,
+a publisher whose message filled a subscriber's queue is held (broker/flow.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from broker.authorization import apply_publish_modifiers, publish_refusal, refusal_properties
+from broker.message import Message
+from broker.protocol import (
+    Property,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    Will,
+)
+from broker.topics import valid_topic_name
+from hooks import Ok, PublishContext, Result
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+
+log = logging.getLogger("nautilus.connection")
+
+MQTT5 = 5
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def on_publish(conn: Connection, packet: Publish) -> None:
+    conn.broker.metrics.mqtt_publish_received += 1
+    if conn.client.max_message_rate:
+        conn.count_rate()
+    if Property.TOPIC_ALIAS in packet.properties and not _resolve_alias(conn, packet):
+        return None
+    if not valid_topic_name(packet.topic):
+        return conn.close(ReasonCode.TOPIC_NAME_INVALID)
+    depth = conn.broker.settings.topic_max_depth
+    if depth and packet.topic.count("/") >= depth:
+        conn.broker.metrics.topic_depth_exceeded += 1
+        return conn.close(ReasonCode.TOPIC_NAME_INVALID)
+    if packet.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _utf8(packet.payload):
+        # Flagged as UTF-8 but is not: refused with 0x99 [MQTT-3.3.2-4].
+        if packet.qos:
+            ack = PubAck if packet.qos == 1 else PubRec
+            return conn.send(ack(_packet_id(packet), ReasonCode.PAYLOAD_FORMAT_INVALID))
+        return None
+    if packet.qos == 2:
+        session = conn.session
+        assert session is not None  # PUBLISH comes after CONNECT (the decoder sees to it)
+        received = session.received_qos2
+        if packet.packet_id in received:  # a resend: acknowledge, do not route twice
+            return conn.send(PubRec(_packet_id(packet)))
+        if len(received) >= conn.broker.settings.receive_max_broker:
+            return conn.close(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    chain = conn.broker.auth_on_publish[conn.client.protocol_level == MQTT5]
+    if not chain:  # no authorization plugin: publishing is allowed
+        return _route(conn, packet, None)
+    context = publish_context(conn, packet)
+    conn.decide(chain, context, _authorized_publish, conn, packet, context)
+
+
+def _resolve_alias(conn: Connection, packet: Publish) -> bool:
+    """Apply a client's Topic Alias [3.3.2.3.4]: a topic sets it, an empty topic uses it.
+    The alias is this connection's business: it is removed before routing."""
+    alias = packet.properties.pop(Property.TOPIC_ALIAS)
+    if alias > conn.broker.settings.topic_alias_max_broker:
+        conn.close(ReasonCode.TOPIC_ALIAS_INVALID)  # above what we announced
+        return False
+    if packet.topic:
+        conn.client.aliases_in[alias] = packet.topic
+    else:
+        topic = conn.client.aliases_in.get(alias)
+        if topic is None:  # an alias never set on this connection [MQTT-3.3.2-12]
+            conn.close(ReasonCode.PROTOCOL_ERROR)
+            return False
+        packet.topic = topic
+    packet.raw = None  # the bytes carry the alias, not (necessarily) the topic
+    return True
+
+
+def _authorized_publish(
+    conn: Connection, packet: Publish, context: PublishContext, result: Result
+) -> None:
+    if type(result) is Ok:
+        changed = apply_publish_modifiers(context, result)
+        return _route(conn, packet, context if changed else None)
+    log.debug("%s: publish to %r refused: %s", conn.client.name(), packet.topic, result)
+    if conn.client.protocol_level == 4:
+        return conn.close()  # MQTT 3.1.1 has no refusal code: VerneMQ disconnects
+    if packet.qos == 0:
+        return None
+    if conn.client.protocol_level == MQTT5:
+        ack = PubAck if packet.qos == 1 else PubRec
+        props = refusal_properties(result) if conn.client.problem_info else {}
+        return conn.send(ack(_packet_id(packet), publish_refusal(result), props))
+    return _acknowledge(conn, packet)  # MQTT 3.1: dropped silently
+
+
+def _route(conn: Connection, packet: Publish, changed: PublishContext | None) -> None:
+    """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it."""
+    session = conn.session
+    assert session is not None
+    if packet.qos == 2:
+        session.received_qos2.add(_packet_id(packet))
+    if changed is None:
+        message = Message(
+            packet.topic,
+            packet.payload,
+            packet.qos,
+            packet.retain,
+            packet.properties,
+            conn.client.client_id,
+            packet.raw,
+            conn.client.protocol_level,
+            now=conn.loop.time(),
+        )
+    else:
+        message = Message(
+            changed.topic,
+            changed.payload,
+            changed.qos,
+            changed.retain,
+            changed.properties,
+            conn.client.client_id,
+            now=conn.loop.time(),
+        )
+    if not message.topic.startswith("$SYS"):  # $SYS belongs to the broker
+        full = conn.broker.publish(message, session.shared_policy)
+        if full:
+            conn.broker.flow.hold(conn, full)
+        on_publish = conn.broker.on_publish[conn.client.protocol_level == MQTT5]
+        if on_publish:
+            conn.broker.hooks.notify(on_publish.name, changed or publish_context(conn, packet))
+    _acknowledge(conn, packet)
+
+
+def _packet_id(packet: Publish) -> int:
+    """The packet id of a QoS 1/2 PUBLISH (the decoder refuses one without)."""
+    assert packet.packet_id is not None
+    return packet.packet_id
+
+
+def _acknowledge(conn: Connection, packet: Publish) -> None:
+    if packet.qos == 1:
+        conn.broker.metrics.mqtt_puback_sent += 1
+        conn.write(b"\x40\x02" + _packet_id(packet).to_bytes(2, "big"))
+    elif packet.qos == 2:
+        conn.broker.metrics.mqtt_pubrec_sent += 1
+        conn.write(b"\x50\x02" + _packet_id(packet).to_bytes(2, "big"))
+
+
+def publish_context(conn: Connection, packet: Publish | Will) -> PublishContext:
+    """This client's PUBLISH (or the will its CONNECT carries) as hooks see it."""
+    return PublishContext(
+        client_id=conn.client.client_id,
+        username=conn.client.username,
+        attributes=conn.client.attributes,
+        topic=packet.topic,
+        payload=packet.payload,
+        qos=packet.qos,
+        retain=packet.retain,
+        properties=packet.properties,  # plugins change it by modifier, not in place
+    )
+
+
+def on_pubrel(conn: Connection, packet: PubRel) -> None:
+    conn.broker.metrics.mqtt_pubrel_received += 1
+    conn.broker.metrics.mqtt_pubcomp_sent += 1
+    session = conn.session
+    assert session is not None
+    try:
+        session.received_qos2.remove(packet.packet_id)
+        code = ReasonCode.SUCCESS
+    except KeyError:
+        code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+    conn.send(PubComp(packet.packet_id, code if conn.client.protocol_level == MQTT5 else 0))
+
+
+# -- acknowledgements of our PUBLISHes ---------------------------------------------
+
+
+def on_puback(conn: Connection, packet: PubAck) -> None:
+    conn.broker.metrics.mqtt_puback_received += 1
+    session = conn.session
+    assert session is not None
+    session.on_puback(packet.packet_id)
+
+
+def on_pubrec(conn: Connection, packet: PubRec) -> None:
+    conn.broker.metrics.mqtt_pubrec_received += 1
+    session = conn.session
+    assert session is not None
+    code = session.on_pubrec(packet.packet_id, packet.reason_code)
+    if code >= 0:
+        conn.broker.metrics.mqtt_pubrel_sent += 1
+        conn.send(PubRel(packet.packet_id, code if conn.client.protocol_level == MQTT5 else 0))
+
+
+def on_pubcomp(conn: Connection, packet: PubComp) -> None:
+    conn.broker.metrics.mqtt_pubcomp_received += 1
+    session = conn.session
+    assert session is not None
+    session.on_pubcomp(packet.packet_id)
+
+
+# -- the rest ----------------------------------------------------------------------
