@@ -88,7 +88,7 @@ def on_connect(conn: Connection, packet: Connect) -> None:
         return refuse(conn, moved, {Property.SERVER_REFERENCE: settings.server_reference})
     method = packet.properties.get(Property.AUTHENTICATION_METHOD) if level == MQTT5 else None
     if method is not None:  # enhanced authentication comes first [4.12]
-        chain = conn.broker.hooks.chain("on_auth_m5")
+        chain = conn.broker.chains.on_auth_m5
         if not chain:
             return refuse(conn, ReasonCode.BAD_AUTHENTICATION_METHOD)
         conn.auth_exchange = AuthExchange(chain, method)
@@ -102,15 +102,15 @@ def _authenticate(
 ) -> None:
     """auth_on_register and the will's auth_on_publish, then CONNACK (`auth_props`:
     what enhanced authentication adds to it)."""
-    hooks = conn.broker.hooks
+    chains = conn.broker.chains
     level = conn.client.protocol_level
     v5 = level == MQTT5
     register = None
     if not conn.broker.settings.allow_anonymous:  # then auth_on_register is skipped
-        register = hooks.chain("auth_on_register_m5" if v5 else "auth_on_register")
+        register = chains.auth_on_register[v5]
     will_check = None
     if packet.will is not None:
-        will_check = hooks.chain("auth_on_publish_m5" if v5 else "auth_on_publish") or None
+        will_check = chains.auth_on_publish[v5] or None
     if register is None and will_check is None:
         return _accept(conn, packet, assigned, {}, auth_props)
     context = RegisterContext(
@@ -176,11 +176,12 @@ def _apply_register_modifiers(
 
 def _register_failed(conn: Connection, context: RegisterContext, result, code: int) -> None:
     reason = refusal_reason(result)
-    chain = conn.broker.hooks.chain("on_register_failed")
+    chains = conn.broker.chains
+    chain = chains.on_register_failed
     if chain:
         context.reason = reason
         context.password = None  # events (and the event relay) never see credentials
-        conn.broker.hooks.notify("on_register_failed", context)
+        chains.notify(chain, context)
     log.info("%s: not authorized: %s", conn.client.name(), reason)
     if not conn.closing:
         refuse(conn, code, refusal_properties(result))
@@ -226,12 +227,12 @@ def _accept(
     session, present = registry.connect(conn.client.client_id, packet.clean_start, expiry)
     session.apply_limits(session_limits(modifiers))
     conn.session = session
-    hooks = conn.broker.hooks
-    on_register = hooks.chain("on_register_m5" if level == MQTT5 else "on_register")
+    chains = conn.broker.chains
+    on_register = chains.on_register[level == MQTT5]
     if on_register:
-        hooks.notify(on_register.name, _register_event(conn, packet))
-    if hooks.chain("on_client_wakeup"):
-        hooks.notify("on_client_wakeup", conn.client_context())
+        chains.notify(on_register, _register_event(conn, packet))
+    if chains.on_client_wakeup:
+        chains.notify(chains.on_client_wakeup, conn.client_context())
     connack_props = {**_connack_properties(conn, assigned), **auth_props}
     if level == MQTT5 and "properties" in modifiers:
         # auth_on_register_m5 may add User Properties (and a Reason String).

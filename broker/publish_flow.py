@@ -69,7 +69,7 @@ def on_publish(conn: Connection, packet: Publish) -> None:
             return conn.send(PubRec(_packet_id(packet)))
         if len(received) >= conn.broker.settings.receive_max_broker:
             return conn.close(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-    chain = conn.broker.auth_on_publish[conn.client.protocol_level == MQTT5]
+    chain = conn.broker.chains.auth_on_publish[conn.client.protocol_level == MQTT5]
     if not chain:  # no authorization plugin: publishing is allowed
         return _route(conn, packet, None)
     context = publish_context(conn, packet)
@@ -145,9 +145,10 @@ def _route(conn: Connection, packet: Publish, changed: PublishContext | None) ->
         full = conn.broker.publish(message, session.shared_policy)
         if full:
             conn.broker.flow.hold(conn, full)
-        on_publish = conn.broker.on_publish[conn.client.protocol_level == MQTT5]
+        chains = conn.broker.chains
+        on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
         if on_publish:
-            conn.broker.hooks.notify(on_publish.name, changed or publish_context(conn, packet))
+            chains.notify(on_publish, changed or publish_context(conn, packet))
     _acknowledge(conn, packet)
 
 

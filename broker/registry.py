@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from broker.message import Delivery, Message
 from broker.multi_session import Member, MultiSession
 from broker.session import AWAITING_ACK, Session
-from hooks import ClientContext
+from hooks import Chain, ClientContext
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -85,7 +85,7 @@ class Registry:
         if isinstance(session, Member) and isinstance(owner, MultiSession):  # one of several
             owner.leave(session)
             if owner.online:  # the others carry on: only this connection's will is due
-                self._event("on_client_offline", client)
+                self._event(self.broker.chains.on_client_offline, client)
                 if will is not None:
                     self.broker.loop.call_later(will_delay, self.broker.publish, will)
                 return
@@ -95,9 +95,9 @@ class Registry:
             if will is not None:
                 self.broker.publish(will)
             self.end(session)
-            self._event("on_client_gone", client)
+            self._event(self.broker.chains.on_client_gone, client)
             return
-        self._event("on_client_offline", client)
+        self._event(self.broker.chains.on_client_offline, client)
         if will is not None:
             delay = will_delay
             if session.expiry is not None:
@@ -113,14 +113,13 @@ class Registry:
     def expire(self, session: Session) -> None:
         """The session stayed offline past its expiry interval."""
         self.end(session)
-        hooks = self.broker.hooks
-        if hooks.chain("on_session_expired"):
-            hooks.notify("on_session_expired", ClientContext(client_id=session.client_id))
+        chains = self.broker.chains
+        if chains.on_session_expired:
+            chains.notify(chains.on_session_expired, ClientContext(client_id=session.client_id))
 
-    def _event(self, hook: str, client: ClientContext) -> None:
-        hooks = self.broker.hooks
-        if hooks.chain(hook):
-            hooks.notify(hook, client)
+    def _event(self, chain: Chain, client: ClientContext) -> None:
+        if chain:
+            self.broker.chains.notify(chain, client)
 
     def _publish_will(self, session: Session) -> None:
         assert session.pending_will is not None

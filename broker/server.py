@@ -15,6 +15,7 @@ from typing import Any
 from broker.config import Config
 from broker.connection import Connection
 from broker.flow import FlowControl
+from broker.hook_callers import HookCallers
 from broker.message import Delivery, Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
@@ -26,7 +27,7 @@ from broker.router import Router, SharedGroup, SubOptions
 from broker.session import Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
-from hooks import Chain, Hooks
+from hooks import Hooks
 
 log = logging.getLogger("nautilus")
 
@@ -52,9 +53,7 @@ class Broker:
         self.plugins = load_plugins(config.plugins) if plugins is None else plugins
         self.hooks = Hooks(self.plugins)
         self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
-        # The chains of the hot path, looked up once: index 0 for MQTT 3, 1 for MQTT 5.
-        self.auth_on_publish = self._chains("auth_on_publish")
-        self.on_publish = self._chains("on_publish")
+        self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
         self.connections: set[Connection] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
@@ -62,9 +61,6 @@ class Broker:
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self._servers: list[asyncio.Server] = []
         self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
-
-    def _chains(self, name: str) -> tuple[Chain, Chain]:
-        return self.hooks.chain(name), self.hooks.chain(f"{name}_m5")
 
     def _connack_properties(self) -> dict:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
@@ -172,7 +168,7 @@ class Broker:
             lifo=s.queue_type == "lifo",
             metrics=self.metrics,
             store=self.store,
-            hooks=self.hooks,
+            chains=self.chains,
             clock=self.loop,
             flow=self.flow,
             retry_interval=s.retry_interval,

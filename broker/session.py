@@ -35,10 +35,10 @@ from hooks import Chain, Ok, PublishContext, Result
 if TYPE_CHECKING:
     from broker.clock import Clock, Timer
     from broker.flow import FlowControl
+    from broker.hook_callers import HookCallers
     from broker.metrics import Metrics
     from broker.outlet import Outlet
     from broker.store import MessageStore
-    from hooks import Hooks
 
 log = logging.getLogger("nautilus.session")
 
@@ -75,6 +75,7 @@ class Session:
         "_purge_due",
         "_retry_due",
         "_retry_timer",
+        "chains",
         "client_id",
         "clock",
         "deferred",
@@ -83,7 +84,6 @@ class Session:
         "flow",
         "held",
         "high_water",
-        "hooks",
         "inflight",
         "lifo",
         "low_water",
@@ -91,7 +91,6 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
-        "on_deliver",
         "outlet",
         "owner",
         "pending_will",
@@ -117,7 +116,7 @@ class Session:
         lifo: bool,
         metrics: Metrics,
         store: MessageStore,
-        hooks: Hooks,
+        chains: HookCallers,
         clock: Clock,
         flow: FlowControl,
         retry_interval: int = 0,
@@ -158,8 +157,7 @@ class Session:
         self.pending_will: tuple[Timer, Message] | None = None
         self._next_id = 1
         self.store = store
-        self.hooks = hooks
-        self.on_deliver = hooks.versions("on_deliver")  # (MQTT 3, MQTT 5), resolved once
+        self.chains = chains  # the hook chains, resolved once for the whole broker
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
         self._retry_timer: Timer | None = None
         self._retry_due: set[int] = set()
@@ -244,10 +242,10 @@ class Session:
         self.retry_interval = settings["retry_interval"]
         self.shared_policy = settings["shared_subscription_policy"]
 
-    def _event(self, hook: str, delivery: Delivery, reason: str = "") -> None:
+    def _event(self, chain: Chain, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""
-        if self.hooks.chain(hook):
-            self.hooks.notify(hook, self._context(delivery, reason))
+        if chain:
+            self.chains.notify(chain, self._context(delivery, reason))
 
     def detach(self) -> None:
         """Go offline. A persistent session's undelivered messages are written to the store;
@@ -292,7 +290,7 @@ class Session:
             if delivery.qos == 0:
                 self.metrics.queue_message_unhandled += 1
             else:
-                self._event("on_offline_message", delivery)
+                self._event(self.chains.on_offline_message, delivery)
                 self._enqueue(delivery, self.max_offline)
             return None
         if (
@@ -328,9 +326,11 @@ class Session:
         if 0 <= limit <= len(queue):
             self.metrics.queue_message_drop += 1
             if not self.lifo or not queue:
-                self._event("on_message_drop", delivery, "queue_full")
+                self._event(self.chains.on_message_drop, delivery, "queue_full")
                 return False  # fifo: tail drop, the new message is lost
-            self._event("on_message_drop", queue.popleft(), "queue_full")  # lifo: oldest goes
+            self._event(
+                self.chains.on_message_drop, queue.popleft(), "queue_full"
+            )  # lifo: oldest goes
             if self.stored_seqs:
                 self.store.dequeue(self.client_id, self.stored_seqs.popleft())
             queue.append(delivery)
@@ -357,7 +357,7 @@ class Session:
             expires_at = delivery.message.expires_at
             if expires_at is not None and expires_at <= now:
                 self.metrics.queue_message_expired += 1
-                self._event("on_message_drop", delivery, "expired")
+                self._event(self.chains.on_message_drop, delivery, "expired")
                 if seqs is not None:
                     self.store.dequeue(self.client_id, seqs[i])
                 continue
@@ -372,8 +372,8 @@ class Session:
         if message.expires_at is not None and message.expired(self.clock.time()):
             # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
             self.metrics.queue_message_expired += 1
-            return self._event("on_message_drop", delivery, "expired")
-        on_deliver = self.on_deliver[outlet.client.protocol_level == 5]
+            return self._event(self.chains.on_message_drop, delivery, "expired")
+        on_deliver = self.chains.on_deliver[outlet.client.protocol_level == 5]
         if on_deliver:
             if not on_deliver.synchronous:
                 return self._defer(on_deliver, delivery)
@@ -401,7 +401,7 @@ class Session:
             self.metrics.queue_message_drop += 1
             if packet_id is not None:
                 del self.inflight[packet_id]
-            return self._event("on_message_drop", delivery, "max_packet_size_exceeded")
+            return self._event(self.chains.on_message_drop, delivery, "max_packet_size_exceeded")
         if qos == 0:
             outlet.write(template.data)
         else:
@@ -448,7 +448,7 @@ class Session:
         if self._deferred_task is None:
             task = asyncio.ensure_future(self._deliver_deferred(chain))
             self._deferred_task = task
-            self.hooks.tasks.add(task)
+            self.chains.tasks.add(task)
             task.add_done_callback(self._deferred_done)
 
     async def _deliver_deferred(self, chain: Chain) -> None:
@@ -463,7 +463,7 @@ class Session:
             self._write(outlet, _rewritten(delivery, result), packet_id)
 
     def _deferred_done(self, task: asyncio.Task[None]) -> None:
-        self.hooks.tasks.discard(task)
+        self.chains.tasks.discard(task)
         self._deferred_task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("on_deliver failed for %s", self.client_id, exc_info=task.exception())
@@ -507,7 +507,7 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is not None and entry[0].qos == 1:
             del self.inflight[packet_id]
-            self._event("on_delivery_complete", entry[0])
+            self._event(self.chains.on_delivery_complete, entry[0])
             self.drain()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:
@@ -520,7 +520,7 @@ class Session:
             self.drain()
             return -1
         entry[1] = AWAITING_COMP
-        self._event("on_delivery_complete", entry[0])  # Courier: on PUBREC for QoS 2
+        self._event(self.chains.on_delivery_complete, entry[0])  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
     def on_pubcomp(self, packet_id: int) -> None:

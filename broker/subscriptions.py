@@ -43,9 +43,7 @@ def on_subscribe(conn: Connection, packet: Subscribe) -> None:
                     retain_handling=sub.retain_handling,
                 )
             )
-    chain = conn.broker.hooks.chain(
-        "auth_on_subscribe_m5" if conn.client.protocol_level == MQTT5 else "auth_on_subscribe"
-    )
+    chain = conn.broker.chains.auth_on_subscribe[conn.client.protocol_level == MQTT5]
     if not chain or not requests:  # no authorization plugin: subscribing is allowed
         return _subscribe(conn, packet, codes, [(r, r.qos) for r in requests], ALLOWED)
     context = SubscribeContext(
@@ -140,9 +138,8 @@ def _subscribe(
     conn.broker.metrics.mqtt_suback_sent += 1
     for topic_filter, options in retained:
         conn.broker.send_retained(session, topic_filter, options)
-    on_subscribe = conn.broker.hooks.chain(
-        "on_subscribe_m5" if conn.client.protocol_level == MQTT5 else "on_subscribe"
-    )
+    chains = conn.broker.chains
+    on_subscribe = chains.on_subscribe[conn.client.protocol_level == MQTT5]
     if on_subscribe and granted and type(result) is Ok:
         topics = [
             TopicRequest(
@@ -154,8 +151,8 @@ def _subscribe(
             )
             for request, code in granted
         ]
-        conn.broker.hooks.notify(
-            on_subscribe.name,
+        chains.notify(
+            on_subscribe,
             SubscribeContext(
                 client_id=conn.client.client_id,
                 username=conn.client.username,
@@ -168,9 +165,7 @@ def _subscribe(
 
 def on_unsubscribe(conn: Connection, packet: Unsubscribe) -> None:
     conn.broker.metrics.mqtt_unsubscribe_received += 1
-    chain = conn.broker.hooks.chain(
-        "on_unsubscribe_m5" if conn.client.protocol_level == MQTT5 else "on_unsubscribe"
-    )
+    chain = conn.broker.chains.on_unsubscribe[conn.client.protocol_level == MQTT5]
     if not chain:
         return _unsubscribe(conn, packet, packet.topic_filters, ALLOWED)
     context = UnsubscribeContext(
