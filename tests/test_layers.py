@@ -1,0 +1,148 @@
+"""Import boundaries: each layer of the broker imports only the layers below it, and the
+packages around the core import only what they may (DESIGN.md, "Layout").
+
+Layers of broker/, lowest first (a module may import its own layer and lower ones):
+
+  0 protocol       the sans-I/O codec
+  1 foundations    topics, clock, metrics, config, router (the trie only matches),
+                   authorization, enhanced_auth, hook_callers
+  2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
+  3 store          the message stores
+  4 sessions       session, multi_session (write to an Outlet, never to a connection)
+  5 registry       client id -> session
+  6 connection     the asyncio shell and the packet flows over it, plugins, systree
+  7 broker         server (the Broker), __main__
+
+Type-only imports (under `if TYPE_CHECKING:`) of an owner's class are the one exception:
+a part may name the type of what owns it (the registry its Broker, a flow the
+Connection it runs on) without importing it at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {
+    "broker.protocol": 0,
+    "broker.topics": 1,
+    "broker.clock": 1,
+    "broker.metrics": 1,
+    "broker.config": 1,
+    "broker.router": 1,
+    "broker.authorization": 1,
+    "broker.enhanced_auth": 1,
+    "broker.hook_callers": 1,
+    "broker.message": 2,
+    "broker.client": 2,
+    "broker.outlet": 2,
+    "broker.flow": 2,
+    "broker.retain": 2,
+    "broker.store": 3,
+    "broker.session": 4,
+    "broker.multi_session": 4,
+    "broker.registry": 5,
+    "broker.connection": 6,
+    "broker.connect_flow": 6,
+    "broker.publish_flow": 6,
+    "broker.subscriptions": 6,
+    "broker.plugins": 6,
+    "broker.systree": 6,
+    "broker.server": 7,
+    "broker.__main__": 7,
+    "broker": 7,  # broker/__init__.py
+}
+OWNER_TYPES = {"broker.server", "broker.connection"}  # may be named in type hints below
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module (a package's submodules share the package's layer)."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        name = ".".join(parts[:end])
+        if name in LAYERS:
+            return LAYERS[name]
+    raise AssertionError(f"{module} has no layer: add it to LAYERS")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, whether only under `if TYPE_CHECKING:`) for each import."""
+    tree = ast.parse(path.read_text())
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                type_only.update(id(n) for n in ast.walk(inner))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in type_only) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "broker":  # `from broker import connect_flow, ...`
+                found += [(f"broker.{a.name}", id(node) in type_only) for a in node.names]
+            else:
+                found.append((node.module, id(node) in type_only))
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", python_files("broker"), ids=lambda p: module_name(p))
+def test_broker_layers_import_only_downwards(path):
+    own = layer_of(module_name(path))
+    upward = [
+        module
+        for module, type_only in imports(path)
+        if module.startswith("broker")
+        and layer_of(module) > own
+        and not (type_only and layer_of(module) > own and module in OWNER_TYPES)
+    ]
+    assert not upward, f"{module_name(path)} (layer {own}) imports from above: {upward}"
+
+
+def test_every_broker_module_has_a_layer():
+    for path in python_files("broker"):
+        layer_of(module_name(path))
+
+
+@pytest.mark.parametrize("path", python_files("hooks"), ids=lambda p: module_name(p))
+def test_the_hook_contract_does_not_depend_on_the_broker(path):
+    assert not [m for m, _ in imports(path) if m.split(".")[0] in {"broker", "plugins"}]
+
+
+PUBLIC = ("broker.config", "broker.protocol", "broker.topics")  # what plugins may use
+
+
+@pytest.mark.parametrize(
+    "path", python_files("plugins") + python_files("event_relay"), ids=lambda p: module_name(p)
+)
+def test_plugins_use_only_the_contract_and_the_brokers_public_values(path):
+    # A plugin (and the event relay, which is one) sees the hook contract and a few value
+    # modules: config errors, protocol constants, topic rules. Never sessions,
+    # connections or the Broker, and no other plugin.
+    own = module_name(path).split(".")[:2]
+    for module, _ in imports(path):
+        top = module.split(".")[0]
+        if top == "broker":
+            assert module.startswith(PUBLIC), f"{module_name(path)} imports {module}"
+        elif top in {"plugins", "event_relay"}:
+            assert module.split(".")[: len(own)] == own, f"{module_name(path)} imports {module}"
+
+
+@pytest.mark.parametrize("path", python_files("spark_consumers"), ids=lambda p: module_name(p))
+def test_the_spark_jobs_talk_to_the_relay_over_tcp_only(path):
+    core = [m for m, _ in imports(path) if m.split(".")[0] in {"broker", "hooks", "plugins"}]
+    assert not core, f"{module_name(path)} imports {core}"
