@@ -51,10 +51,11 @@ class Member(Session):
         """What this member was given and the client did not acknowledge, oldest first:
         PUBLISHes awaiting PUBACK/PUBREC, deliveries waiting for on_deliver, the backlog."""
         unacked = [delivery for delivery, state in self.inflight.values() if state == AWAITING_ACK]
-        unacked.extend(delivery for delivery, packet_id in self.deferred if packet_id is None)
+        if self.deferred:
+            unacked.extend(d for d, packet_id in self.deferred if packet_id is None)
+            self.deferred.clear()
         unacked.extend(self.queue)
         self.inflight.clear()
-        self.deferred.clear()
         self.queue.clear()
         return unacked
 

@@ -83,10 +83,13 @@ def _resolve_alias(conn: Connection, packet: Publish) -> bool:
     if alias > conn.broker.settings.topic_alias_max_broker:
         conn.close(ReasonCode.TOPIC_ALIAS_INVALID)  # above what we announced
         return False
+    aliases = conn.client.aliases_in
+    if aliases is None:  # the first alias: the client gets a table of its own
+        aliases = conn.client.aliases_in = {}
     if packet.topic:
-        conn.client.aliases_in[alias] = packet.topic
+        aliases[alias] = packet.topic
     else:
-        topic = conn.client.aliases_in.get(alias)
+        topic = aliases.get(alias)
         if topic is None:  # an alias never set on this connection [MQTT-3.3.2-12]
             conn.close(ReasonCode.PROTOCOL_ERROR)
             return False
@@ -118,7 +121,10 @@ def _route(conn: Connection, packet: Publish, changed: PublishContext | None) ->
     session = conn.session
     assert session is not None
     if packet.qos == 2:
-        session.received_qos2.add(_packet_id(packet))
+        received = session.received_qos2
+        if not isinstance(received, set):  # the first: the session gets a set of its own
+            received = session.received_qos2 = set()
+        received.add(_packet_id(packet))
     if changed is None:
         message = Message(
             packet.topic,
@@ -186,10 +192,11 @@ def on_pubrel(conn: Connection, packet: PubRel) -> None:
     conn.broker.metrics.mqtt_pubcomp_sent += 1
     session = conn.session
     assert session is not None
-    try:
-        session.received_qos2.remove(packet.packet_id)
+    received = session.received_qos2
+    if isinstance(received, set) and packet.packet_id in received:
+        received.remove(packet.packet_id)
         code = ReasonCode.SUCCESS
-    except KeyError:
+    else:
         code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
     conn.send(PubComp(packet.packet_id, code if conn.client.protocol_level == MQTT5 else 0))
 

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import math
 from collections import deque
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from broker.flow import water_marks
@@ -44,6 +45,8 @@ log = logging.getLogger("nautilus.session")
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
+NO_IDS: AbstractSet[int] = frozenset()  # shared by the sessions that have none
+NEVER_STORED: deque[int] = deque(maxlen=0)  # drops what is appended: holds nothing, ever
 DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
 
 
@@ -129,15 +132,10 @@ class Session:
         self.subscriptions: dict[str, SubOptions] = {}
         self.queue: deque[Delivery] = deque()
         self.inflight: dict[int, list[Any]] = {}  # packet id -> [Delivery, state]
-        self.received_qos2: set[int] = set()  # inbound QoS 2 ids awaiting PUBREL
-        self._configured = {
-            "max_inflight_messages": max_inflight,
-            "max_online_messages": max_online,
-            "max_offline_messages": max_offline,
-            "queue_type": "lifo" if lifo else "fifo",
-            "retry_interval": retry_interval,
-            "shared_subscription_policy": None,  # None: the broker's policy
-        }
+        # Inbound QoS 2 ids awaiting PUBREL (a set of its own from the first one on).
+        self.received_qos2: AbstractSet[int] = NO_IDS
+        # The configured settings, which every CONNECT starts from (see apply_limits).
+        self._configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
         self.max_inflight = max_inflight or 65535  # 0 means no limit
         self.window = self.max_inflight
         self.max_online = max_online
@@ -160,13 +158,15 @@ class Session:
         self.chains = chains  # the hook chains, resolved once for the whole broker
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
         self._retry_timer: Timer | None = None
-        self._retry_due: set[int] = set()
-        # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id).
-        self.deferred: deque[tuple[Delivery, int | None]] = deque()
+        self._retry_due: AbstractSet[int] = NO_IDS
+        # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id);
+        # made when first needed (an idle session costs less).
+        self.deferred: deque[tuple[Delivery, int | None]] | None = None
         self._deferred_task: asyncio.Task[None] | None = None
         # While offline, a persistent session's queue is mirrored in the store; these are
-        # the store's sequence numbers of the queued messages, in queue order.
-        self.stored_seqs: deque[int] = deque()
+        # the store's sequence numbers of the queued messages, in queue order. A store
+        # that keeps nothing gets NEVER_STORED, which cannot hold anything.
+        self.stored_seqs: deque[int] = deque() if store.persistent else NEVER_STORED
         self._next_seq = 0
         self._purge_due = 0.0  # when a queued message may first have expired
 
@@ -233,14 +233,15 @@ class Session:
         """The settings an auth_on_register plugin chose for this connection (VerneMQ's
         modifiers). Every CONNECT starts again from the configured ones, so a resumed
         session does not keep what a plugin said the last time."""
-        settings = {**self._configured, **limits}
-        self.max_inflight = settings["max_inflight_messages"] or 65535
-        self.max_online = settings["max_online_messages"]
+        max_inflight, max_online, max_offline, lifo, retry_interval = self._configured
+        self.max_inflight = limits.get("max_inflight_messages", max_inflight) or 65535
+        self.max_online = limits.get("max_online_messages", max_online)
         self.high_water, self.low_water = water_marks(self.max_online)
-        self.max_offline = settings["max_offline_messages"]
-        self.lifo = settings["queue_type"] == "lifo"
-        self.retry_interval = settings["retry_interval"]
-        self.shared_policy = settings["shared_subscription_policy"]
+        self.max_offline = limits.get("max_offline_messages", max_offline)
+        self.lifo = limits["queue_type"] == "lifo" if "queue_type" in limits else lifo
+        self.retry_interval = limits.get("retry_interval", retry_interval)
+        # None: the broker's policy
+        self.shared_policy = limits.get("shared_subscription_policy")
 
     def _event(self, chain: Chain, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""
@@ -444,6 +445,8 @@ class Session:
         if delivery.qos:
             packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
+        if self.deferred is None:
+            self.deferred = deque()
         self.deferred.append((delivery, packet_id))
         if self._deferred_task is None:
             task = asyncio.ensure_future(self._deliver_deferred(chain))
@@ -452,8 +455,9 @@ class Session:
             task.add_done_callback(self._deferred_done)
 
     async def _deliver_deferred(self, chain: Chain) -> None:
-        while self.deferred:
-            delivery, packet_id = self.deferred.popleft()
+        deferred = self.deferred
+        while deferred:
+            delivery, packet_id = deferred.popleft()
             if self.outlet is None:
                 continue  # QoS 1/2 wait in flight for the reconnect; QoS 0 is lost
             result = await chain.run(self._context(delivery))

@@ -74,7 +74,7 @@ class ClientState:
         self.problem_info = True  # may acknowledgements carry Reason Strings [3.1.2.11.7]
         self.max_message_rate = max_message_rate  # PUBLISHes per second; 0: no limit
         # Topic Aliases: the client's towards us, ours towards the client (if any).
-        self.aliases_in: dict[int, str] = {}
+        self.aliases_in: dict[int, str] | None = None  # made at the first alias
         self.aliases_out: TopicAliases | None = None
         # The will, published when the connection ends without a normal DISCONNECT.
         self.will: Message | None = None
