@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from broker import connect_flow, publish_flow, subscriptions
 from broker.client import AUTHENTICATING, CLOSING, ClientState
 from broker.enhanced_auth import AuthExchange
+from broker.message import Message
 from broker.protocol import (
     Auth,
     Connect,
@@ -49,7 +50,7 @@ from broker.protocol import (
     UnsupportedProtocolVersion,
     encode,
 )
-from hooks import Chain, ClientContext
+from hooks import Chain, ClientContext, PublishContext
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -68,6 +69,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_out",
         "_out_bytes",
+        "_postponed",
         "_rate_count",
         "_rate_window_end",
         "_timer",
@@ -108,6 +110,8 @@ class Connection(asyncio.Protocol):
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
         self._out: list[bytes] = []
         self._out_bytes = 0
+        # A PUBLISH held back by flow control, routed first when released (postpone()).
+        self._postponed: tuple[Publish, Message, PublishContext | None] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -144,6 +148,10 @@ class Connection(asyncio.Protocol):
         decoder = self.decoder
         client = self.client
         try:
+            postponed = self._postponed
+            if postponed is not None and not (self.reading_paused or client.phase == CLOSING):
+                self._postponed = None  # routed first: this client's messages keep order
+                publish_flow.route_held(self, *postponed)
             while not (
                 client.phase == CLOSING or self.reading_paused or self.busy or self.throttled
             ):
@@ -217,6 +225,12 @@ class Connection(asyncio.Protocol):
             self.session.drain()
 
     # -- flow control: this connection as a publisher ---------------------------------
+
+    def postpone(self, packet: Publish, message: Message, changed: PublishContext | None) -> None:
+        """Keep a message whose subscriber is full, unacknowledged, until released (the
+        connection is held right after). If the connection ends first, the client sends
+        it again: it was never acknowledged."""
+        self._postponed = (packet, message, changed)
 
     def hold(self) -> None:
         """Stop reading: a subscriber this client feeds has a full queue."""

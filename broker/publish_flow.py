@@ -147,14 +147,34 @@ def _route(conn: Connection, packet: Publish, changed: PublishContext | None) ->
             conn.client.client_id,
             now=conn.loop.time(),
         )
-    if not message.topic.startswith("$SYS"):  # $SYS belongs to the broker
-        full = conn.broker.publish(message, session.shared_policy)
-        if full:
-            conn.broker.flow.hold(conn, full)
-        chains = conn.broker.chains
-        on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
-        if on_publish:
-            chains.notify(on_publish, changed or publish_context(conn, packet))
+    if message.topic.startswith("$SYS"):  # $SYS belongs to the broker
+        return _acknowledge(conn, packet)
+    route_held(conn, packet, message, changed)
+
+
+def route_held(
+    conn: Connection, packet: Publish, message: Message, changed: PublishContext | None
+) -> None:
+    """Route an allowed message and acknowledge it, unless a subscriber it goes to has a
+    full queue: then the connection keeps it (unacknowledged) and is held, and this runs
+    again when it is released. So no queue ever takes a message above its high-water
+    mark, however many publishers feed it (broker/flow.py)."""
+    broker = conn.broker
+    flow = broker.flow
+    if flow.congested:  # only while some subscriber holds publishers: costs nothing else
+        waiting_for = broker.full_subscribers(message.topic)
+        if waiting_for:
+            conn.postpone(packet, message, changed)
+            return flow.hold(conn, waiting_for)
+    session = conn.session
+    assert session is not None
+    full = broker.publish(message, session.shared_policy)
+    if full:
+        flow.hold(conn, full)
+    chains = broker.chains
+    on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
+    if on_publish:
+        chains.notify(on_publish, changed or publish_context(conn, packet))
     _acknowledge(conn, packet)
 
 

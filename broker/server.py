@@ -224,6 +224,11 @@ class Broker:
                     congested.append(full)
         return congested
 
+    def full_subscribers(self, topic: str) -> list[Session]:
+        """The online subscribers of `topic` whose queues are at their high-water marks
+        (shared groups and multiple-session members are judged after delivery instead)."""
+        return [route.subscriber for route in self.router.match(topic) if route.subscriber.full()]
+
     def deliver_shared(self, group: SharedGroup, message: Message, policy: str) -> Session | None:
         """Give `message` to one member of a shared group; returns what Session.deliver does."""
         session = group.pick(policy)

@@ -253,7 +253,7 @@ class Session:
         the publishers waiting for this queue go on."""
         self.outlet = None
         if self.held:
-            self.flow.release(self)
+            self.flow.release(self)  # its messages go to the offline queue now
         self.stuck = False
         if self._retry_timer is not None:
             self._retry_timer.cancel()
@@ -305,6 +305,10 @@ class Session:
         if len(self.queue) >= self.high_water and not self.stuck:
             return self
         return None
+
+    def full(self) -> bool:
+        """Whether a publisher must wait before routing to this session (flow control)."""
+        return self.outlet is not None and not self.stuck and len(self.queue) >= self.high_water
 
     def has_room(self, qos: int) -> bool:
         """Whether a message would go out now rather than wait in the queue."""

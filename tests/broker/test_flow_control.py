@@ -26,7 +26,7 @@ from .helpers import (
 )
 
 WINDOW = 20  # max_inflight_messages default
-HIGH_WATER = 256  # broker.flow.FLOW_HIGH_WATER: queue depth that holds a publisher
+HIGH_WATER = 1024  # broker.flow.FLOW_HIGH_WATER: the most a queue holds before it holds
 
 
 def open_publisher(server) -> RawClient:
@@ -172,3 +172,17 @@ def test_fan_in_shares_a_slow_subscriber_between_its_publishers(start_broker):
     shares = collections.Counter(payload[:1] for payload in got[3000:])  # past the start-up
     assert set(shares) == {b"a", b"b", b"c"}
     assert min(shares.values()) >= 6000 / 3 / 2, shares  # at least half a fair share each
+
+
+def test_many_publishers_released_at_once_never_overflow_a_queue(start_broker):
+    # Forty devices flood one subscriber whose queue holds 20 (high-water mark 10): each
+    # released publisher routes at least one message before it is held again, so a
+    # release lets go of no more of them than the queue has room for. Nothing is lost.
+    server = start_broker(broker={"max_online_messages": 20, "slow_subscriber_timeout": 60})
+    sub = subscriber(server, "many/t")
+    publishers = [open_publisher(server) for _ in range(40)]
+    for n, pub in enumerate(publishers):
+        send_in_background(pub, qos1_flood("many/t", 50, b"%02d-" % n))
+    got = receive(sub, 2000)
+    assert len(set(got)) == 2000
+    assert metrics(server)["queue_message_drop"] == 0
