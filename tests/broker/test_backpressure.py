@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 from broker.protocol import Connect, Decoder, Publish, Subscribe, Subscription, encode
 
@@ -56,16 +55,6 @@ def publisher_paused(broker) -> bool:
     return any(c.reading_paused for c in broker.connections if c.client_id == "flooder")
 
 
-def wait_until(condition, timeout: float = TIMEOUT) -> bool:
-    """Poll a condition on the broker's state (there is no event to wait on for it)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def flood(sock: socket.socket, topic: str, count: int) -> threading.Thread:
     """Send `count` QoS 0 PUBLISHes from a thread: sendall blocks while the broker waits."""
     data = encode(Publish(topic, PAYLOAD), 4) * count
@@ -82,7 +71,7 @@ def test_flood_waits_for_a_slow_subscriber_instead_of_dropping(start_broker):
     publisher = open_client(server, "flooder")
     sending = flood(publisher, "flood/t", FLOOD)
     # The subscriber reads nothing yet: its transport fills and the publisher is paused.
-    assert wait_until(lambda: server.call(publisher_paused, server.broker))
+    server.wait_for(lambda: publisher_paused(server.broker))
     assert count_publishes(subscriber, FLOOD) == FLOOD
     sending.join(TIMEOUT)
     metrics = server.call(server.broker.metrics.snapshot)

@@ -60,18 +60,10 @@ def metric(server, name: str) -> int:
     return server.call(server.broker.metrics.snapshot)[name]
 
 
-def wait_until(server, condition, timeout: float = TIMEOUT) -> None:
-    """Poll `condition` (run on the broker's loop) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not server.call(condition):
-        assert time.monotonic() < deadline, "the broker did not get there in time"
-        time.sleep(0.01)
-
-
 def wait_connection_gone(server, client_id: str) -> None:
     """Wait until the broker has released the connection of `client_id` (session offline
     or ended, will scheduled or sent)."""
-    wait_until(server, lambda: all(c.client_id != client_id for c in server.broker.connections))
+    server.wait_for(lambda: all(c.client_id != client_id for c in server.broker.connections))
 
 
 def go_offline(server, client) -> None:
@@ -158,9 +150,7 @@ def test_message_expiry_interval(broker, paho_client):
 
     pub.publish("mexp/t", b"short", qos=1, properties=publish_props(MessageExpiryInterval=1))
     pub.publish("mexp/t", b"long", qos=1, properties=publish_props(MessageExpiryInterval=60))
-    # The broker set the expiry when it received "short", before its PUBACK: it is expired
-    # one second after the PUBACKs (broker and test share the monotonic clock).
-    time.sleep(1.05)
+    broker.advance(1.5)  # "short" expires in the offline queue, "long" has 58 s left
     expired_before = metric(broker, "queue_message_expired")
     again = paho_client(broker, V5, client_id, connect=False)
     assert again.connect(clean=False, session_expiry=300).session_present is True
@@ -428,7 +418,7 @@ def test_session_expiry_zero_at_connect_cannot_be_raised_at_disconnect(broker, p
     client.subscribe("sexp0/t", 1)
     sent_before = metric(broker, "mqtt_disconnect_sent")
     client.client.disconnect(properties=props(PacketTypes.DISCONNECT, SessionExpiryInterval=300))
-    wait_until(broker, lambda: broker.broker.metrics.mqtt_disconnect_sent == sent_before + 1)
+    broker.wait_for(lambda: broker.broker.metrics.mqtt_disconnect_sent == sent_before + 1)
     wait_connection_gone(broker, client_id)
     again = paho_client(broker, V5, client_id, connect=False)
     assert again.connect(clean=False, session_expiry=300).session_present is False

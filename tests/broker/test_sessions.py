@@ -8,8 +8,6 @@ message on the same topic that must arrive first if the unwanted one is not ther
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -166,11 +164,12 @@ def test_v5_session_expiry_interval(broker, raw_client, paho_client):
     raw.disconnect()
 
     # Within the interval the session is still there...
+    broker.advance(0.5)
     again = raw_client(broker, V5)
     assert again.connect(client_id, **go_offline_v5).session_present is True
     again.disconnect()
-    # ...after it, it is gone with its subscription. Nothing to wait on but the clock.
-    time.sleep(1.6)
+    # ...after it, it is gone with its subscription (the reconnect started a new interval).
+    broker.advance(1.5)
     pub = paho_client(broker, V5)
     pub.publish("exp1/t", b"nobody", qos=1)
     last = raw_client(broker, V5)
@@ -193,10 +192,11 @@ def test_persistent_client_expiration_expires_v311_sessions(start_broker, raw_cl
     server = start_broker(broker={"persistent_client_expiration": 1})
     client_id = unique_id("pce")
     go_offline(raw_client, server, V311, client_id, ("pce/t", 1))
+    server.advance(0.5)
     again = raw_client(server)
     assert again.connect(client_id, clean=False).session_present is True
     again.disconnect()
-    time.sleep(2.5)  # the expiry is a wall-clock rule; allow the broker a sweep period
+    server.advance(1.5)
     last = raw_client(server)
     assert last.connect(client_id, clean=False).session_present is False
 
@@ -204,7 +204,7 @@ def test_persistent_client_expiration_expires_v311_sessions(start_broker, raw_cl
 def test_persistent_sessions_do_not_expire_by_default(broker, raw_client):
     client_id = unique_id("keep")
     go_offline(raw_client, broker, V311, client_id, ("keep/t", 1))
-    time.sleep(1.2)
+    broker.advance(24 * 3600)
     again = raw_client(broker)
     assert again.connect(client_id, clean=False).session_present is True
 
@@ -298,7 +298,7 @@ def test_v5_message_expiry_interval(broker, raw_client, paho_client):
     short.MessageExpiryInterval, long_.MessageExpiryInterval = 1, 60
     pub.publish("mexp/t", b"short", qos=1, properties=short)
     pub.publish("mexp/t", b"long", qos=1, properties=long_)
-    time.sleep(1.5)  # let the first one expire in the offline queue
+    broker.advance(1.5)  # the first one expires in the offline queue
     sub = raw_client(broker, V5)
     assert sub.connect(client_id, **persistent(V5)).session_present is True
     got = sub.expect(PUBLISH)
@@ -323,7 +323,7 @@ def test_v5_expired_messages_make_room_in_a_full_queue(
     short.MessageExpiryInterval = 1
     for payload in (b"old-1", b"old-2"):
         pub.publish("room/t", payload, qos=1, properties=short)
-    time.sleep(1.1)  # the expiry interval is in whole seconds: let both expire
+    server.advance(1.5)  # both expire
     for payload in (b"live-1", b"live-2"):
         pub.publish("room/t", payload, qos=1)
     counters = server.call(server.broker.metrics.snapshot)
