@@ -70,6 +70,7 @@ def test_listener_max_connections(start_broker, raw_client, paho_client):
     assert third.expect_closed() == []  # closed before it could even send CONNECT
     assert metrics(server)["listener_connections_refused"] == 1
     first.close()
+    server.wait_for(lambda: server.broker.listener_connections[0] < 2)  # its socket is gone
     paho_client(server, V311)  # a slot is free again
 
 
