@@ -60,7 +60,7 @@ log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 PINGRESP = b"\xd0\x00"
-OUT_HIGH_WATER = 64 * 1024  # unflushed bytes after which deliveries wait in the queue
+OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
 LINGER = 1.0  # seconds a connection we close keeps reading (and discarding) before it goes
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
