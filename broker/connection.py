@@ -118,10 +118,6 @@ class Connection(asyncio.Protocol):
     def closing(self) -> bool:
         return self.client.phase == CLOSING
 
-    @property
-    def client_id(self) -> str:
-        return self.client.client_id
-
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

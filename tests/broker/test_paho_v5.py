@@ -63,7 +63,7 @@ def metric(server, name: str) -> int:
 def wait_connection_gone(server, client_id: str) -> None:
     """Wait until the broker has released the connection of `client_id` (session offline
     or ended, will scheduled or sent)."""
-    server.wait_for(lambda: all(c.client_id != client_id for c in server.broker.connections))
+    server.wait_for(lambda: all(c.client.client_id != client_id for c in server.broker.connections))
 
 
 def go_offline(server, client) -> None:
