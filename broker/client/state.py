@@ -9,11 +9,11 @@ The phase says which packets are welcome, and moves only forward:
 
     AWAITING_CONNECT --> AUTHENTICATING --> CONNECTED --> CLOSING
             |                  |                              ^
-            +------------------+---> CONNECTED / CLOSING -----+
+            +------------------+------------------------------+
 
-AUTHENTICATING covers an MQTT 5 enhanced authentication exchange before CONNACK, when
-only AUTH and DISCONNECT may arrive [MQTT-4.12.0-4]; CLOSING is final (the broker reads
-and discards while the socket lingers).
+AUTHENTICATING runs from CONNECT to CONNACK (the auth plugins, and an MQTT 5 enhanced
+authentication exchange, when only AUTH and DISCONNECT may arrive [MQTT-4.12.0-4]);
+CLOSING is final (the broker reads and discards while the socket lingers).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CONNECTED = 2
 CLOSING = 3
 PHASE_NAMES = ("awaiting-connect", "authenticating", "connected", "closing")
 _NEXT = {
-    AWAITING_CONNECT: frozenset({AUTHENTICATING, CONNECTED, CLOSING}),
+    AWAITING_CONNECT: frozenset({AUTHENTICATING, CLOSING}),
     AUTHENTICATING: frozenset({CONNECTED, CLOSING}),
     CONNECTED: frozenset({CLOSING}),
     CLOSING: frozenset(),
@@ -84,10 +84,6 @@ class ClientState:
 
     def __repr__(self) -> str:
         return f"<ClientState {self.client_id!r} {PHASE_NAMES[self.phase]}>"
-
-    @property
-    def v5(self) -> bool:
-        return self.protocol_level == 5
 
     def advance(self, phase: int) -> None:
         """Move to `phase`; only forward moves are legal (see the module docstring)."""
