@@ -23,6 +23,11 @@ most of the queue, so the lead passes round and each publisher gets its share ov
 releases. A publisher waits only for the subscribers it fed, so a slow subscriber never
 holds back publishers that do not feed it.
 
+Shared groups. A message for a shared subscription goes to a member with room, so a
+group holds its publishers only once every online member is at its high-water mark; the
+publisher then waits for the *group*, released as soon as any of its members drains
+(a slow member does not keep it waiting while another could take its messages).
+
 Stuck subscribers. A subscriber that holds publishers and delivers nothing for
 `slow_subscriber_timeout` seconds (it stopped reading, or stopped acknowledging) is
 *stuck*: its publishers go on, and its own queue limit and drop policy apply (drops are
@@ -68,18 +73,36 @@ class Reader(Protocol):
 
 
 class Subscriber(Protocol):
-    """A subscriber's session, as flow control sees it."""
+    """A subscriber's session (or a shared group), as flow control sees it."""
 
-    client_id: str
-    progress: int  # messages written to its client so far
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def progress(self) -> int:
+        """Messages written to its client so far."""
+
     stuck: bool  # holds no publisher back (set here, cleared by the session on progress)
-    held: bool  # some publisher waits for it (kept by this module)
+    held: bool  # some publisher waits for it, or for a group it belongs to (kept here)
+
+    def watched(self) -> Sequence[Subscriber]:
+        """The subscribers whose draining releases this one: a shared group's online
+        members; a session: none (it releases itself)."""
 
 
 class FlowControl:
     """The broker's one record of which publishers wait for which subscribers."""
 
-    __slots__ = ("_blocked_on", "_stall_timers", "_waiting", "clock", "metrics", "timeout")
+    __slots__ = (
+        "_blocked_on",
+        "_groups_of",
+        "_stall_timers",
+        "_waiting",
+        "_watched",
+        "clock",
+        "metrics",
+        "timeout",
+    )
 
     def __init__(self, clock: Clock, slow_subscriber_timeout: float, metrics: Metrics) -> None:
         self.clock = clock
@@ -88,6 +111,8 @@ class FlowControl:
         self._waiting: dict[Subscriber, dict[Reader, None]] = {}  # in order of waiting
         self._blocked_on: dict[Reader, set[Subscriber]] = {}
         self._stall_timers: dict[Subscriber, Timer] = {}
+        self._watched: dict[Subscriber, Sequence[Subscriber]] = {}  # held group -> members
+        self._groups_of: dict[Subscriber, set[Subscriber]] = {}  # member -> held groups
 
     def waiting_for(self, subscriber: Subscriber) -> list[Reader]:
         return list(self._waiting.get(subscriber, ()))
@@ -110,6 +135,12 @@ class FlowControl:
                 waiting = self._waiting[subscriber] = {}
                 subscriber.held = True
                 self._watch(subscriber, subscriber.progress)
+                members = subscriber.watched()
+                if members:
+                    self._watched[subscriber] = members
+                    for member in members:
+                        self._groups_of.setdefault(member, set()).add(subscriber)
+                        member.held = True
             waiting[publisher] = None
 
     def _watch(self, subscriber: Subscriber, progress: int) -> None:
@@ -147,6 +178,15 @@ class FlowControl:
         timer = self._stall_timers.pop(subscriber, None)
         if timer is not None:
             timer.cancel()
+        for member in self._watched.pop(subscriber, ()):  # a group: its members
+            groups = self._groups_of.get(member)
+            if groups is not None:
+                groups.discard(subscriber)
+                if not groups:
+                    del self._groups_of[member]
+                    member.held = member in self._waiting
+        for group in self._groups_of.pop(subscriber, ()):  # a member of held groups
+            self.release(group)
         if not waiting:
             return
         order = list(waiting)

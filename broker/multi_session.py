@@ -76,6 +76,21 @@ class MultiSession(Session):
     def online(self) -> bool:
         return bool(self.members)
 
+    def full(self) -> bool:
+        return self.must_wait_for() is not None
+
+    def must_wait_for(self) -> Session | None:
+        """fanout: a member at its high-water mark; balance: one, when all of them are."""
+        if self.balance:
+            for member in self.members:
+                if not member.full():
+                    return None
+            return self.members[0] if self.members else None
+        for member in self.members:
+            if member.full():
+                return member
+        return None
+
     def new_member(self) -> Member:
         """A session for one more connection; it joins when the connection attaches."""
         member = Member(self.client_id, **self._member_options)
@@ -110,8 +125,8 @@ class MultiSession(Session):
         members = self.members
         if not members:
             return super().deliver(delivery)
-        if self.balance:
-            return self._pick(delivery.qos).deliver(delivery)
+        if self.balance:  # the publisher waits only once no member has room left
+            return self._pick(delivery.qos).deliver(delivery) and self.must_wait_for()
         congested = None
         for member in members:
             congested = member.deliver(delivery) or congested

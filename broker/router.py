@@ -19,8 +19,8 @@ subscription ids) is decided by the broker from the Route or the group's options
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
+from random import random
 from typing import Any
 
 MATCH_CACHE_SIZE = 65536
@@ -74,36 +74,92 @@ class Route:
 class SharedGroup:
     """The members of one shared subscription (a share name on one filter)."""
 
-    __slots__ = ("_cursor", "filter", "members", "name")
+    __slots__ = ("_cursor", "_order", "filter", "held", "members", "name")
 
     def __init__(self, name: str, topic_filter: str) -> None:
         self.name = name
         self.filter = topic_filter
         self.members: dict[Any, SubOptions] = {}  # Session -> its subscription options
+        self._order: tuple[Any, ...] = ()  # the members, kept as a tuple for pick()
         self._cursor = 0
+        self.held = False  # publishers wait for some member to drain (broker/flow.py)
 
     def __repr__(self) -> str:
         return f"<SharedGroup {self.name!r} {self.filter!r} members={len(self.members)}>"
 
+    def add(self, member: Any, options: SubOptions) -> bool:
+        """Add or update a member; True when it is new."""
+        is_new = member not in self.members
+        self.members[member] = options
+        self._order = tuple(self.members)
+        return is_new
+
+    def remove(self, member: Any) -> bool:
+        """Remove a member; False when it was not one."""
+        if self.members.pop(member, None) is None:
+            return False
+        self._order = tuple(self.members)
+        return True
+
     def pick(self, policy: str) -> Any | None:
-        """The member that gets the next message: an online one if any is online,
-        otherwise an offline one (its queue). `random` (and `prefer_local`/`local_only`,
-        which on a single node mean the same) picks at random, `round_robin` in turn."""
-        members = list(self.members)
-        if not members:
+        """The member that gets the next message. `round_robin` starts from the member
+        after the last one picked, `random` (and `prefer_local` / `local_only`, which on
+        a single node mean the same) from a random member; from there the first online
+        member whose queue is below its high-water mark gets it, else the first online
+        member, else (nobody online) the starting member's queue. So a slow member does
+        not hold the group's publishers back while another member has room."""
+        members = self._order
+        count = len(members)
+        if not count:
             return None
-        if policy == "round_robin":
-            count = len(members)
-            start = self._cursor % count
-            for step in range(count):
-                member = members[(start + step) % count]
-                if member.online:
-                    self._cursor = start + step + 1
+        start = self._cursor % count if policy == "round_robin" else int(random() * count)
+        fallback = None
+        for index in range(start, start + count):
+            member = members[index - count if index >= count else index]
+            if member.online:
+                if not member.full():
+                    self._cursor = index + 1
                     return member
-            self._cursor = start + 1
-            return members[start]
-        online = [m for m in members if m.online]
-        return random.choice(online or members)
+                if fallback is None:
+                    fallback = member
+        self._cursor = start + 1
+        return members[start] if fallback is None else fallback
+
+    # -- as broker.flow sees a group that holds publishers (flow.Subscriber) -------------
+
+    @property
+    def client_id(self) -> str:
+        return f"$share/{self.name}/{self.filter}"
+
+    @property
+    def progress(self) -> int:
+        return sum(member.progress for member in self._order)
+
+    @property
+    def stuck(self) -> bool:
+        return False  # a group is never stuck itself: its members are
+
+    @stuck.setter
+    def stuck(self, stuck: bool) -> None:
+        """No member delivered anything for slow_subscriber_timeout: every full one is
+        stuck (each stops being stuck once it delivers again)."""
+        for member in self._order:
+            if member.online and member.full():
+                member.stuck = stuck
+
+    def watched(self) -> tuple[Any, ...]:
+        return tuple(member for member in self._order if member.online)
+
+    def full(self) -> bool:
+        """Whether a publisher must wait before routing to this group (flow control):
+        some member is online and every online member is at its high-water mark."""
+        online = False
+        for member in self._order:
+            if member.online:
+                if not member.full():
+                    return False
+                online = True
+        return online
 
 
 @dataclass(slots=True)
@@ -129,19 +185,17 @@ class Router:
         for level in (topic_filter if shared is None else shared[1]).split("/"):
             node = node.children.setdefault(level, _Node())
         if shared is None:
-            members = node.subscribers
+            is_new = subscriber not in node.subscribers
+            node.subscribers[subscriber] = options
+            self._cache.clear()
         else:
             group = node.groups.get(shared[0])
             if group is None:
                 group = node.groups[shared[0]] = SharedGroup(*shared)
                 self.group_count += 1
-            members = group.members
+            is_new = group.add(subscriber, options)
             self._shared_cache.clear()
-        is_new = subscriber not in members
-        members[subscriber] = options
         self.subscription_count += is_new
-        if shared is None:
-            self._cache.clear()
         return is_new
 
     def unsubscribe(self, subscriber: Any, topic_filter: str) -> bool:
@@ -161,7 +215,7 @@ class Router:
             self._cache.clear()
         else:
             group = node.groups.get(shared[0])
-            if group is None or group.members.pop(subscriber, None) is None:
+            if group is None or not group.remove(subscriber):
                 return False
             if not group.members:
                 del node.groups[shared[0]]

@@ -14,7 +14,7 @@ from typing import Any
 
 from broker.config import Config
 from broker.connection import Connection
-from broker.flow import FlowControl
+from broker.flow import FlowControl, Subscriber
 from broker.hook_callers import HookCallers
 from broker.message import Delivery, Message
 from broker.metrics import Metrics
@@ -177,12 +177,15 @@ class Broker:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
         return Session(client_id, **options)
 
-    def publish(self, message: Message, shared_policy: str | None = None) -> list[Session] | None:
+    def publish(
+        self, message: Message, shared_policy: str | None = None
+    ) -> list[Subscriber] | None:
         """Route one message to every matching session (and keep it if retained).
         `shared_policy`: the publisher's own shared_subscription_policy, if a plugin set one.
 
-        Returns the subscriber sessions whose queues reached their high-water marks, if
-        any: the publisher is held until they drain (broker/flow.py).
+        Returns the subscriber sessions whose queues reached their high-water marks (and
+        the shared groups whose members all did), if any: the publisher is held until
+        they drain (broker/flow.py).
         """
         if message.retain:
             self.retained.update(message)
@@ -193,7 +196,7 @@ class Broker:
         sender = message.sender
         qos = message.qos
         retain = message.retain
-        congested = None
+        congested: list[Subscriber] | None = None
         upgrade = self.settings.upgrade_outgoing_qos
         for route in self.router.match(message.topic):
             session = route.subscriber
@@ -224,20 +227,30 @@ class Broker:
                     congested.append(full)
         return congested
 
-    def full_subscribers(self, topic: str) -> list[Session]:
-        """The online subscribers of `topic` whose queues are at their high-water marks
-        (shared groups and multiple-session members are judged after delivery instead)."""
-        return [route.subscriber for route in self.router.match(topic) if route.subscriber.full()]
+    def full_subscribers(self, topic: str) -> list[Subscriber]:
+        """The online subscribers of `topic` whose queues are at their high-water marks,
+        and for each shared group whose online members all are, one of them."""
+        full: list[Subscriber] = []
+        for route in self.router.match(topic):
+            session = route.subscriber.must_wait_for()
+            if session is not None:
+                full.append(session)
+        if self.router.group_count:
+            full += [group for group in self.router.match_shared(topic) if group.full()]
+        return full
 
-    def deliver_shared(self, group: SharedGroup, message: Message, policy: str) -> Session | None:
-        """Give `message` to one member of a shared group; returns what Session.deliver does."""
+    def deliver_shared(
+        self, group: SharedGroup, message: Message, policy: str
+    ) -> SharedGroup | None:
+        """Give `message` to one member of a shared group. Returns the session the
+        publisher must wait for when no member of the group has room left, else None."""
         session = group.pick(policy)
         if session is None:
             return None
         options = group.members[session]
         qos = message.qos
         sub_ids = () if options.subscription_id is None else (options.subscription_id,)
-        return session.deliver(
+        full = session.deliver(
             Delivery(
                 message,
                 options.qos if self.settings.upgrade_outgoing_qos or qos > options.qos else qos,
@@ -246,6 +259,8 @@ class Broker:
                 group,
             )
         )
+        # The publisher waits for the group only once no member has room left.
+        return group if full is not None and group.full() else None
 
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
         session.subscriptions[topic_filter] = options

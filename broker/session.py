@@ -310,6 +310,13 @@ class Session:
         """Whether a publisher must wait before routing to this session (flow control)."""
         return self.outlet is not None and not self.stuck and len(self.queue) >= self.high_water
 
+    def must_wait_for(self) -> Session | None:
+        """The session whose queue a publisher must wait for before routing here."""
+        return self if self.full() else None
+
+    def watched(self) -> tuple[Session, ...]:
+        return ()  # flow.Subscriber: a session releases its publishers itself
+
     def has_room(self, qos: int) -> bool:
         """Whether a message would go out now rather than wait in the queue."""
         outlet = self.outlet

@@ -71,6 +71,19 @@ def receive(subscriber: RawClient, count: int) -> list[bytes]:
     return payloads
 
 
+def receive_until_silence(subscriber: RawClient) -> list[bytes]:
+    """Read and acknowledge PUBLISHes until none comes for a moment."""
+    payloads = []
+    while True:
+        try:
+            pkt = subscriber.read_packet(timeout=0.5)
+        except TimeoutError:
+            return payloads
+        assert pkt is not None and pkt.type == PUBLISH, pkt
+        subscriber.ack(pkt)
+        payloads.append(pkt.payload)
+
+
 def subscriber(server, topic: str, qos: int = 1) -> RawClient:
     client = RawClient(server.host, server.port)
     client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -170,3 +183,42 @@ def test_many_publishers_released_at_once_never_overflow_a_queue(start_broker):
     got = receive(sub, 2000)
     assert len(set(got)) == 2000
     assert metrics(server)["queue_message_drop"] == 0
+
+
+def test_a_slow_member_of_a_shared_group_does_not_hold_its_publishers(start_broker):
+    # One member of the group reads nothing: once its queue is at the high-water mark
+    # the other member gets every message, and the publisher is never held.
+    server = start_broker(broker={"slow_subscriber_timeout": 60})
+    slow = subscriber(server, "$share/g/shared/t")
+    healthy = subscriber(server, "$share/g/shared/t")
+    pub = open_publisher(server)
+    count = 3000
+    send_in_background(pub, qos1_flood("shared/t", count))
+    got_healthy = receive_until_silence(healthy)
+    assert pubacks_until_silence(pub) == count
+    got_slow = receive_until_silence(slow)
+    assert len(got_slow) <= WINDOW + 500  # its window and its queue up to the mark
+    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(count))
+    assert metrics(server)["queue_message_drop"] == 0
+
+
+def test_publishers_wait_for_a_shared_group_whose_members_are_all_full(start_broker):
+    # Twenty devices flood a group of two members with 20-message queues: publishers are
+    # held, and checked before routing while held, so no member's queue overflows.
+    server = start_broker(broker={"max_online_messages": 20, "slow_subscriber_timeout": 60})
+    members = [subscriber(server, "$share/g/many/s") for _ in range(2)]
+    publishers = [open_publisher(server) for _ in range(20)]
+    for n, pub in enumerate(publishers):
+        send_in_background(pub, qos1_flood("many/s", 50, b"%02d-" % n))
+    results: list[list[bytes]] = [[], []]
+    readers = [
+        threading.Thread(target=lambda i=i: results[i].extend(receive_until_silence(members[i])))
+        for i in range(2)
+    ]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(TIMEOUT)
+    assert len(set(results[0] + results[1])) == 1000
+    assert metrics(server)["queue_message_drop"] == 0
+    assert metrics(server)["flow_publisher_held"] >= 1

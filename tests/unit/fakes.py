@@ -170,6 +170,13 @@ class FakeSubscriber:
         self.stuck = False
         self.held = False
         self.online = True  # for shared groups (broker.router.SharedGroup.pick)
+        self.at_high_water = False  # likewise
+
+    def full(self) -> bool:
+        return self.at_high_water
+
+    def watched(self) -> tuple[FakeSubscriber, ...]:
+        return ()
 
     def __repr__(self) -> str:
         return f"<FakeSubscriber {self.client_id}>"

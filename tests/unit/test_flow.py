@@ -6,6 +6,7 @@ import pytest
 
 from broker.flow import FLOW_HIGH_WATER, FlowControl, water_marks
 from broker.metrics import Metrics
+from broker.router import SharedGroup, SubOptions
 
 from .fakes import FakeClock, FakeReader, FakeSubscriber
 
@@ -241,3 +242,50 @@ def test_a_subscriber_held_again_after_a_stall_is_watched_again(flow, clock):
     clock.advance(TIMEOUT + 0.01)
     assert sub.stuck
     assert flow.metrics.flow_slow_subscribers == 2
+
+
+# --------------------------------------------------------------------------- shared groups
+
+
+def full_group(*members: FakeSubscriber) -> SharedGroup:
+    group = SharedGroup("g", "t")
+    for member in members:
+        member.at_high_water = True
+        group.add(member, SubOptions(1))
+    return group
+
+
+def test_a_publisher_held_on_a_group_goes_on_when_any_member_drains(flow):
+    log, (pub,) = readers("pub")
+    slow, quick = FakeSubscriber("slow"), FakeSubscriber("quick")
+    group = full_group(slow, quick)
+    flow.hold(pub, [group])
+    assert slow.held and quick.held and group.held  # either member's drain releases it
+    flow.release(quick)  # what quick's session does once down to its low-water mark
+    assert released(log) == ["pub"]
+    assert not (slow.held or quick.held or group.held)
+    assert not flow.congested
+
+
+def test_a_member_held_on_its_own_stays_held_when_its_group_is_released(flow):
+    log, (pub, other) = readers("pub", "other")
+    a, b = FakeSubscriber("a"), FakeSubscriber("b")
+    group = full_group(a, b)
+    flow.hold(other, [a])  # `other` publishes to `a` directly
+    flow.hold(pub, [group])
+    flow.release(b)
+    assert released(log) == ["pub"]
+    assert a.held and flow.blocked(other)
+
+
+def test_a_group_whose_members_all_stall_makes_them_stuck(flow, clock):
+    log, (pub,) = readers("pub")
+    a, b = FakeSubscriber("a"), FakeSubscriber("b")
+    flow.hold(pub, [full_group(a, b)])
+    clock.advance(TIMEOUT / 2)
+    b.progress += 1  # one member still delivers: not stalled yet
+    clock.advance(TIMEOUT)
+    assert released(log) == []
+    clock.advance(TIMEOUT)
+    assert released(log) == ["pub"]
+    assert a.stuck and b.stuck

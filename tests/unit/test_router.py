@@ -251,7 +251,7 @@ def test_a_group_ends_with_its_last_member_and_its_branch_is_pruned():
 def group_of(*members: FakeSubscriber) -> SharedGroup:
     group = SharedGroup("g", "t")
     for member in members:
-        group.members[member] = SubOptions(1)
+        group.add(member, SubOptions(1))
     return group
 
 
@@ -295,3 +295,30 @@ def test_random_picks_an_online_member_when_there_is_one(online):
 def test_an_empty_group_picks_nobody():
     assert SharedGroup("g", "t").pick("round_robin") is None
     assert SharedGroup("g", "t").pick("random") is None
+
+
+def test_a_member_at_its_high_water_mark_is_passed_over_while_another_has_room():
+    members = [FakeSubscriber(f"m{i}") for i in range(3)]
+    members[0].at_high_water = True
+    group = group_of(*members)
+    assert [group.pick("round_robin").client_id for _ in range(4)] == ["m1", "m2", "m1", "m2"]
+    for _ in range(20):
+        assert group.pick("random") is not members[0]
+    assert not group.full()
+
+
+def test_when_every_online_member_is_full_the_group_makes_publishers_wait():
+    members = [FakeSubscriber(f"m{i}") for i in range(3)]
+    members[0].online = False  # an offline member's queue does not count
+    members[1].at_high_water = members[2].at_high_water = True
+    group = group_of(*members)
+    assert group.full()
+    assert group.watched() == (members[1], members[2])  # any of them releases it
+    assert group.pick("random") in (members[1], members[2])  # still online members first
+
+
+def test_a_group_with_nobody_online_never_makes_publishers_wait():
+    members = [FakeSubscriber(f"m{i}") for i in range(2)]
+    for member in members:
+        member.online = False
+    assert not group_of(*members).full()
