@@ -58,7 +58,7 @@ class Message:
         self.payload = payload
         self.qos = qos
         self.retain = retain
-        self.properties = properties or {}
+        self.properties = {} if properties is None else properties
         self.sender = sender  # client id of the publisher, for No Local
         self.wire: dict[tuple, PublishTemplate] = {}
         # The PUBLISH as the publisher sent it: for subscribers of the same protocol family
@@ -66,7 +66,7 @@ class Message:
         self.raw = raw
         self.raw_level = raw_level
         self.expires_at: float | None = None
-        interval = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
+        interval = properties.get(Property.MESSAGE_EXPIRY_INTERVAL) if properties else None
         if interval is not None:
             if now is None:
                 raise ValueError("a message with an expiry interval needs the clock's `now`")

@@ -47,7 +47,8 @@ def on_publish(conn: Connection, packet: Publish) -> None:
     conn.broker.metrics.mqtt_publish_received += 1
     if conn.client.max_message_rate:
         conn.count_rate()
-    if Property.TOPIC_ALIAS in packet.properties and not _resolve_alias(conn, packet):
+    properties = packet.properties  # empty below MQTT 5: the checks on them cost nothing
+    if properties and Property.TOPIC_ALIAS in properties and not _resolve_alias(conn, packet):
         return None
     if not valid_topic_name(packet.topic):
         return conn.close(ReasonCode.TOPIC_NAME_INVALID)
@@ -55,7 +56,11 @@ def on_publish(conn: Connection, packet: Publish) -> None:
     if depth and packet.topic.count("/") >= depth:
         conn.broker.metrics.topic_depth_exceeded += 1
         return conn.close(ReasonCode.TOPIC_NAME_INVALID)
-    if packet.properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1 and not _utf8(packet.payload):
+    if (
+        properties
+        and properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
+        and not _utf8(packet.payload)
+    ):
         # Flagged as UTF-8 but is not: refused with 0x99 [MQTT-3.3.2-4].
         if packet.qos:
             ack = PubAck if packet.qos == 1 else PubRec
