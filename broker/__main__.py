@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from broker import __version__
 from broker.config import ConfigError, load_config
 from broker.plugins import load_plugins
+from broker.store import StoreError
 
 log = logging.getLogger("nautilus")
 
@@ -22,7 +23,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="nautilus",
         description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker.",
         epilog="nautilus passwd [-c | -D] FILE USER: manage a password file "
-        "(see nautilus passwd --help).",
+        "(see nautilus passwd --help). nautilus store stats|check|compact --path DIR: "
+        "look into a LevelDB store.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
     parser.add_argument("--version", action="version", version=f"nautilus {__version__}")
@@ -56,6 +58,10 @@ def _subcommand(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "store":  # nautilus store stats|check|compact --path DIR
+        from broker.store.tool import main as store_tool
+
+        return store_tool(argv[1:])
     command = _subcommand(argv[0]) if argv and not argv[0].startswith("-") else None
     if command is not None:
         return command(argv[1:])
@@ -81,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     try:
         runner(serve(config, plugins))
+    except StoreError as exc:  # locked, corrupt, or from an older version
+        print(f"nautilus: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # e.g. the listener's port is taken
         print(f"nautilus: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -273,6 +273,13 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         out = self._out
         if out and not self.closing:
+            store = self.broker.store
+            store.commit()  # a PUBACK goes out only after what it acknowledges is stored
+            if store.failed:  # not written (a full disk): acknowledge nothing, the client
+                self._out = []  # resends what it has not seen acknowledged
+                self._out_bytes = 0
+                self.transport.abort()
+                return
             self.transport.writelines(out)
             self.broker.metrics.bytes_sent += self._out_bytes
         self._out = []

@@ -140,7 +140,7 @@ class Delivery:
     the subscription identifiers to carry, and the shared group it came through, if any
     (so that a session that ends can hand it back to the group)."""
 
-    __slots__ = ("group", "message", "qos", "retain", "sub_ids")
+    __slots__ = ("group", "message", "qos", "retain", "seq", "sub_ids")
 
     def __init__(
         self,
@@ -155,13 +155,16 @@ class Delivery:
         self.retain = retain
         self.sub_ids = sub_ids
         self.group = group
+        self.seq = -1  # its sequence number in the subscriber's stored queue; -1: not stored
 
     def __repr__(self) -> str:
         return f"<Delivery {self.message.topic!r} qos={self.qos}>"
 
     def replace(self, message: Message) -> Delivery:
         """The same delivery of another message (a plugin rewrote it)."""
-        return Delivery(message, self.qos, self.retain, self.sub_ids, self.group)
+        delivery = Delivery(message, self.qos, self.retain, self.sub_ids, self.group)
+        delivery.seq = self.seq  # still the same entry in the store
+        return delivery
 
 
 class TopicAliases:

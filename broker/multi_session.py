@@ -103,12 +103,11 @@ class MultiSession(Session):
         self.members.append(member)
         if len(self.members) > 1:
             return
-        if self.store.persistent and self.expiry != 0:
-            self.store.clear_queue(self.client_id)  # the queue lives in memory again
-            self.stored_seqs.clear()
         backlog = list(self.queue)
+        backlog += self.stored_backlog()
         self.queue.clear()
-        for delivery in backlog:
+        for delivery in backlog:  # the members' state is per connection: never stored
+            self._forget(delivery)
             self.deliver(delivery)
 
     def leave(self, member: Member) -> None:

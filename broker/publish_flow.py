@@ -126,10 +126,7 @@ def _route(conn: Connection, packet: Publish, changed: PublishContext | None) ->
     session = conn.session
     assert session is not None
     if packet.qos == 2:
-        received = session.received_qos2
-        if not isinstance(received, set):  # the first: the session gets a set of its own
-            received = session.received_qos2 = set()
-        received.add(_packet_id(packet))
+        session.receive_qos2(_packet_id(packet))
     if changed is None:
         message = Message(
             packet.topic,
@@ -217,9 +214,7 @@ def on_pubrel(conn: Connection, packet: PubRel) -> None:
     conn.broker.metrics.mqtt_pubcomp_sent += 1
     session = conn.session
     assert session is not None
-    received = session.received_qos2
-    if isinstance(received, set) and packet.packet_id in received:
-        received.remove(packet.packet_id)
+    if session.release_qos2(packet.packet_id):
         code = ReasonCode.SUCCESS
     else:
         code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND

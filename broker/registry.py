@@ -61,6 +61,8 @@ class Registry:
         if session is None:
             session = self.broker.new_session(client_id)
             self.sessions[client_id] = session
+        if expiry == 0 and session.durable:
+            session.make_volatile()  # it ends with this connection: memory holds it all
         session.expiry = expiry
         if expiry == 0:
             self.broker.store.delete_session(client_id)
@@ -136,6 +138,7 @@ class Registry:
             delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK
         ]
         pending.extend(session.queue)
+        pending.extend(session.stored_backlog())
         return [d for d in pending if d.group is not None and d.qos]
 
     def end(self, session: Session) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.message import Message
 from broker.topics import topic_matches
 
 
 class RetainedMessages:
-    def __init__(self) -> None:
+    def __init__(self, on_expired: Callable[[str], None] = lambda topic: None) -> None:
         self._by_topic: dict[str, Message] = {}
+        self._on_expired = on_expired  # the store deletes its copy too
 
     def __len__(self) -> int:
         return len(self._by_topic)
@@ -29,4 +32,5 @@ class RetainedMessages:
         expired = [m for m in found if m.expired(now)]
         for message in expired:  # a retained message expires too [MQTT-3.3.2-5]
             del self._by_topic[message.topic]
+            self._on_expired(message.topic)
         return [m for m in found if m not in expired] if expired else found

@@ -47,9 +47,9 @@ class Broker:
         self.metrics = Metrics()
         self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
         self.router = Router()
-        self.retained = RetainedMessages()
-        self.registry = Registry(self)
         self.store = open_store(config.store, self.loop)
+        self.retained = RetainedMessages(on_expired=self.store.delete_retained)
+        self.registry = Registry(self)
         self.plugins = load_plugins(config.plugins) if plugins is None else plugins
         self.hooks = Hooks(self.plugins)
         self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
@@ -112,10 +112,13 @@ class Broker:
         for message in self.store.load_retained():
             self.retained.update(message)
         now = time.time()
+        queued = 0
         for record in self.store.load_sessions():
             remaining = None
             if record.expiry is not None:
-                remaining = record.offline_since + record.expiry - now
+                # 0: it was online when the broker stopped: offline from this start on.
+                offline_since = record.offline_since or now
+                remaining = offline_since + record.expiry - now
                 if remaining <= 0:
                     self.store.delete_session(record.client_id)
                     continue
@@ -124,21 +127,17 @@ class Broker:
             for topic_filter, options in record.subscriptions.items():
                 session.subscriptions[topic_filter] = options
                 self.router.subscribe(session, topic_filter, options)
-            session.restore([(seq, self._rejoin(d, share)) for seq, d, share in record.queue])
+            session.restore(record.queued, record.next_seq)
+            queued += record.queued
             self.registry.adopt(session, remaining)
         if self.registry.sessions or len(self.retained):
             log.info(
-                "restored %d sessions and %d retained messages",
+                "restored %d sessions (%d messages queued, read when their clients "
+                "connect) and %d retained messages",
                 len(self.registry.sessions),
+                queued,
                 len(self.retained),
             )
-
-    def _rejoin(self, delivery: Delivery, share: str | None) -> Delivery:
-        """A restored delivery that came through a shared subscription remembers its
-        group again, so that it can go to another member if this session ends."""
-        if share is not None:
-            delivery.group = self.router.group(share)
-        return delivery
 
     def save_session(self, session: Session) -> None:
         """Write a persistent session's record (not its queue) to the store."""
@@ -172,6 +171,7 @@ class Broker:
             clock=self.loop,
             flow=self.flow,
             retry_interval=s.retry_interval,
+            find_group=self.router.group,
         )
         if s.allow_multiple_sessions:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)

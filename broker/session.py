@@ -24,6 +24,7 @@ import asyncio
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +40,17 @@ if TYPE_CHECKING:
     from broker.hook_callers import HookCallers
     from broker.metrics import Metrics
     from broker.outlet import Outlet
-    from broker.store import MessageStore
+    from broker.router import SharedGroup
+    from broker.store import MessageStore, StoredEntry
 
 log = logging.getLogger("nautilus.session")
 
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
 NO_IDS: AbstractSet[int] = frozenset()  # shared by the sessions that have none
-NEVER_STORED: deque[int] = deque(maxlen=0)  # drops what is appended: holds nothing, ever
-DRAIN_STEP = 1000  # queued messages moved to the connection per loop turn
+DRAIN_STEP = 1000  # queued messages moved to the connection (or read back) per loop turn
+# In flight awaiting PUBCOMP after a restart: the message itself is no longer kept.
+RELEASED = Delivery(Message("", b"", 2), 2, False)
 
 
 def _rewritten(delivery: Delivery, result: Result) -> Delivery:
@@ -76,6 +79,7 @@ class Session:
         "_next_id",
         "_next_seq",
         "_purge_due",
+        "_restored",
         "_retry_due",
         "_retry_timer",
         "chains",
@@ -84,6 +88,7 @@ class Session:
         "deferred",
         "expiry",
         "expiry_timer",
+        "find_group",
         "flow",
         "held",
         "high_water",
@@ -94,6 +99,7 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
+        "on_disk",
         "outlet",
         "owner",
         "pending_will",
@@ -103,7 +109,6 @@ class Session:
         "retry_interval",
         "shared_policy",
         "store",
-        "stored_seqs",
         "stuck",
         "subscriptions",
         "window",
@@ -123,6 +128,7 @@ class Session:
         clock: Clock,
         flow: FlowControl,
         retry_interval: int = 0,
+        find_group: Callable[[str], SharedGroup | None] = lambda share: None,
     ) -> None:
         self.client_id = client_id
         self.outlet: Outlet | None = None
@@ -163,11 +169,14 @@ class Session:
         # made when first needed (an idle session costs less).
         self.deferred: deque[tuple[Delivery, int | None]] | None = None
         self._deferred_task: asyncio.Task[None] | None = None
-        # While offline, a persistent session's queue is mirrored in the store; these are
-        # the store's sequence numbers of the queued messages, in queue order. A store
-        # that keeps nothing gets NEVER_STORED, which cannot hold anything.
-        self.stored_seqs: deque[int] = deque() if store.persistent else NEVER_STORED
+        # A durable session (persistent store, expiry not 0) keeps every queued message
+        # and what is in flight in the store too, each delivery under its sequence number
+        # (Delivery.seq). `on_disk`: entries only in the store (not in `queue` nor in
+        # flight), read back in chunks as the queue drains.
+        self.on_disk = 0
         self._next_seq = 0
+        self._restored = False  # in flight and inbound QoS 2 ids not yet read back
+        self.find_group = find_group  # `$share/...` -> its group, for entries read back
         self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
@@ -177,15 +186,110 @@ class Session:
     def online(self) -> bool:
         return self.outlet is not None
 
+    @property
+    def durable(self) -> bool:
+        """Whether the store keeps this session's messages (docs/storage.md)."""
+        return self.store.persistent and self.expiry != 0
+
+    # -- what the store keeps ------------------------------------------------------------
+
+    def _keep(self, delivery: Delivery) -> None:
+        """Write a delivery to the store under the next sequence number."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        delivery.seq = seq
+        self.store.put_entry(self.client_id, seq, delivery)
+
+    def _forget(self, delivery: Delivery) -> None:
+        """The delivery is done with (acknowledged, sent at QoS 0, or dropped)."""
+        if delivery.seq >= 0:
+            self.store.delete_entry(self.client_id, delivery.seq)
+            delivery.seq = -1
+
+    def restore(self, queued: int, next_seq: int) -> None:
+        """A session a previous run stored: its queue stays in the store until it is
+        delivered; what was in flight is read back when the client connects."""
+        self.on_disk = queued
+        self._next_seq = next_seq
+        self._restored = True
+
+    def _read_back_state(self) -> None:
+        """The messages in flight and the inbound QoS 2 ids a previous run stored."""
+        self._restored = False
+        store, client_id = self.store, self.client_id
+        for packet_id, seq, state in store.load_inflight(client_id):
+            if state == AWAITING_COMP:
+                self.inflight[packet_id] = [RELEASED, AWAITING_COMP]
+                continue
+            entry = store.get_entry(client_id, seq)
+            if entry is None or entry.delivery is None:
+                store.delete_inflight(client_id, packet_id)
+                continue
+            delivery = self._rejoined(entry)
+            self.inflight[packet_id] = [delivery, AWAITING_ACK]
+            self.on_disk -= 1
+        if self.inflight:
+            self._next_id = max(self.inflight) % 65535 + 1
+        received = store.load_received(client_id)
+        if received:
+            self.received_qos2 = received
+
+    def _rejoined(self, entry: StoredEntry) -> Delivery:
+        """A delivery read back from the store, with its sequence number and the shared
+        group it came through (so that it can go to another member if this session ends)."""
+        delivery = entry.delivery
+        assert delivery is not None
+        delivery.seq = entry.seq
+        if entry.share is not None:
+            delivery.group = self.find_group(entry.share)
+        return delivery
+
+    def _read_chunk(self) -> None:
+        """Move the next chunk of the stored backlog into the queue (which is empty)."""
+        skip = [delivery.seq for delivery, _ in self.inflight.values()]
+        entries = self.store.read_entries(self.client_id, DRAIN_STEP, skip, newest_first=self.lifo)
+        if len(entries) < DRAIN_STEP:
+            self.on_disk = 0  # that was all of it
+        else:
+            self.on_disk = max(self.on_disk - len(entries), 1)
+        queue = self.queue
+        for entry in reversed(entries) if self.lifo else entries:
+            if entry.delivery is None:  # a record that no longer decodes: logged by the store
+                self.store.delete_entry(self.client_id, entry.seq)
+                self.metrics.queue_message_drop += 1
+                continue
+            queue.append(self._rejoined(entry))
+
+    def stored_backlog(self) -> list[Delivery]:
+        """Everything only the store holds (when the session ends, for shared groups)."""
+        if self._restored:
+            self._read_back_state()
+        if not self.on_disk:
+            return []
+        skip = [delivery.seq for delivery, _ in self.inflight.values()]
+        entries = self.store.read_entries(self.client_id, self.on_disk + len(skip) + 1, skip)
+        self.on_disk = 0
+        return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
+
+    def make_volatile(self) -> None:
+        """The session will end with its connection (expiry 0 now): what the store holds
+        for it comes back into memory, and the store forgets it (the caller deletes it)."""
+        if self._restored:
+            self._read_back_state()
+        self.queue.extend(self.stored_backlog())
+        for delivery, _ in self.inflight.values():
+            delivery.seq = -1
+        for delivery in self.queue:
+            delivery.seq = -1
+
     # -- attaching connections ---------------------------------------------------------
 
     def attach(self, outlet: Outlet, receive_maximum: int) -> None:
         """Resume on a new connection: resend what was in flight, then drain the queue."""
         self.outlet = outlet
         self.window = min(self.max_inflight, receive_maximum)
-        if self.store.persistent and self.expiry != 0:
-            self.store.clear_queue(self.client_id)  # the queue lives in memory again
-            self.stored_seqs.clear()
+        if self._restored:
+            self._read_back_state()
         for packet_id in self.inflight:
             self._resend(outlet, packet_id)
         if self.inflight:
@@ -258,25 +362,9 @@ class Session:
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
-        if self.store.persistent and self.expiry != 0:
-            for delivery, _ in self.inflight.values():
-                self._store(delivery)
-            self.stored_seqs.clear()  # only queued messages can be dropped while offline
-            for delivery in self.queue:
-                self._store(delivery)
-
-    def _store(self, delivery: Delivery) -> None:
-        seq = self._next_seq
-        self._next_seq += 1
-        self.store.enqueue(self.client_id, seq, delivery)
-        self.stored_seqs.append(seq)
-
-    def restore(self, queue: list[tuple[int, Delivery]]) -> None:
-        """Take back the offline queue a previous run of the broker stored."""
-        for seq, delivery in queue:
-            self.queue.append(delivery)
-            self.stored_seqs.append(seq)
-        self._next_seq = queue[-1][0] + 1 if queue else 0
+        if self.durable:  # the queue is in the store already: memory lets go of it
+            self.on_disk += len(self.queue)
+            self.queue.clear()
 
     # -- outbound messages -------------------------------------------------------------
 
@@ -292,7 +380,13 @@ class Session:
                 self.metrics.queue_message_unhandled += 1
             else:
                 self._event(self.chains.on_offline_message, delivery)
-                self._enqueue(delivery, self.max_offline)
+                if self.durable:
+                    self._to_store(delivery)
+                else:
+                    self._enqueue(delivery, self.max_offline)
+            return None
+        if self.on_disk:  # a backlog waits in the store: this joins it, in order
+            self._to_store(delivery)
             return None
         if (
             not self.queue
@@ -327,6 +421,29 @@ class Session:
             and (qos == 0 or len(self.inflight) < self.window)
         )
 
+    def _to_store(self, delivery: Delivery) -> None:
+        """Queue a delivery in the store only (offline, or behind a stored backlog), up to
+        max_offline_messages: then fifo drops the new message, lifo the oldest."""
+        limit = self.max_offline
+        expires_at = delivery.message.expires_at
+        if expires_at is not None and expires_at < self._purge_due:
+            self._purge_due = expires_at
+        if 0 <= limit <= self.on_disk + len(self.queue) and self._purge_due <= self.clock.time():
+            self._drop_expired()
+            self._drop_stored_expired()
+        if 0 <= limit <= self.on_disk + len(self.queue):
+            self.metrics.queue_message_drop += 1
+            skip = [d.seq for d, _ in self.inflight.values()] if self.lifo else []
+            oldest = self.store.read_entries(self.client_id, 1, skip) if self.lifo else []
+            if not oldest or oldest[0].delivery is None:
+                return self._event(self.chains.on_message_drop, delivery, "queue_full")
+            self.store.delete_entry(self.client_id, oldest[0].seq)
+            self._event(self.chains.on_message_drop, oldest[0].delivery, "queue_full")
+        else:
+            self.on_disk += 1
+        self._keep(delivery)
+        self.metrics.queue_message_in += 1
+
     def _enqueue(self, delivery: Delivery, limit: int) -> bool:
         """Queue a delivery; False when the queue was full and a message was dropped."""
         queue = self.queue
@@ -340,18 +457,18 @@ class Session:
             if not self.lifo or not queue:
                 self._event(self.chains.on_message_drop, delivery, "queue_full")
                 return False  # fifo: tail drop, the new message is lost
-            self._event(
-                self.chains.on_message_drop, queue.popleft(), "queue_full"
-            )  # lifo: oldest goes
-            if self.stored_seqs:
-                self.store.dequeue(self.client_id, self.stored_seqs.popleft())
+            oldest = queue.popleft()  # lifo: the oldest goes
+            self._forget(oldest)
+            self._event(self.chains.on_message_drop, oldest, "queue_full")
             queue.append(delivery)
+            if self.durable:
+                self._keep(delivery)
             self.metrics.queue_message_in += 1
             return False
         queue.append(delivery)
+        if self.durable:
+            self._keep(delivery)
         self.metrics.queue_message_in += 1
-        if self.outlet is None and self.store.persistent and self.expiry != 0:
-            self._store(delivery)
         return True
 
     def _drop_expired(self) -> None:
@@ -360,30 +477,40 @@ class Session:
         (`_purge_due`: the earliest expiry time among the queued messages)."""
         now = self.clock.time()
         queued = list(self.queue)
-        # While offline the stored copies' sequence numbers follow the queue one to one.
-        seqs = list(self.stored_seqs) if len(self.stored_seqs) == len(queued) else None
         self.queue.clear()
-        self.stored_seqs.clear()
         self._purge_due = math.inf
-        for i, delivery in enumerate(queued):
+        for delivery in queued:
             expires_at = delivery.message.expires_at
             if expires_at is not None and expires_at <= now:
                 self.metrics.queue_message_expired += 1
+                self._forget(delivery)
                 self._event(self.chains.on_message_drop, delivery, "expired")
-                if seqs is not None:
-                    self.store.dequeue(self.client_id, seqs[i])
                 continue
             if expires_at is not None and expires_at < self._purge_due:
                 self._purge_due = expires_at
             self.queue.append(delivery)
-            if seqs is not None:
-                self.stored_seqs.append(seqs[i])
+
+    def _drop_stored_expired(self) -> None:
+        """_drop_expired for the stored backlog: one pass over it, only when the queue is
+        full and something in it may have expired."""
+        now = self.clock.time()
+        for delivery in self.stored_backlog():
+            self.on_disk += 1
+            expires_at = delivery.message.expires_at
+            if expires_at is not None and expires_at <= now:
+                self.on_disk -= 1
+                self.metrics.queue_message_expired += 1
+                self._forget(delivery)
+                self._event(self.chains.on_message_drop, delivery, "expired")
+            elif expires_at is not None and expires_at < self._purge_due:
+                self._purge_due = expires_at
 
     def _send(self, outlet: Outlet, delivery: Delivery) -> None:
         message = delivery.message
         if message.expires_at is not None and message.expired(self.clock.time()):
             # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
             self.metrics.queue_message_expired += 1
+            self._forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "expired")
         on_deliver = self.chains.on_deliver[outlet.client.protocol_level == 5]
         if on_deliver:
@@ -413,13 +540,20 @@ class Session:
             self.metrics.queue_message_drop += 1
             if packet_id is not None:
                 del self.inflight[packet_id]
+            self._forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "max_packet_size_exceeded")
         if qos == 0:
             outlet.write(template.data)
+            if delivery.seq >= 0:
+                self._forget(delivery)
         else:
             if packet_id is None:
                 packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
+            if self.durable:
+                if delivery.seq < 0:
+                    self._keep(delivery)
+                self.store.put_inflight(self.client_id, packet_id, delivery.seq, AWAITING_ACK)
             outlet.write(template.with_packet_id(packet_id))
             if self._retry_timer is None and self.retry_interval:
                 self._arm_retry(outlet)
@@ -456,6 +590,8 @@ class Session:
         if delivery.qos:
             packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
+            if self.durable and delivery.seq < 0:
+                self._keep(delivery)
         if self.deferred is None:
             self.deferred = deque()
         self.deferred.append((delivery, packet_id))
@@ -493,6 +629,8 @@ class Session:
         outlet = self.outlet
         queue = self.queue
         progress = self.progress
+        if outlet is not None and not queue and self.on_disk and outlet.writable:
+            self._read_chunk()
         if outlet is not None and queue:
             pop = queue.pop if self.lifo else queue.popleft
             inflight = self.inflight
@@ -509,6 +647,27 @@ class Session:
         if self.held and len(queue) <= self.low_water:
             self.flow.release(self)
 
+    # -- inbound QoS 2 -------------------------------------------------------------------
+
+    def receive_qos2(self, packet_id: int) -> None:
+        """An inbound QoS 2 PUBLISH was routed: a resend of it must not be [MQTT-4.3.3]."""
+        received = self.received_qos2
+        if not isinstance(received, set):  # the first: the session gets a set of its own
+            received = self.received_qos2 = set()
+        received.add(packet_id)
+        if self.durable:
+            self.store.put_received(self.client_id, packet_id)
+
+    def release_qos2(self, packet_id: int) -> bool:
+        """PUBREL: False when the packet id was not awaiting one."""
+        received = self.received_qos2
+        if not (isinstance(received, set) and packet_id in received):
+            return False
+        received.remove(packet_id)
+        if self.durable:
+            self.store.delete_received(self.client_id, packet_id)
+        return True
+
     def _allocate_packet_id(self) -> int:
         packet_id = self._next_id
         while packet_id in self.inflight:
@@ -522,6 +681,9 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is not None and entry[0].qos == 1:
             del self.inflight[packet_id]
+            if entry[0].seq >= 0:
+                self.store.delete_inflight(self.client_id, packet_id)
+                self._forget(entry[0])
             self._event(self.chains.on_delivery_complete, entry[0])
             self.drain()
 
@@ -530,11 +692,18 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is None or entry[0].qos != 2:
             return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        stored = entry[0].seq >= 0
+        if stored:
+            self._forget(entry[0])  # the receiver has it (or refused it): the body goes
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
             del self.inflight[packet_id]
+            if stored:
+                self.store.delete_inflight(self.client_id, packet_id)
             self.drain()
             return -1
         entry[1] = AWAITING_COMP
+        if stored:  # only the packet id is kept now, for the PUBREL
+            self.store.put_inflight(self.client_id, packet_id, 0, AWAITING_COMP)
         self._event(self.chains.on_delivery_complete, entry[0])  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
@@ -542,4 +711,6 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is not None and entry[1] == AWAITING_COMP:
             del self.inflight[packet_id]
+            if self.durable:
+                self.store.delete_inflight(self.client_id, packet_id)
             self.drain()

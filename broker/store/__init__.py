@@ -2,8 +2,9 @@
 
 `open_store(settings, loop)` returns the backend named by `[store] backend`:
 - "memory": nothing is written; a restart starts empty.
-- "leveldb": retained messages, persistent sessions (their subscriptions and expiry) and
-  the messages queued for them while offline are kept in LevelDB under `[store] path`.
+- "leveldb": retained messages, persistent sessions (their subscriptions and expiry), the
+  QoS 1/2 messages queued for them (online or offline) and what is in flight are kept in
+  LevelDB under `[store] path` (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import asyncio
 
 from broker.config import StoreSettings
-from broker.store.base import MessageStore, SessionRecord
+from broker.store.base import MessageStore, SessionRecord, StoredEntry, StoreError
 from broker.store.memory import MemoryStore
 
 
 def open_store(settings: StoreSettings, loop: asyncio.AbstractEventLoop) -> MessageStore:
+    """The configured store; StoreError (one line) when it cannot be opened."""
     if settings.backend == "memory":
         return MemoryStore()
     from broker.store.leveldb import LevelDBStore
@@ -23,4 +25,11 @@ def open_store(settings: StoreSettings, loop: asyncio.AbstractEventLoop) -> Mess
     return LevelDBStore(settings.path, loop, sync=settings.sync)
 
 
-__all__ = ["MemoryStore", "MessageStore", "SessionRecord", "open_store"]
+__all__ = [
+    "MemoryStore",
+    "MessageStore",
+    "SessionRecord",
+    "StoreError",
+    "StoredEntry",
+    "open_store",
+]

@@ -1,4 +1,17 @@
-"""The MessageStore interface shared by the backends."""
+"""The MessageStore interface shared by the backends.
+
+A persistent session's queue lives in the store as entries numbered by a per-session
+sequence (`seq`), oldest first. An entry is written when a QoS 1/2 message is queued for
+the session (or sent to it at once), and deleted when the client acknowledged it (PUBACK,
+or PUBREC for QoS 2), when it was dropped, or when the session ended. Which entries are in
+flight is kept apart (`put_inflight`): packet id -> (seq, state), so that a session resumed
+after a restart resends them with their packet ids. Inbound QoS 2 packet ids awaiting
+PUBREL are kept too, so that a resent PUBLISH is not routed twice across a restart.
+
+Writes are buffered and committed together once per event-loop turn (group commit), and
+`commit()` runs before any connection writes to its socket, so a PUBACK never leaves before
+what it acknowledges is written.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +22,96 @@ from broker.message import Delivery, Message
 from broker.router import SubOptions
 
 
+class StoreError(Exception):
+    """The store cannot be opened or written (the message says why, in one line)."""
+
+
 @dataclass(slots=True)
 class SessionRecord:
-    """What a persistent session needs to come back after a restart."""
+    """What a persistent session needs to come back after a restart (its queue stays in
+    the store until the client connects)."""
 
     client_id: str
     expiry: int | None  # seconds after going offline; None: never
-    offline_since: float  # wall-clock time the session went offline
+    offline_since: float  # wall-clock time the session went offline; 0: it was online
     subscriptions: dict[str, SubOptions] = field(default_factory=dict)
-    # (seq, delivery, the `$share/...` filter it came through or None), oldest first
-    queue: list[tuple[int, Delivery, str | None]] = field(default_factory=list)
+    queued: int = 0  # entries in its queue, in flight included
+    next_seq: int = 0  # the sequence number its next entry gets
+
+
+@dataclass(slots=True)
+class StoredEntry:
+    """One entry of a session's queue read back from the store."""
+
+    seq: int
+    delivery: Delivery | None  # None: the message expired, or its body is missing
+    share: str | None  # the `$share/<group>/<filter>` it came through, if any
 
 
 class MessageStore:
-    """Writes are buffered and committed once per event-loop turn (group commit)."""
+    """The interface; this base keeps nothing (the memory backend)."""
 
-    persistent = True  # False: nothing is kept, callers may skip building records
+    persistent = False  # False: nothing is kept, callers may skip building records
+    failed = False  # the last commit failed: nothing may be acknowledged until one works
+
+    def commit(self) -> None:
+        """Write what this loop turn buffered (called before any socket write)."""
+
+    def close(self) -> None: ...
+
+    # -- retained ----------------------------------------------------------------------
 
     def put_retained(self, message: Message) -> None: ...
 
     def delete_retained(self, topic: str) -> None: ...
 
     def load_retained(self) -> Iterable[Message]:
+        """The retained messages, expired ones left out (and deleted)."""
         return ()
+
+    # -- sessions ----------------------------------------------------------------------
 
     def put_session(self, record: SessionRecord) -> None:
         """Store a session's metadata (subscriptions, expiry); its queue is kept apart."""
 
     def delete_session(self, client_id: str) -> None:
-        """Forget the session and every message queued for it."""
+        """Forget the session and everything kept for it."""
 
     def load_sessions(self) -> Iterable[SessionRecord]:
+        """Every stored session with its queue's counters, without reading the queue."""
         return ()
 
-    def enqueue(self, client_id: str, seq: int, delivery: Delivery) -> None:
-        """Keep one message queued for an offline session, under its sequence number."""
+    # -- queues ------------------------------------------------------------------------
 
-    def dequeue(self, client_id: str, seq: int) -> None: ...
+    def put_entry(self, client_id: str, seq: int, delivery: Delivery) -> None:
+        """Keep one delivery queued for the session under `seq` (larger than any before)."""
 
-    def clear_queue(self, client_id: str) -> None:
-        """The session is back online: its queue lives in memory again."""
+    def delete_entry(self, client_id: str, seq: int) -> None: ...
 
-    def close(self) -> None: ...
+    def read_entries(
+        self, client_id: str, count: int, skip: Iterable[int] = (), newest_first: bool = False
+    ) -> list[StoredEntry]:
+        """Up to `count` entries from the head of the queue (or its tail), leaving out
+        the sequence numbers in `skip` (entries in flight)."""
+        return []
+
+    def get_entry(self, client_id: str, seq: int) -> StoredEntry | None:
+        return None
+
+    def put_inflight(self, client_id: str, packet_id: int, seq: int, state: int) -> None:
+        """The entry `seq` went out with `packet_id` (state: session.AWAITING_ACK or
+        AWAITING_COMP; an entry awaiting PUBCOMP needs no body any more)."""
+
+    def delete_inflight(self, client_id: str, packet_id: int) -> None: ...
+
+    def load_inflight(self, client_id: str) -> list[tuple[int, int, int]]:
+        """(packet id, seq, state) of the session's messages in flight."""
+        return []
+
+    def put_received(self, client_id: str, packet_id: int) -> None:
+        """An inbound QoS 2 PUBLISH was routed and awaits its PUBREL."""
+
+    def delete_received(self, client_id: str, packet_id: int) -> None: ...
+
+    def load_received(self, client_id: str) -> set[int]:
+        return set()

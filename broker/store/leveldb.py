@@ -1,171 +1,398 @@
 """LevelDB backend (plyvel).
 
-Layout, one key space with prefixes:
-    r/<topic>                    retained message
-    s/<client id>                session record (JSON: expiry, offline_since, subscriptions)
-    q/<client id>\\0<seq:8 bytes> a message queued for an offline session
-Client ids cannot contain U+0000 [MQTT-1.5.4-2], so \\0 ends the id unambiguously.
+Layout, one key space with prefixes (client ids cannot contain U+0000 [MQTT-1.5.4-2], so
+\\0 ends an id unambiguously; numbers are big-endian so keys sort in order):
 
-Messages are stored as MQTT 5 PUBLISH packets: the codec already writes and validates
-every field and property, so there is no second serialisation to keep in step. A queued
-message that reached the session through a shared subscription is prefixed with
-\\0, a 2-byte length and that `$share/<group>/<filter>` (a PUBLISH never starts with
-\\0), so that after a restart it can still go to another member of its group.
+    v                              layout version (b"2")
+    r/<topic>                      retained message
+    s/<client id>                  session record (JSON: expiry, offline_since, subscriptions)
+    n/<client id>                  its queue's counters: entries, next sequence number
+    q/<client id>\\0<seq:8>         a queue entry (broker/store/records.py)
+    f/<client id>\\0<packet id:2>   an entry in flight: seq:8, state:1
+    i/<client id>\\0<packet id:2>   an inbound QoS 2 packet id awaiting PUBREL
+    b/<body id:8>                  a message body referenced by several queue entries
+    c/<body id:8>                  how many entries reference it (4 bytes)
 
-Writes go into one WriteBatch committed once per event-loop turn (`sync=true` makes each
-commit durable with one fsync for the whole turn's writes).
+Start-up reads the session records and counters only: a queue is read in chunks when its
+client connects. Writes go into one WriteBatch committed once per event-loop turn, before
+any connection writes to its socket (`sync = true` makes each commit durable with one
+fsync for the whole turn). Queue entries are encoded at commit time, so that a message
+queued for several sessions in one turn is stored once (a body and a reference count) and
+an entry deleted in the turn it was made is never written.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
+import logging
 import os
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import plyvel
 
 from broker.message import Delivery, Message
-from broker.protocol import Decoder, Property, Publish, encode
-from broker.router import SHARE_PREFIX, SubOptions
-from broker.store.base import MessageStore, SessionRecord
+from broker.store import records
+from broker.store.base import MessageStore, SessionRecord, StoredEntry, StoreError
 
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
+
+log = logging.getLogger("nautilus.store")
+
+LAYOUT = b"2"
+VERSION = b"v"
 RETAINED = b"r/"
 SESSION = b"s/"
+COUNTERS = b"n/"
 QUEUE = b"q/"
+INFLIGHT = b"f/"
+RECEIVED = b"i/"
+BODY = b"b/"
+REFS = b"c/"
+BODY_CACHE = 4096  # decoded shared bodies kept, so that sessions reading them share one
 
 
-def _publish_bytes(message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> bytes:
-    properties = message.properties
-    if sub_ids:
-        properties = {**properties, Property.SUBSCRIPTION_IDENTIFIER: list(sub_ids)}
-    # The packet id is required on the wire for QoS > 0 and meaningless in the store.
-    packet = Publish(message.topic, message.payload, qos, retain, False, 1 if qos else None,
-                     properties)  # fmt: skip
-    return encode(packet, 5)
+def _id(client_id: str) -> bytes:
+    return client_id.encode() + b"\0"
 
 
-def _queued_bytes(delivery: Delivery) -> bytes:
-    data = _publish_bytes(delivery.message, delivery.qos, delivery.retain, delivery.sub_ids)
-    group = delivery.group
-    if group is None:
-        return data
-    share = f"{SHARE_PREFIX}{group.name}/{group.filter}".encode()
-    return b"\0" + len(share).to_bytes(2, "big") + share + data
+def _seq(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
 
 
-def _delivery_from(data: bytes, now: float) -> tuple[Delivery, str | None]:
-    """A queued message and the shared subscription filter it came through, if any.
-    (`now`: a stored message's expiry interval counts again from the restart.)"""
-    share = None
-    if data[0] == 0:
-        end = 3 + int.from_bytes(data[1:3], "big")
-        share, data = data[3:end].decode(), data[end:]
-    decoder = Decoder("client", 5)
-    decoder.receive_data(data)
-    packet = decoder.next_packet()
-    assert isinstance(packet, Publish)
-    sub_ids = tuple(packet.properties.pop(Property.SUBSCRIPTION_IDENTIFIER, ()))
-    message = Message(
-        packet.topic, packet.payload, packet.qos, packet.retain, packet.properties, now=now
-    )
-    return Delivery(message, packet.qos, packet.retain, sub_ids), share
-
-
-def _queue_prefix(client_id: str) -> bytes:
-    return QUEUE + client_id.encode() + b"\0"
+def open_db(path: str) -> plyvel.DB:
+    """Open (or create) the database at `path`, or raise StoreError saying why."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        return plyvel.DB(os.path.join(path, "messages"), create_if_missing=True)
+    except plyvel.IOError as exc:
+        if "lock" in str(exc).lower():
+            raise StoreError(
+                f"store {path!r} is in use by another process (LevelDB lock held)"
+            ) from exc
+        raise StoreError(f"store {path!r} cannot be opened: {exc}") from exc
+    except plyvel.CorruptionError as exc:
+        raise StoreError(
+            f"store {path!r} is corrupt ({exc}); `nautilus store check --path {path}` "
+            "tells more; nothing was changed"
+        ) from exc
+    except OSError as exc:
+        raise StoreError(f"store {path!r} cannot be opened: {exc.strerror or exc}") from exc
 
 
 class LevelDBStore(MessageStore):
     persistent = True
 
-    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, *, sync: bool = True) -> None:
-        os.makedirs(path, exist_ok=True)
-        self._db = plyvel.DB(os.path.join(path, "messages"), create_if_missing=True)
-        self._loop = loop
+    def __init__(self, path: str, clock: AbstractEventLoop, *, sync: bool = True) -> None:
+        self.path = path
+        self._db = open_db(path)
+        self._check_layout()
+        self._clock = clock
+        self._offset = time.time() - clock.time()
         self._sync = sync
-        self._batch = None
+        self._batch: plyvel.WriteBatch | None = None
+        self._commit_due = False
+        # Queue entries to encode at commit: client id -> seq -> delivery.
+        self._pending: dict[str, dict[int, Delivery]] = {}
+        self._counters: dict[str, list[int]] = {}  # client id -> [entries, next seq]
+        self._dirty: set[str] = set()  # client ids whose counters changed this turn
+        self._refs: dict[bytes, int] = {}  # entry key -> body id, for entries that refer
+        self._body_refs: dict[int, int] = {}  # body id -> references (bodies seen this run)
+        self._bodies: dict[int, Message] = {}  # body id -> decoded message (a small cache)
+        self._next_body = self._last_body_id() + 1
+        self.failed = False  # the last commit failed (a full disk): connections close
 
-    def _writes(self):
-        if self._batch is None:
-            self._batch = self._db.write_batch(sync=self._sync)
-            self._loop.call_soon(self.commit)
-        return self._batch
+    def _check_layout(self) -> None:
+        version = self._db.get(VERSION)
+        if version is None:
+            if next(self._db.iterator(include_value=False), None) is not None:
+                self._db.close()
+                raise StoreError(
+                    f"store {self.path!r} was written by an older Nautilus (layout 1); "
+                    "move it aside to start with an empty store"
+                )
+            self._db.put(VERSION, LAYOUT, sync=True)
+        elif version != LAYOUT:
+            self._db.close()
+            raise StoreError(f"store {self.path!r} has unknown layout {version!r}")
+
+    def _last_body_id(self) -> int:
+        for key in self._db.iterator(prefix=BODY, reverse=True, include_value=False):
+            return int.from_bytes(key[len(BODY) :], "big")
+        return 0
+
+    def _wall_offset(self) -> float:
+        """Wall clock minus loop clock, fixed at start so that expiry times round-trip
+        within a run (stored times are wall-clock, so they count on across restarts)."""
+        return self._offset
+
+    # -- group commit ------------------------------------------------------------------
+
+    def _writes(self) -> plyvel.WriteBatch:
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = self._db.write_batch(sync=self._sync)
+        self._schedule()
+        return batch
+
+    def _schedule(self) -> None:
+        if not self._commit_due:
+            self._commit_due = True
+            self._clock.call_soon(self.commit)
 
     def commit(self) -> None:
-        batch, self._batch = self._batch, None
-        if batch is not None:
+        """Write what this turn buffered, as one batch. On failure (a full disk) nothing
+        is lost: the batch is kept for the next try and `failed` is set."""
+        self._commit_due = True  # what is added below needs no other commit
+        if self._pending:
+            self._encode_pending()
+        if self._dirty:
+            batch = self._writes()
+            for client_id in self._dirty:
+                counters = self._counters.get(client_id)
+                if counters is not None:
+                    batch.put(COUNTERS + client_id.encode(), records.encode_counters(*counters))
+            self._dirty.clear()
+        self._commit_due = False
+        batch = self._batch
+        if batch is None:
+            return
+        try:
             batch.write()
+        except (plyvel.IOError, plyvel.Error) as exc:
+            if not self.failed:
+                log.error("store write failed, clients are disconnected until it works: %s", exc)
+            self.failed = True
+            return
+        if self.failed:
+            log.warning("store writes work again")
+        self.failed = False
+        self._batch = None
+
+    def _encode_pending(self) -> None:
+        """Encode this turn's queue entries; a message queued for several sessions gets
+        one body and a reference count."""
+        pending, self._pending = self._pending, {}
+        uses = Counter(id(d.message) for entries in pending.values() for d in entries.values())
+        batch = self._writes()
+        offset = self._wall_offset()
+        bodies: dict[int, int] = {}  # id(message) -> body id
+        for client_id, entries in pending.items():
+            prefix = QUEUE + _id(client_id)
+            for seq, delivery in entries.items():
+                key = prefix + _seq(seq)
+                message = delivery.message
+                if uses[id(message)] == 1:
+                    batch.put(key, records.encode_entry(delivery, offset))
+                    continue
+                body_id = bodies.get(id(message))
+                if body_id is None:
+                    body_id = bodies[id(message)] = self._next_body
+                    self._next_body += 1
+                    body = records.encode_message(message, message.qos, False, (), offset)
+                    batch.put(BODY + _seq(body_id), body)
+                    count = uses[id(message)]
+                    self._body_refs[body_id] = count
+                    batch.put(REFS + _seq(body_id), count.to_bytes(4, "big"))
+                self._refs[key] = body_id
+                batch.put(key, records.encode_entry(delivery, offset, body_id))
+
+    def close(self) -> None:
+        self.commit()
+        self._db.close()
 
     # -- retained ----------------------------------------------------------------------
 
     def put_retained(self, message: Message) -> None:
-        value = _publish_bytes(message, message.qos, True, ())
+        value = records.encode_message(message, message.qos, True, (), self._wall_offset())
         self._writes().put(RETAINED + message.topic.encode(), value)
 
     def delete_retained(self, topic: str) -> None:
         self._writes().delete(RETAINED + topic.encode())
 
     def load_retained(self) -> Iterator[Message]:
-        now = self._loop.time()
-        for _, value in self._db.iterator(prefix=RETAINED):
-            delivery, _ = _delivery_from(value, now)
-            yield delivery.message
+        offset = self._wall_offset()
+        now = self._clock.time()
+        for key, value in self._db.iterator(prefix=RETAINED):
+            try:
+                _, message = records.decode_message(value, offset)
+            except records.RecordError as exc:
+                log.error("retained message %r left out: %s", key[len(RETAINED) :], exc)
+                continue
+            if message.expired(now):
+                self._writes().delete(key)
+                continue
+            yield message
 
     # -- sessions ----------------------------------------------------------------------
 
     def put_session(self, record: SessionRecord) -> None:
-        subscriptions = {
-            f: [o.qos, o.no_local, o.retain_as_published, o.retain_handling, o.subscription_id]
-            for f, o in record.subscriptions.items()
-        }
-        value = {
-            "expiry": record.expiry,
-            "offline_since": record.offline_since,
-            "subscriptions": subscriptions,
-        }
-        self._writes().put(SESSION + record.client_id.encode(), json.dumps(value).encode())
+        self._writes().put(SESSION + record.client_id.encode(), records.encode_session(record))
 
     def delete_session(self, client_id: str) -> None:
+        self.commit()  # so that the iterators below see every entry
         batch = self._writes()
-        batch.delete(SESSION + client_id.encode())
-        for key in self._db.iterator(prefix=_queue_prefix(client_id), include_value=False):
+        ident = _id(client_id)
+        for key, value in self._db.iterator(prefix=QUEUE + ident):
+            try:
+                _, body_id, _ = records.decode_entry(value)
+            except records.RecordError:
+                body_id = None
+            self._refs.pop(key, None)
+            if body_id is not None:
+                self._unref(body_id)
             batch.delete(key)
+        for prefix in (INFLIGHT, RECEIVED):
+            for key in self._db.iterator(prefix=prefix + ident, include_value=False):
+                batch.delete(key)
+        batch.delete(SESSION + client_id.encode())
+        batch.delete(COUNTERS + client_id.encode())
+        self._counters.pop(client_id, None)
+        self._dirty.discard(client_id)
 
     def load_sessions(self) -> Iterator[SessionRecord]:
         self.commit()
         for key, value in self._db.iterator(prefix=SESSION):
             client_id = key[len(SESSION) :].decode()
-            data = json.loads(value)
-            record = SessionRecord(
-                client_id,
-                data["expiry"],
-                data["offline_since"],
-                {f: SubOptions(*o) for f, o in data["subscriptions"].items()},
-            )
-            prefix = _queue_prefix(client_id)
-            now = self._loop.time()
-            record.queue = [
-                (int.from_bytes(k[len(prefix) :], "big"), *_delivery_from(v, now))
-                for k, v in self._db.iterator(prefix=prefix)
-            ]
+            try:
+                record = records.decode_session(client_id, value)
+                counters = self._db.get(COUNTERS + client_id.encode())
+                if counters is not None:
+                    record.queued, record.next_seq = records.decode_counters(counters)
+            except records.RecordError as exc:
+                log.error("session %r left out: %s", client_id, exc)
+                continue
+            self._counters[client_id] = [record.queued, record.next_seq]
             yield record
 
-    # -- offline queues ----------------------------------------------------------------
+    # -- queues ------------------------------------------------------------------------
 
-    def enqueue(self, client_id: str, seq: int, delivery: Delivery) -> None:
-        key = _queue_prefix(client_id) + seq.to_bytes(8, "big")
-        self._writes().put(key, _queued_bytes(delivery))
+    def _count(self, client_id: str, change: int, seq: int = -1) -> None:
+        counters = self._counters.get(client_id)
+        if counters is None:
+            counters = self._counters[client_id] = [0, 0]
+        counters[0] += change
+        if seq >= counters[1]:
+            counters[1] = seq + 1
+        self._dirty.add(client_id)
+        self._schedule()
 
-    def dequeue(self, client_id: str, seq: int) -> None:
-        self._writes().delete(_queue_prefix(client_id) + seq.to_bytes(8, "big"))
+    def put_entry(self, client_id: str, seq: int, delivery: Delivery) -> None:
+        entries = self._pending.get(client_id)
+        if entries is None:
+            entries = self._pending[client_id] = {}
+        entries[seq] = delivery
+        self._count(client_id, 1, seq)
 
-    def clear_queue(self, client_id: str) -> None:
-        self.commit()
+    def delete_entry(self, client_id: str, seq: int) -> None:
+        entries = self._pending.get(client_id)
+        if entries is not None and entries.pop(seq, None) is not None:
+            self._count(client_id, -1)  # never written
+            return
+        key = QUEUE + _id(client_id) + _seq(seq)
+        self._writes().delete(key)
+        body_id = self._refs.pop(key, None)
+        if body_id is not None:
+            self._unref(body_id)
+        self._count(client_id, -1)
+
+    def _unref(self, body_id: int) -> None:
+        """One reference less to a shared body; the body goes with the last one."""
+        count = self._body_refs.get(body_id)
+        if count is None:  # a body from an earlier run: its count is in the store
+            stored = self._db.get(REFS + _seq(body_id))
+            count = int.from_bytes(stored, "big") if stored else 1
         batch = self._writes()
-        for key in self._db.iterator(prefix=_queue_prefix(client_id), include_value=False):
-            batch.delete(key)
+        if count <= 1:
+            self._body_refs.pop(body_id, None)
+            self._bodies.pop(body_id, None)
+            batch.delete(BODY + _seq(body_id))
+            batch.delete(REFS + _seq(body_id))
+        else:
+            self._body_refs[body_id] = count - 1
+            batch.put(REFS + _seq(body_id), (count - 1).to_bytes(4, "big"))
 
-    def close(self) -> None:
+    def read_entries(
+        self, client_id: str, count: int, skip: Iterable[int] = (), newest_first: bool = False
+    ) -> list[StoredEntry]:
         self.commit()
-        self._db.close()
+        skipped = set(skip)
+        prefix = QUEUE + _id(client_id)
+        offset = self._wall_offset()
+        found: list[StoredEntry] = []
+        for key, value in self._db.iterator(prefix=prefix, reverse=newest_first):
+            seq = int.from_bytes(key[len(prefix) :], "big")
+            if seq in skipped:
+                continue
+            found.append(self._entry(key, seq, value, offset))
+            if len(found) >= count:
+                break
+        return found
+
+    def get_entry(self, client_id: str, seq: int) -> StoredEntry | None:
+        self.commit()
+        key = QUEUE + _id(client_id) + _seq(seq)
+        value = self._db.get(key)
+        return None if value is None else self._entry(key, seq, value, self._wall_offset())
+
+    def _entry(self, key: bytes, seq: int, value: bytes, offset: float) -> StoredEntry:
+        try:
+            share, body_id, rest = records.decode_entry(value)
+            if body_id is None:
+                return StoredEntry(seq, records.delivery_inline(rest, offset), share)
+            self._refs[key] = body_id
+            message = self._body(body_id, offset)
+            if message is None:
+                return StoredEntry(seq, None, share)
+            return StoredEntry(seq, records.delivery_from_ref(rest, message), share)
+        except records.RecordError as exc:
+            log.error("queue entry %r left out: %s", key, exc)
+            return StoredEntry(seq, None, None)
+
+    def _body(self, body_id: int, offset: float) -> Message | None:
+        message = self._bodies.get(body_id)
+        if message is None:
+            data = self._db.get(BODY + _seq(body_id))
+            if data is None:
+                log.error("message body %d is missing from the store", body_id)
+                return None
+            _, message = records.decode_message(data, offset)
+            if len(self._bodies) >= BODY_CACHE:
+                self._bodies.clear()
+            self._bodies[body_id] = message
+        return message
+
+    # -- in flight, and inbound QoS 2 ----------------------------------------------------
+
+    def put_inflight(self, client_id: str, packet_id: int, seq: int, state: int) -> None:
+        key = INFLIGHT + _id(client_id) + packet_id.to_bytes(2, "big")
+        self._writes().put(key, _seq(seq) + bytes((state,)))
+
+    def delete_inflight(self, client_id: str, packet_id: int) -> None:
+        self._writes().delete(INFLIGHT + _id(client_id) + packet_id.to_bytes(2, "big"))
+
+    def load_inflight(self, client_id: str) -> list[tuple[int, int, int]]:
+        self.commit()
+        prefix = INFLIGHT + _id(client_id)
+        found = []
+        for key, value in self._db.iterator(prefix=prefix):
+            if len(value) == 9:
+                packet_id = int.from_bytes(key[len(prefix) :], "big")
+                found.append((packet_id, int.from_bytes(value[:8], "big"), value[8]))
+        return found
+
+    def put_received(self, client_id: str, packet_id: int) -> None:
+        self._writes().put(RECEIVED + _id(client_id) + packet_id.to_bytes(2, "big"), b"")
+
+    def delete_received(self, client_id: str, packet_id: int) -> None:
+        self._writes().delete(RECEIVED + _id(client_id) + packet_id.to_bytes(2, "big"))
+
+    def load_received(self, client_id: str) -> set[int]:
+        self.commit()
+        prefix = RECEIVED + _id(client_id)
+        return {
+            int.from_bytes(key[len(prefix) :], "big")
+            for key in self._db.iterator(prefix=prefix, include_value=False)
+        }

@@ -1,0 +1,210 @@
+"""The LevelDB store on its own (broker/store/leveldb.py), on a real database in tmp_path,
+with a fake clock whose call_soon only records (commits are called by hand)."""
+
+from __future__ import annotations
+
+import plyvel
+import pytest
+
+from broker.message import Delivery, Message
+from broker.protocol import Property
+from broker.router import SubOptions
+from broker.session import AWAITING_ACK, AWAITING_COMP
+from broker.store import SessionRecord, StoreError
+from broker.store.leveldb import BODY, QUEUE, REFS, LevelDBStore, open_db
+from broker.store.tool import survey
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.soon: list = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_soon(self, callback, *args) -> None:
+        self.soon.append(callback)
+
+
+@pytest.fixture
+def loop() -> Loop:
+    return Loop()
+
+
+@pytest.fixture
+def store(tmp_path, loop):
+    s = LevelDBStore(str(tmp_path / "db"), loop, sync=False)  # type: ignore[arg-type]
+    yield s
+    s.close()
+
+
+def delivery(payload: bytes, qos: int = 1, message: Message | None = None) -> Delivery:
+    return Delivery(message or Message("t/a", payload, qos, now=0.0), qos, False)
+
+
+def keys(store: LevelDBStore, prefix: bytes) -> list[bytes]:
+    store.commit()
+    return list(store._db.iterator(prefix=prefix, include_value=False))
+
+
+def test_writes_wait_for_the_commit_of_the_turn(store, loop):
+    store.put_entry("c", 0, delivery(b"x"))
+    assert loop.soon == [store.commit]  # one commit scheduled for the turn
+    assert list(store._db.iterator(prefix=QUEUE)) == []  # nothing written before it
+    store.commit()
+    assert len(list(store._db.iterator(prefix=QUEUE))) == 1
+
+
+def test_an_entry_deleted_in_its_own_turn_is_never_written(store):
+    store.put_entry("c", 0, delivery(b"x"))
+    store.delete_entry("c", 0)
+    assert keys(store, QUEUE) == []
+    assert store._counters["c"][0] == 0
+
+
+def test_a_fan_out_stores_one_body_and_counts_its_references(store):
+    message = Message("t/a", b"shared", 1, now=0.0)
+    for client in ("a", "b", "c"):
+        store.put_entry(client, 0, delivery(b"", message=message))
+    store.commit()
+    assert len(keys(store, BODY)) == 1
+    (count,) = [v for _, v in store._db.iterator(prefix=REFS)]
+    assert int.from_bytes(count, "big") == 3
+    entries = [store.read_entries(client, 10)[0] for client in ("a", "b", "c")]
+    assert {e.delivery.message.payload for e in entries if e.delivery} == {b"shared"}
+    store.delete_entry("a", 0)
+    store.delete_entry("b", 0)
+    assert len(keys(store, BODY)) == 1  # one reference left
+    store.delete_entry("c", 0)
+    assert keys(store, BODY) == [] and keys(store, REFS) == []
+    assert survey(store._db).problems == []
+
+
+def test_body_references_survive_a_reopen(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    message = Message("t/a", b"shared", 1, now=0.0)
+    first.put_session(SessionRecord("a", None, 1.0))
+    first.put_session(SessionRecord("b", None, 1.0))
+    first.put_entry("a", 0, delivery(b"", message=message))
+    first.put_entry("b", 0, delivery(b"", message=message))
+    first.close()
+    second = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    list(second.load_sessions())
+    assert second.read_entries("a", 10)[0].delivery is not None
+    second.delete_entry("a", 0)  # the count comes from the store: 2 -> 1
+    assert len(keys(second, BODY)) == 1
+    second.delete_session("b")  # the last reference, without reading the entry first
+    assert keys(second, BODY) == []
+    assert survey(second._db).problems == []
+    second.close()
+
+
+def test_sessions_load_with_counters_and_without_their_queues(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    first.put_session(SessionRecord("c", 60, 5.0, {"a/#": SubOptions(1, no_local=True)}))
+    for seq in range(5):
+        first.put_entry("c", seq, delivery(b"%d" % seq))
+    first.delete_entry("c", 1)
+    first.close()
+    second = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    (record,) = second.load_sessions()
+    assert (record.client_id, record.expiry, record.offline_since) == ("c", 60, 5.0)
+    assert record.subscriptions == {"a/#": SubOptions(1, no_local=True)}
+    assert (record.queued, record.next_seq) == (4, 5)
+    second.close()
+
+
+def test_reading_skips_what_is_in_flight_and_reads_from_either_end(store):
+    for seq in range(6):
+        store.put_entry("c", seq, delivery(b"%d" % seq))
+    head = store.read_entries("c", 3, skip=[0, 2])
+    assert [e.seq for e in head] == [1, 3, 4]
+    assert [e.delivery.message.payload for e in head if e.delivery] == [b"1", b"3", b"4"]
+    assert [e.seq for e in store.read_entries("c", 2, newest_first=True)] == [5, 4]
+
+
+def test_in_flight_and_received_ids_round_trip(store):
+    store.put_entry("c", 7, delivery(b"x"))
+    store.put_inflight("c", 12, 7, AWAITING_ACK)
+    store.put_inflight("c", 13, 0, AWAITING_COMP)
+    store.put_received("c", 99)
+    assert sorted(store.load_inflight("c")) == [(12, 7, AWAITING_ACK), (13, 0, AWAITING_COMP)]
+    assert store.load_received("c") == {99}
+    store.delete_inflight("c", 12)
+    store.delete_received("c", 99)
+    assert store.load_inflight("c") == [(13, 0, AWAITING_COMP)]
+    assert store.load_received("c") == set()
+
+
+def test_a_reused_packet_id_ends_with_its_last_state(store):
+    store.put_inflight("c", 5, 1, AWAITING_ACK)
+    store.delete_inflight("c", 5)
+    store.put_inflight("c", 5, 2, AWAITING_ACK)  # the same id, the same turn
+    assert store.load_inflight("c") == [(5, 2, AWAITING_ACK)]
+
+
+def test_delete_session_leaves_nothing_behind(store):
+    store.put_session(SessionRecord("c", None, 0.0))
+    store.put_entry("c", 0, delivery(b"x"))
+    store.put_inflight("c", 1, 0, AWAITING_ACK)
+    store.put_received("c", 2)
+    store.put_session(SessionRecord("other", None, 0.0))
+    store.commit()
+    store.delete_session("c")
+    store.commit()
+    left = [k for k in store._db.iterator(include_value=False) if k != b"v"]
+    assert left == [b"s/other"]
+
+
+def test_message_expiry_is_stored_as_wall_clock_time(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    message = Message("t", b"x", 1, properties={Property.MESSAGE_EXPIRY_INTERVAL: 30}, now=loop.now)
+    first.put_entry("c", 0, Delivery(message, 1, False))
+    first.close()
+    later = Loop()
+    later.now = 5.0  # another run: its loop clock starts elsewhere
+    second = LevelDBStore(path, later, sync=False)  # type: ignore[arg-type]
+    (entry,) = second.read_entries("c", 1)
+    assert entry.delivery is not None
+    left = entry.delivery.message.expires_at - later.now
+    assert 29 <= left <= 30  # the same deadline, on the new clock
+    second.close()
+
+
+def test_expired_retained_messages_are_deleted_at_load(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    short = {Property.MESSAGE_EXPIRY_INTERVAL: 1}
+    first.put_retained(Message("gone", b"x", 1, True, short, now=loop.now - 10))
+    first.put_retained(Message("kept", b"y", 1, True))
+    first.close()
+    second = LevelDBStore(path, Loop(), sync=False)  # type: ignore[arg-type]
+    assert [m.topic for m in second.load_retained()] == ["kept"]
+    second.commit()
+    assert [k for k in second._db.iterator(prefix=b"r/", include_value=False)] == [b"r/kept"]
+    second.close()
+
+
+def test_a_locked_store_is_refused_in_one_line(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="in use by another process"):
+        open_db(path)
+    first.close()
+
+
+def test_a_store_of_the_older_layout_is_refused_untouched(tmp_path, loop):
+    path = tmp_path / "db"
+    path.mkdir()
+    db = plyvel.DB(str(path / "messages"), create_if_missing=True)
+    db.put(b"s/old", b"{}")
+    db.close()
+    with pytest.raises(StoreError, match="older Nautilus"):
+        LevelDBStore(str(path), loop, sync=False)  # type: ignore[arg-type]
+    db = plyvel.DB(str(path / "messages"))
+    assert list(db.iterator()) == [(b"s/old", b"{}")]
+    db.close()
