@@ -54,6 +54,7 @@ class BrokerSettings:
     max_subscriptions_per_client: int = 0
     upgrade_outgoing_qos: bool = False
     slow_subscriber_timeout: float = 2.0
+    max_msgs_per_drain_step: int = 1000
     shared_subscription_policy: Literal["prefer_local", "local_only", "random", "round_robin"] = (
         "prefer_local"
     )
@@ -247,6 +248,8 @@ def _integer(value: Any, name: str) -> int:
         raise ConfigError(f"{name}: must be between 0 and 65535, got {value}")
     if key == "systree_qos" and not 0 <= value <= 2:
         raise ConfigError(f"{name}: must be 0, 1 or 2, got {value}")
+    if key == "max_msgs_per_drain_step" and value < 1:
+        raise ConfigError(f"{name}: must be 1 or more, got {value}")
     if key == "receive_max_broker" and not 1 <= value <= 65535:
         raise ConfigError(f"{name}: must be between 1 and 65535, got {value}")
     return value

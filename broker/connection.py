@@ -286,7 +286,11 @@ class Connection(asyncio.Protocol):
         self._out_bytes = 0
         self.writable = not self._write_paused
         session = self.session
-        if session is not None and self.writable and (session.queue or session.held):
+        if (
+            session is not None
+            and self.writable
+            and (session.queue or session.held or session.on_disk)
+        ):
             session.drain()  # the next step of a long queue, one step per loop turn
 
     def close(self, reason_code: int | None = None, reason: str | None = None) -> None:

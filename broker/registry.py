@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from broker.message import Delivery, Message
 from broker.multi_session import Member, MultiSession
+from broker.router import SHARE_PREFIX
 from broker.session import AWAITING_ACK, Session
 from hooks import Chain, ClientContext
 
@@ -138,7 +139,8 @@ class Registry:
             delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK
         ]
         pending.extend(session.queue)
-        pending.extend(session.stored_backlog())
+        if any(topic_filter.startswith(SHARE_PREFIX) for topic_filter in session.subscriptions):
+            pending.extend(session.stored_backlog())  # read only when it may hold some
         return [d for d in pending if d.group is not None and d.qos]
 
     def end(self, session: Session) -> None:

@@ -172,6 +172,7 @@ class Broker:
             flow=self.flow,
             retry_interval=s.retry_interval,
             find_group=self.router.group,
+            drain_step=s.max_msgs_per_drain_step,
         )
         if s.allow_multiple_sessions:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)

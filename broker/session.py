@@ -48,7 +48,6 @@ log = logging.getLogger("nautilus.session")
 AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
 NO_IDS: AbstractSet[int] = frozenset()  # shared by the sessions that have none
-DRAIN_STEP = 1000  # queued messages moved to the connection (or read back) per loop turn
 # In flight awaiting PUBCOMP after a restart: the message itself is no longer kept.
 RELEASED = Delivery(Message("", b"", 2), 2, False)
 
@@ -86,6 +85,7 @@ class Session:
         "client_id",
         "clock",
         "deferred",
+        "drain_step",
         "expiry",
         "expiry_timer",
         "find_group",
@@ -129,6 +129,7 @@ class Session:
         flow: FlowControl,
         retry_interval: int = 0,
         find_group: Callable[[str], SharedGroup | None] = lambda share: None,
+        drain_step: int = 1000,
     ) -> None:
         self.client_id = client_id
         self.outlet: Outlet | None = None
@@ -177,6 +178,8 @@ class Session:
         self._next_seq = 0
         self._restored = False  # in flight and inbound QoS 2 ids not yet read back
         self.find_group = find_group  # `$share/...` -> its group, for entries read back
+        # Messages moved to the connection, or read back from the store, per loop turn.
+        self.drain_step = drain_step
         self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
@@ -247,8 +250,9 @@ class Session:
     def _read_chunk(self) -> None:
         """Move the next chunk of the stored backlog into the queue (which is empty)."""
         skip = [delivery.seq for delivery, _ in self.inflight.values()]
-        entries = self.store.read_entries(self.client_id, DRAIN_STEP, skip, newest_first=self.lifo)
-        if len(entries) < DRAIN_STEP:
+        step = self.drain_step
+        entries = self.store.read_entries(self.client_id, step, skip, newest_first=self.lifo)
+        if len(entries) < step:
             self.on_disk = 0  # that was all of it
         else:
             self.on_disk = max(self.on_disk - len(entries), 1)
@@ -623,8 +627,9 @@ class Session:
         """Move queued messages to the connection while the window and the outlet allow,
         then let the held publishers go on once the queue is down to the low-water mark.
 
-        At most DRAIN_STEP per call: the connection asks for the next step after it has
-        flushed, so a long queue goes out in bounded writes, one per loop turn.
+        At most `drain_step` (max_msgs_per_drain_step) per call: the connection asks for
+        the next step after it has flushed, so a long queue goes out in bounded writes, one
+        per loop turn; a stored backlog is read back one such step at a time.
         """
         outlet = self.outlet
         queue = self.queue
@@ -634,7 +639,7 @@ class Session:
         if outlet is not None and queue:
             pop = queue.pop if self.lifo else queue.popleft
             inflight = self.inflight
-            for _ in range(DRAIN_STEP):
+            for _ in range(self.drain_step):
                 if not queue or not outlet.writable:
                     break
                 delivery = queue[-1] if self.lifo else queue[0]
