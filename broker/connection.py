@@ -67,6 +67,7 @@ _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 class Connection(asyncio.Protocol):
     __slots__ = (
+        "_acked",
         "_out",
         "_out_bytes",
         "_postponed",
@@ -110,6 +111,7 @@ class Connection(asyncio.Protocol):
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
         self._out: list[bytes] = []
         self._out_bytes = 0
+        self._acked = False  # PUBACK / PUBREC written since the last flush (store promises)
         # A PUBLISH held back by flow control, routed first when released (postpone()).
         self._postponed: tuple[Publish, Message, PublishContext | None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -243,6 +245,11 @@ class Connection(asyncio.Protocol):
 
     # -- writing -----------------------------------------------------------------------
 
+    def acknowledge(self, data: bytes) -> None:
+        """Write a PUBACK / PUBREC: a promise that the message is stored (see _flush)."""
+        self._acked = True
+        self.write(data)
+
     def write(self, data: bytes) -> None:
         out = self._out
         if not out:
@@ -275,15 +282,16 @@ class Connection(asyncio.Protocol):
         if out and not self.closing:
             store = self.broker.store
             store.commit()  # a PUBACK goes out only after what it acknowledges is stored
-            if store.failed:  # not written (a full disk): acknowledge nothing, the client
-                self._out = []  # resends what it has not seen acknowledged
-                self._out_bytes = 0
+            if store.failed and self._acked:  # not written (a full disk): acknowledge
+                self._out = []  # nothing; the client resends what it has not seen
+                self._out_bytes = 0  # acknowledged
                 self.transport.abort()
                 return
             self.transport.writelines(out)
             self.broker.metrics.bytes_sent += self._out_bytes
         self._out = []
         self._out_bytes = 0
+        self._acked = False
         self.writable = not self._write_paused
         session = self.session
         if (

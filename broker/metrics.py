@@ -56,6 +56,7 @@ class Metrics:
     queue_message_expired: int = 0  # MQTT 5 messages whose expiry passed while queued
     queue_message_retried: int = 0  # resent to MQTT 3 clients after retry_interval
     queue_message_unhandled: int = 0  # QoS 0 messages for an offline session
+    store_publish_refused: int = 0  # QoS 1/2 PUBLISHes refused while the store cannot write
     flow_publisher_held: int = 0  # times a publisher stopped being read for a full queue
     flow_slow_subscribers: int = 0  # subscribers found stuck (slow_subscriber_timeout)
 

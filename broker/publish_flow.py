@@ -66,6 +66,10 @@ def on_publish(conn: Connection, packet: Publish) -> None:
             ack = PubAck if packet.qos == 1 else PubRec
             return conn.send(ack(_packet_id(packet), ReasonCode.PAYLOAD_FORMAT_INVALID))
         return None
+    if packet.qos and conn.broker.store.failed:
+        conn.broker.store.commit()  # try again: there may be room by now
+        if conn.broker.store.failed:
+            return _refuse_unstorable(conn, packet)
     if packet.qos == 2:
         session = conn.session
         assert session is not None  # PUBLISH comes after CONNECT (the decoder sees to it)
@@ -79,6 +83,17 @@ def on_publish(conn: Connection, packet: Publish) -> None:
         return _route(conn, packet, None)
     context = publish_context(conn, packet)
     conn.decide(chain, context, _authorized_publish, conn, packet, context)
+
+
+def _refuse_unstorable(conn: Connection, packet: Publish) -> None:
+    """The store cannot write (a full disk): a QoS 1/2 message is refused, not acknowledged
+    (MQTT 5: 0x80 with a Reason String; MQTT 3 has no refusal code: disconnect)."""
+    conn.broker.metrics.store_publish_refused += 1
+    if conn.client.protocol_level != MQTT5:
+        return conn.close()
+    ack = PubAck if packet.qos == 1 else PubRec
+    reason: dict[int, str] = {Property.REASON_STRING: "the broker cannot store messages now"}
+    conn.send(ack(_packet_id(packet), ReasonCode.UNSPECIFIED_ERROR, reason))
 
 
 def _resolve_alias(conn: Connection, packet: Publish) -> bool:
@@ -189,10 +204,10 @@ def _packet_id(packet: Publish) -> int:
 def _acknowledge(conn: Connection, packet: Publish) -> None:
     if packet.qos == 1:
         conn.broker.metrics.mqtt_puback_sent += 1
-        conn.write(b"\x40\x02" + _packet_id(packet).to_bytes(2, "big"))
+        conn.acknowledge(b"\x40\x02" + _packet_id(packet).to_bytes(2, "big"))
     elif packet.qos == 2:
         conn.broker.metrics.mqtt_pubrec_sent += 1
-        conn.write(b"\x50\x02" + _packet_id(packet).to_bytes(2, "big"))
+        conn.acknowledge(b"\x50\x02" + _packet_id(packet).to_bytes(2, "big"))
 
 
 def publish_context(conn: Connection, packet: Publish | Will) -> PublishContext:
