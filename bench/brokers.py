@@ -64,8 +64,9 @@ MODES = {
 }
 
 
-def nautilus_toml(mode: Mode) -> str:
-    """The Nautilus config of `mode`, with {host} and {port} left to fill in."""
+def nautilus_toml(mode: Mode, store: str = 'backend = "memory"') -> str:
+    """The Nautilus config of `mode`, with {host} and {port} left to fill in; `store`: the
+    body of its [store] table (the memory store unless a store is being measured)."""
     lines = ["[broker]", "allow_anonymous = true"]
     lines += [
         f"max_inflight_messages = {mode.limits.inflight}",
@@ -74,14 +75,14 @@ def nautilus_toml(mode: Mode) -> str:
     if mode.sys_interval:
         lines.append(f"systree_interval = {mode.sys_interval}")
     lines += ["[[listeners]]", 'type = "tcp"', 'address = "{host}:{port}"']
-    lines += ["[store]", 'backend = "memory"']
+    lines += ["[store]", store]
     return "\n".join(lines) + "\n"
 
 
-def mosquitto_conf(mode: Mode) -> str:
+def mosquitto_conf(mode: Mode, persistence: str = "persistence false") -> str:
     """Mosquitto with the limits of `mode`. TCP_NODELAY is on because asyncio (and so
     Nautilus and amqtt) sets it on every socket; Mosquitto's default adds Nagle delays."""
-    lines = ["listener {port} {host}", "allow_anonymous true", "persistence false"]
+    lines = ["listener {port} {host}", "allow_anonymous true", persistence]
     lines += [
         f"max_inflight_messages {mode.limits.inflight}",
         f"max_queued_messages {mode.limits.queued}",
@@ -113,19 +114,27 @@ class BrokerSpec:
     drops: SysCounter | None = None  # its queue drop counter, when the mode reads it
 
 
-def _nautilus(mode: Mode) -> Callable[[Path, int], list[str]]:
+def _nautilus(mode: Mode, store: str | None = None) -> Callable[[Path, int], list[str]]:
+    """`store`: None for the memory store, else `leveldb` with this `sync` setting."""
+
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "nautilus.toml"
-        config.write_text(nautilus_toml(mode).format(host=HOST, port=port))
+        table = 'backend = "memory"'
+        if store is not None:
+            table = f'backend = "leveldb"\npath = "{workdir / "store"}"\nsync = {store}'
+        config.write_text(nautilus_toml(mode, table).format(host=HOST, port=port))
         return [sys.executable, "-m", "broker", "--config", str(config)]
 
     return command
 
 
-def _mosquitto(mode: Mode) -> Callable[[Path, int], list[str]]:
+def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[str]]:
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "mosquitto.conf"
-        config.write_text(mosquitto_conf(mode).format(host=HOST, port=port))
+        persistence = "persistence false"
+        if persist:  # written at its default autosave interval, and at exit
+            persistence = f"persistence true\npersistence_location {workdir}/"
+        config.write_text(mosquitto_conf(mode, persistence).format(host=HOST, port=port))
         return [mosquitto_path(), "-c", str(config)]
 
     return command
@@ -195,6 +204,31 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "mosquitto",
             "Mosquitto",
             _mosquitto(mode),
+            _mosquitto_version,
+            inflight=limits.inflight,
+            drops=_mosquitto_drops(mode),
+        ),
+        # The stores, for the store comparison (not in the default list of brokers).
+        "nautilus-leveldb": BrokerSpec(
+            "nautilus-leveldb",
+            "Nautilus LevelDB",
+            _nautilus(mode, store="false"),
+            _nautilus_version,
+            inflight=limits.inflight,
+            drops=_nautilus_drops(mode),
+        ),
+        "nautilus-leveldb-sync": BrokerSpec(
+            "nautilus-leveldb-sync",
+            "Nautilus LevelDB, fsync",
+            _nautilus(mode, store="true"),
+            _nautilus_version,
+            inflight=limits.inflight,
+            drops=_nautilus_drops(mode),
+        ),
+        "mosquitto-persist": BrokerSpec(
+            "mosquitto-persist",
+            "Mosquitto, persistence",
+            _mosquitto(mode, persist=True),
             _mosquitto_version,
             inflight=limits.inflight,
             drops=_mosquitto_drops(mode),

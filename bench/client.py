@@ -222,13 +222,14 @@ async def open_client(
     uniform: Uniform | None = None,
     latencies: list[int] | None = None,
     timeout: float = 10.0,
+    clean_session: bool = True,
 ) -> MqttClient:
     """Connect, send CONNECT and wait for a successful CONNACK."""
     loop = asyncio.get_running_loop()
     transport, client = await asyncio.wait_for(
         loop.create_connection(lambda: MqttClient(uniform, latencies), host, port), timeout
     )
-    transport.write(packets.connect(client_id))
+    transport.write(packets.connect(client_id, clean_session=clean_session))
     try:
         code = await asyncio.wait_for(client.connack, timeout)
     except BaseException:

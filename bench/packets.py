@@ -16,9 +16,11 @@ MAX_PACKET_ID = 0xFFFF
 PUBACK_HEAD = encode(PubAck(1), MQTT_311)[:2]
 
 
-def connect(client_id: str, keepalive: int = 0) -> bytes:
-    """CONNECT with a clean session; keepalive 0 so idle benchmark clients need no PINGREQ."""
-    return encode(Connect(client_id, MQTT_311, keepalive=keepalive), MQTT_311)
+def connect(client_id: str, keepalive: int = 0, clean_session: bool = True) -> bytes:
+    """CONNECT (a clean session unless told otherwise); keepalive 0 so idle benchmark
+    clients need no PINGREQ."""
+    packet = Connect(client_id, MQTT_311, clean_start=clean_session, keepalive=keepalive)
+    return encode(packet, MQTT_311)
 
 
 def subscribe(topic_filter: str, qos: int, packet_id: int = 1) -> bytes:

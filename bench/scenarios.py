@@ -45,6 +45,7 @@ class Scenario:
     # publishers do not, and the brokers run with their default queue limits
     # (bench/brokers.py, MODES).
     mode: str = "bounded"
+    persistent: bool = False  # subscribers keep their sessions (clean session off)
     rate: int = 0  # latency: messages per second
     connections: int = 0  # idle: connections to open
 
@@ -67,6 +68,15 @@ SCENARIOS = (
     Scenario("qos0-1to1", "QoS 0, 1 -> 1, 16 B", "throughput", 1, 1, payload=16),
     Scenario("qos0-4pairs", "QoS 0, 4 pairs, 64 B", "throughput", 4, 4),
     Scenario("qos1-4pairs", "QoS 1, 4 pairs, 100 in flight, 64 B", "throughput", 4, 4, qos=1),
+    Scenario(
+        "qos1-persistent",
+        "QoS 1, 4 pairs, persistent subscribers, 64 B",
+        "throughput",
+        4,
+        4,
+        qos=1,
+        persistent=True,
+    ),
     Scenario(
         "fanout-1to100", "QoS 0, fan-out 1 -> 100, 64 B", "throughput", 1, 100, topology="fanout"
     ),
@@ -176,7 +186,11 @@ async def _subscribers(
     async def one(i: int, topic: str) -> MqttClient:
         uniform = Uniform.publish(topic, payload, scenario.qos)
         client = await open_client(
-            target.host, target.port, f"{scenario.base}-sub{i}", uniform=uniform
+            target.host,
+            target.port,
+            f"{scenario.base}-sub{i}",
+            uniform=uniform,
+            clean_session=not scenario.persistent,
         )
         await subscribe(client, _filter(scenario, topic), scenario.qos)
         client.read_in_bulk(low_water)

@@ -75,6 +75,7 @@ class Session:
     __slots__ = (
         "_configured",
         "_deferred_task",
+        "_expiry",
         "_next_id",
         "_next_seq",
         "_purge_due",
@@ -86,7 +87,7 @@ class Session:
         "clock",
         "deferred",
         "drain_step",
-        "expiry",
+        "durable",
         "expiry_timer",
         "find_group",
         "flow",
@@ -157,7 +158,8 @@ class Session:
         self.held = False  # publishers wait for this queue to drain (flow control)
         self.stuck = False  # delivered nothing for slow_subscriber_timeout while held
         self.progress = 0  # messages written to the client
-        self.expiry: int | None = 0  # seconds after disconnect; None: never expires
+        self._expiry: int | None = 0  # seconds after disconnect; None: never expires
+        self.durable = False  # the store keeps its messages (see the expiry property)
         self.expiry_timer: Timer | None = None
         self.pending_will: tuple[Timer, Message] | None = None
         self._next_id = 1
@@ -190,9 +192,15 @@ class Session:
         return self.outlet is not None
 
     @property
-    def durable(self) -> bool:
-        """Whether the store keeps this session's messages (docs/storage.md)."""
-        return self.store.persistent and self.expiry != 0
+    def expiry(self) -> int | None:
+        """Seconds the session outlives its connection; None: forever."""
+        return self._expiry
+
+    @expiry.setter
+    def expiry(self, expiry: int | None) -> None:
+        self._expiry = expiry
+        # Whether the store keeps this session's messages (docs/storage.md).
+        self.durable = self.store.persistent and expiry != 0
 
     # -- what the store keeps ------------------------------------------------------------
 

@@ -52,6 +52,7 @@ RECEIVED = b"i/"
 BODY = b"b/"
 REFS = b"c/"
 BODY_CACHE = 4096  # decoded shared bodies kept, so that sessions reading them share one
+WRITE_BUFFER = 64 << 20  # bytes of writes kept in memory before a flush to disk
 
 
 def _id(client_id: str) -> bytes:
@@ -66,7 +67,9 @@ def open_db(path: str) -> plyvel.DB:
     """Open (or create) the database at `path`, or raise StoreError saying why."""
     try:
         os.makedirs(path, exist_ok=True)
-        return plyvel.DB(os.path.join(path, "messages"), create_if_missing=True)
+        return plyvel.DB(
+            os.path.join(path, "messages"), create_if_missing=True, write_buffer_size=WRITE_BUFFER
+        )
     except plyvel.IOError as exc:
         if "lock" in str(exc).lower():
             raise StoreError(
@@ -102,7 +105,15 @@ class LevelDBStore(MessageStore):
         self._body_refs: dict[int, int] = {}  # body id -> references (bodies seen this run)
         self._bodies: dict[int, Message] = {}  # body id -> decoded message (a small cache)
         self._next_body = self._last_body_id() + 1
+        self._idents: dict[str, bytes] = {}
         self.failed = False  # the last commit failed (a full disk): connections close
+
+    def _ident(self, client_id: str) -> bytes:
+        """The client id as it appears in keys (made once per client)."""
+        ident = self._idents.get(client_id)
+        if ident is None:
+            ident = self._idents[client_id] = _id(client_id)
+        return ident
 
     def _check_layout(self) -> None:
         version = self._db.get(VERSION)
@@ -180,7 +191,7 @@ class LevelDBStore(MessageStore):
         offset = self._wall_offset()
         bodies: dict[int, int] = {}  # id(message) -> body id
         for client_id, entries in pending.items():
-            prefix = QUEUE + _id(client_id)
+            prefix = QUEUE + self._ident(client_id)
             for seq, delivery in entries.items():
                 key = prefix + _seq(seq)
                 message = delivery.message
@@ -191,7 +202,7 @@ class LevelDBStore(MessageStore):
                 if body_id is None:
                     body_id = bodies[id(message)] = self._next_body
                     self._next_body += 1
-                    body = records.encode_message(message, message.qos, False, (), offset)
+                    body = records.encode_message(message, offset)
                     batch.put(BODY + _seq(body_id), body)
                     count = uses[id(message)]
                     self._body_refs[body_id] = count
@@ -206,7 +217,7 @@ class LevelDBStore(MessageStore):
     # -- retained ----------------------------------------------------------------------
 
     def put_retained(self, message: Message) -> None:
-        value = records.encode_message(message, message.qos, True, (), self._wall_offset())
+        value = records.encode_message(message, self._wall_offset())
         self._writes().put(RETAINED + message.topic.encode(), value)
 
     def delete_retained(self, topic: str) -> None:
@@ -217,7 +228,7 @@ class LevelDBStore(MessageStore):
         now = self._clock.time()
         for key, value in self._db.iterator(prefix=RETAINED):
             try:
-                _, message = records.decode_message(value, offset)
+                message = records.decode_message(value, offset)
             except records.RecordError as exc:
                 log.error("retained message %r left out: %s", key[len(RETAINED) :], exc)
                 continue
@@ -234,10 +245,11 @@ class LevelDBStore(MessageStore):
     def delete_session(self, client_id: str) -> None:
         self.commit()  # so that the iterators below see every entry
         batch = self._writes()
-        ident = _id(client_id)
+        ident = self._ident(client_id)
+        del self._idents[client_id]
         for key, value in self._db.iterator(prefix=QUEUE + ident):
             try:
-                _, body_id, _ = records.decode_entry(value)
+                body_id = records.Entry(value).body_id
             except records.RecordError:
                 body_id = None
             self._refs.pop(key, None)
@@ -291,7 +303,7 @@ class LevelDBStore(MessageStore):
         if entries is not None and entries.pop(seq, None) is not None:
             self._count(client_id, -1)  # never written
             return
-        key = QUEUE + _id(client_id) + _seq(seq)
+        key = QUEUE + self._ident(client_id) + _seq(seq)
         self._writes().delete(key)
         body_id = self._refs.pop(key, None)
         if body_id is not None:
@@ -319,7 +331,7 @@ class LevelDBStore(MessageStore):
     ) -> list[StoredEntry]:
         self.commit()
         skipped = set(skip)
-        prefix = QUEUE + _id(client_id)
+        prefix = QUEUE + self._ident(client_id)
         offset = self._wall_offset()
         found: list[StoredEntry] = []
         for key, value in self._db.iterator(prefix=prefix, reverse=newest_first):
@@ -333,20 +345,22 @@ class LevelDBStore(MessageStore):
 
     def get_entry(self, client_id: str, seq: int) -> StoredEntry | None:
         self.commit()
-        key = QUEUE + _id(client_id) + _seq(seq)
+        key = QUEUE + self._ident(client_id) + _seq(seq)
         value = self._db.get(key)
         return None if value is None else self._entry(key, seq, value, self._wall_offset())
 
     def _entry(self, key: bytes, seq: int, value: bytes, offset: float) -> StoredEntry:
         try:
-            share, body_id, rest = records.decode_entry(value)
-            if body_id is None:
-                return StoredEntry(seq, records.delivery_inline(rest, offset), share)
-            self._refs[key] = body_id
-            message = self._body(body_id, offset)
-            if message is None:
-                return StoredEntry(seq, None, share)
-            return StoredEntry(seq, records.delivery_from_ref(rest, message), share)
+            entry = records.Entry(value)
+            if entry.body_id is None:
+                message = records.decode_message(entry.rest, offset)
+            else:
+                self._refs[key] = entry.body_id
+                found = self._body(entry.body_id, offset)
+                if found is None:
+                    return StoredEntry(seq, None, entry.share)
+                message = found
+            return StoredEntry(seq, entry.delivery(message), entry.share)
         except records.RecordError as exc:
             log.error("queue entry %r left out: %s", key, exc)
             return StoredEntry(seq, None, None)
@@ -358,7 +372,7 @@ class LevelDBStore(MessageStore):
             if data is None:
                 log.error("message body %d is missing from the store", body_id)
                 return None
-            _, message = records.decode_message(data, offset)
+            message = records.decode_message(data, offset)
             if len(self._bodies) >= BODY_CACHE:
                 self._bodies.clear()
             self._bodies[body_id] = message
@@ -367,15 +381,15 @@ class LevelDBStore(MessageStore):
     # -- in flight, and inbound QoS 2 ----------------------------------------------------
 
     def put_inflight(self, client_id: str, packet_id: int, seq: int, state: int) -> None:
-        key = INFLIGHT + _id(client_id) + packet_id.to_bytes(2, "big")
+        key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
         self._writes().put(key, _seq(seq) + bytes((state,)))
 
     def delete_inflight(self, client_id: str, packet_id: int) -> None:
-        self._writes().delete(INFLIGHT + _id(client_id) + packet_id.to_bytes(2, "big"))
+        self._writes().delete(INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big"))
 
     def load_inflight(self, client_id: str) -> list[tuple[int, int, int]]:
         self.commit()
-        prefix = INFLIGHT + _id(client_id)
+        prefix = INFLIGHT + self._ident(client_id)
         found = []
         for key, value in self._db.iterator(prefix=prefix):
             if len(value) == 9:
@@ -384,14 +398,14 @@ class LevelDBStore(MessageStore):
         return found
 
     def put_received(self, client_id: str, packet_id: int) -> None:
-        self._writes().put(RECEIVED + _id(client_id) + packet_id.to_bytes(2, "big"), b"")
+        self._writes().put(RECEIVED + self._ident(client_id) + packet_id.to_bytes(2, "big"), b"")
 
     def delete_received(self, client_id: str, packet_id: int) -> None:
-        self._writes().delete(RECEIVED + _id(client_id) + packet_id.to_bytes(2, "big"))
+        self._writes().delete(RECEIVED + self._ident(client_id) + packet_id.to_bytes(2, "big"))
 
     def load_received(self, client_id: str) -> set[int]:
         self.commit()
-        prefix = RECEIVED + _id(client_id)
+        prefix = RECEIVED + self._ident(client_id)
         return {
             int.from_bytes(key[len(prefix) :], "big")
             for key in self._db.iterator(prefix=prefix, include_value=False)

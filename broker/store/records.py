@@ -1,18 +1,19 @@
 """How messages, queue entries and session records are laid out as bytes in the store.
 
-A message is kept as an MQTT 5 PUBLISH packet (the codec already writes and validates
-every field and property, so there is no second serialisation to keep in step), preceded
-by its absolute expiry time (wall clock, 8-byte float, 0.0: none), so that MQTT 5 message
-expiry keeps counting across a restart.
+A message record is the protocol level of its PUBLISH (1 byte), its absolute expiry time
+(wall clock, 8-byte float, 0.0: none) and a PUBLISH packet: the bytes the publisher sent
+when the broker still has them (so storing costs no encoding), otherwise the message
+encoded as MQTT 5. The codec already reads and validates every field and property, so
+there is no second serialisation to keep in step, and expiry keeps counting across a
+restart.
 
 A queue entry is one flags byte, then the `$share/<group>/<filter>` it came through (if
-flag SHARED: 2-byte length + UTF-8), then either the message itself with the delivery's
-QoS, retain flag and subscription ids (INLINE), or a reference to a message body stored
-once for several queues (REF: 8-byte body id, QoS, retain, count of subscription ids and
-the ids as 4-byte integers).
+flag SHARED: 2-byte length + UTF-8), the delivery's QoS, retain flag and subscription ids
+(1 byte, 1 byte, a count and 4-byte ids), then either the message record itself or (flag
+REF) the 8-byte id of a message body stored once for several queues.
 
 Times: the broker runs on the event loop's monotonic clock; `wall_offset` is
-time.time() - loop.time() at the moment of conversion.
+time.time() - loop.time().
 """
 
 from __future__ import annotations
@@ -20,103 +21,96 @@ from __future__ import annotations
 import json
 import struct
 
-from broker.message import Delivery, Message
-from broker.protocol import Decoder, Property, Publish, encode
+from broker.message import MQTT5, Delivery, Message
+from broker.protocol import Decoder, Publish, encode
 from broker.router import SubOptions
 from broker.store.base import SessionRecord
 
 SHARED = 0x01
 REF = 0x02
-_EXPIRY = struct.Struct(">d")
-_REF = struct.Struct(">QBBB")
+_HEAD = struct.Struct(">Bd")  # protocol level, expiry
+_BODY_ID = struct.Struct(">Q")
 
 
 class RecordError(ValueError):
     """Bytes in the store that do not decode (a corrupt or foreign record)."""
 
 
-def encode_message(
-    message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], wall_offset: float
-) -> bytes:
-    properties = message.properties
-    if sub_ids:
-        properties = {**properties, Property.SUBSCRIPTION_IDENTIFIER: list(sub_ids)}
-    # The packet id is required on the wire for QoS > 0 and meaningless in the store.
-    packet = Publish(message.topic, message.payload, qos, retain, False, 1 if qos else None,
-                     properties)  # fmt: skip
+def encode_message(message: Message, wall_offset: float) -> bytes:
     expires = 0.0 if message.expires_at is None else message.expires_at + wall_offset
-    return _EXPIRY.pack(expires) + encode(packet, 5)
+    if message.raw is not None:
+        return _HEAD.pack(message.raw_level, expires) + message.raw
+    packet = Publish(message.topic, message.payload, message.qos, message.retain, False,
+                     1 if message.qos else None, message.properties)  # fmt: skip
+    return _HEAD.pack(MQTT5, expires) + encode(packet, MQTT5)
 
 
-def decode_message(data: bytes | memoryview, wall_offset: float) -> tuple[Publish, Message]:
-    """The stored PUBLISH and the message it carries (expiry restored on this clock)."""
-    if len(data) < _EXPIRY.size:
+def decode_message(data: bytes | memoryview, wall_offset: float) -> Message:
+    """The stored message, its expiry on this run's clock."""
+    if len(data) < _HEAD.size:
         raise RecordError("message record too short")
-    (expires,) = _EXPIRY.unpack_from(data)
-    decoder = Decoder("client", 5)
-    decoder.receive_data(bytes(data[_EXPIRY.size :]))
+    level, expires = _HEAD.unpack_from(data)
+    decoder = Decoder("client", level)
+    decoder.receive_data(bytes(data[_HEAD.size :]))
     try:
         packet = decoder.next_packet()
     except Exception as exc:  # the codec's ProtocolError and friends: all mean corrupt
         raise RecordError(f"stored PUBLISH does not decode: {exc}") from exc
     if not isinstance(packet, Publish):
         raise RecordError("stored record is not a PUBLISH")
-    properties = dict(packet.properties)
-    properties.pop(Property.SUBSCRIPTION_IDENTIFIER, None)
-    message = Message(packet.topic, packet.payload, packet.qos, packet.retain, properties, now=0.0)
+    message = Message(
+        packet.topic, packet.payload, packet.qos, packet.retain, packet.properties, now=0.0
+    )
     message.expires_at = None if expires == 0.0 else expires - wall_offset
-    return packet, message
+    return message
 
 
 def encode_entry(delivery: Delivery, wall_offset: float, body_id: int | None = None) -> bytes:
-    """A queue entry: the message inline, or a reference to body `body_id`."""
-    flags = 0
+    """A queue entry: the delivery, with its message inline or as a reference."""
+    flags = 0 if body_id is None else REF
     head = b""
     group = delivery.group
     if group is not None:
         flags |= SHARED
         share = f"$share/{group.name}/{group.filter}".encode()
         head = len(share).to_bytes(2, "big") + share
+    sub_ids = delivery.sub_ids
+    fields = bytes((flags,)) + head + bytes((delivery.qos, delivery.retain, len(sub_ids)))
+    if sub_ids:
+        fields += b"".join(i.to_bytes(4, "big") for i in sub_ids)
     if body_id is None:
-        body = encode_message(
-            delivery.message, delivery.qos, delivery.retain, delivery.sub_ids, wall_offset
-        )
-    else:
-        flags |= REF
-        sub_ids = delivery.sub_ids
-        body = _REF.pack(body_id, delivery.qos, delivery.retain, len(sub_ids))
-        body += b"".join(i.to_bytes(4, "big") for i in sub_ids)
-    return bytes((flags,)) + head + body
+        return fields + encode_message(delivery.message, wall_offset)
+    return fields + _BODY_ID.pack(body_id)
 
 
-def decode_entry(data: bytes) -> tuple[str | None, int | None, memoryview]:
-    """(share, body id or None, the rest): the rest is the inline message, or the
-    reference's delivery fields for `delivery_from_ref`."""
-    if not data:
-        raise RecordError("empty queue entry")
-    flags = data[0]
-    view = memoryview(data)[1:]
-    share = None
-    if flags & SHARED:
-        end = 2 + int.from_bytes(view[:2], "big")
-        share = bytes(view[2:end]).decode()
-        view = view[end:]
-    if flags & REF:
-        (body_id,) = struct.unpack_from(">Q", view)
-        return share, body_id, view[8:]
-    return share, None, view
+class Entry:
+    """A decoded queue entry, its message still to be found (`body_id`) or read (`rest`)."""
 
+    __slots__ = ("body_id", "qos", "rest", "retain", "share", "sub_ids")
 
-def delivery_inline(data: memoryview, wall_offset: float) -> Delivery:
-    packet, message = decode_message(data, wall_offset)
-    sub_ids = tuple(packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER, ()))
-    return Delivery(message, packet.qos, packet.retain, sub_ids)
+    def __init__(self, data: bytes) -> None:
+        try:
+            flags = data[0]
+            pos = 1
+            self.share = None
+            if flags & SHARED:
+                end = 3 + int.from_bytes(data[1:3], "big")
+                self.share = data[3:end].decode()
+                pos = end
+            self.qos, retain, count = data[pos], data[pos + 1], data[pos + 2]
+            self.retain = bool(retain)
+            pos += 3
+            self.sub_ids = tuple(
+                int.from_bytes(data[pos + 4 * i : pos + 4 * i + 4], "big") for i in range(count)
+            )
+            pos += 4 * count
+            self.body_id = _BODY_ID.unpack_from(data, pos)[0] if flags & REF else None
+        except (IndexError, struct.error, UnicodeDecodeError) as exc:
+            raise RecordError(f"queue entry does not decode: {exc}") from exc
+        self.rest = memoryview(data)[pos:]
 
-
-def delivery_from_ref(fields: memoryview, message: Message) -> Delivery:
-    qos, retain, count = fields[0], fields[1], fields[2]
-    sub_ids = tuple(int.from_bytes(fields[3 + 4 * i : 7 + 4 * i], "big") for i in range(count))
-    return Delivery(message, qos, bool(retain), sub_ids)
+    def delivery(self, message: Message) -> Delivery:
+        return Delivery(message, self.qos, self.retain, self.sub_ids)
 
 
 # -- sessions ---------------------------------------------------------------------------

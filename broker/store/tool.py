@@ -66,7 +66,7 @@ def survey(db: plyvel.DB) -> Survey:
             client = _client(key, QUEUE)
             found.entries[client] += 1
             try:
-                _, body_id, _ = records.decode_entry(value)
+                body_id = records.Entry(value).body_id
             except records.RecordError as exc:
                 found.problems.append(f"queue entry {key!r}: {exc}")
                 continue

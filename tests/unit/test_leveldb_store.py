@@ -208,3 +208,22 @@ def test_a_store_of_the_older_layout_is_refused_untouched(tmp_path, loop):
     db = plyvel.DB(str(path / "messages"))
     assert list(db.iterator()) == [(b"s/old", b"{}")]
     db.close()
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_a_message_is_stored_as_the_bytes_its_publisher_sent(store, level):
+    from broker.protocol import Publish, encode
+
+    props = {Property.USER_PROPERTY: [("k", "v")]} if level == 5 else {}
+    raw = encode(Publish("t/raw", b"as sent", 1, False, False, 9, props), level)
+    message = Message("t/raw", b"as sent", 1, False, dict(props), "pub", raw, level)
+    store.put_entry("c", 0, Delivery(message, 0, False, (3,)))
+    store.commit()
+    (value,) = [v for _, v in store._db.iterator(prefix=QUEUE)]
+    assert raw in value  # no second encoding
+    (entry,) = store.read_entries("c", 1)
+    assert entry.delivery is not None
+    got = entry.delivery
+    assert (got.qos, got.retain, got.sub_ids) == (0, False, (3,))
+    assert (got.message.topic, got.message.payload, got.message.qos) == ("t/raw", b"as sent", 1)
+    assert got.message.properties == props
