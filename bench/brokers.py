@@ -191,47 +191,39 @@ def _mosquitto_drops(mode: Mode) -> SysCounter | None:
 def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
     """Every broker, configured for `mode`."""
     limits = mode.limits
+
+    def nautilus(name: str, label: str, command: Callable[[Path, int], list[str]]) -> BrokerSpec:
+        return BrokerSpec(
+            name,
+            label,
+            command,
+            _nautilus_version,
+            inflight=limits.inflight,
+            drops=_nautilus_drops(mode),
+        )
+
+    def mosquitto(name: str, label: str, command: Callable[[Path, int], list[str]]) -> BrokerSpec:
+        return BrokerSpec(
+            name,
+            label,
+            command,
+            _mosquitto_version,
+            inflight=limits.inflight,
+            drops=_mosquitto_drops(mode),
+        )
+
     return {
-        "nautilus": BrokerSpec(
-            "nautilus",
-            "Nautilus",
-            _nautilus(mode),
-            _nautilus_version,
-            inflight=limits.inflight,
-            drops=_nautilus_drops(mode),
-        ),
-        "mosquitto": BrokerSpec(
-            "mosquitto",
-            "Mosquitto",
-            _mosquitto(mode),
-            _mosquitto_version,
-            inflight=limits.inflight,
-            drops=_mosquitto_drops(mode),
-        ),
+        "nautilus": nautilus("nautilus", "Nautilus", _nautilus(mode)),
+        "mosquitto": mosquitto("mosquitto", "Mosquitto", _mosquitto(mode)),
         # The stores, for the store comparison (not in the default list of brokers).
-        "nautilus-leveldb": BrokerSpec(
-            "nautilus-leveldb",
-            "Nautilus LevelDB",
-            _nautilus(mode, store="false"),
-            _nautilus_version,
-            inflight=limits.inflight,
-            drops=_nautilus_drops(mode),
+        "nautilus-leveldb": nautilus(
+            "nautilus-leveldb", "Nautilus LevelDB", _nautilus(mode, store="false")
         ),
-        "nautilus-leveldb-sync": BrokerSpec(
-            "nautilus-leveldb-sync",
-            "Nautilus LevelDB, fsync",
-            _nautilus(mode, store="true"),
-            _nautilus_version,
-            inflight=limits.inflight,
-            drops=_nautilus_drops(mode),
+        "nautilus-leveldb-sync": nautilus(
+            "nautilus-leveldb-sync", "Nautilus LevelDB, fsync", _nautilus(mode, store="true")
         ),
-        "mosquitto-persist": BrokerSpec(
-            "mosquitto-persist",
-            "Mosquitto, persistence",
-            _mosquitto(mode, persist=True),
-            _mosquitto_version,
-            inflight=limits.inflight,
-            drops=_mosquitto_drops(mode),
+        "mosquitto-persist": mosquitto(
+            "mosquitto-persist", "Mosquitto, persistence", _mosquitto(mode, persist=True)
         ),
         # No queue limits to set, no drop counter: the same in every mode.
         "amqtt": BrokerSpec(

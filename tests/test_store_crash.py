@@ -48,22 +48,34 @@ def client(broker: BrokerProcess, client_id: str = "", clean: bool = True) -> Ra
     return raw
 
 
+def persistent_subscriber(broker: BrokerProcess, topic: str, qos: int) -> tuple[str, RawClient]:
+    """A subscriber with clean session off, still connected, and its client id."""
+    client_id = unique_id("sub")
+    sub = client(broker, client_id, clean=False)
+    sub.subscribe((topic, qos))
+    return client_id, sub
+
+
+def resume(broker: BrokerProcess, client_id: str) -> RawClient:
+    """Connect again with clean session off; the session must be there."""
+    back = RawClient(HOST, broker.port)
+    assert back.connect(client_id, clean=False).session_present
+    return back
+
+
 def test_kill_9_keeps_what_was_acknowledged_for_a_connected_subscriber(tmp_path, start_process):
     # The subscriber is connected and reads nothing: 20 messages in flight, the rest
     # queued. Before layout 2 a crash lost all of them (only offline queues were written).
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id = unique_id("slow")
-    sub = client(broker, sub_id, clean=False)
-    sub.subscribe(("crash/online", 1))
+    sub_id, _ = persistent_subscriber(broker, "crash/online", 1)
     pub = client(broker)
     for i in range(300):
         pub.publish("crash/online", b"%d" % i, qos=1)  # waits for each PUBACK
     crash(broker)
 
     broker = start_process(config)
-    back = RawClient(HOST, broker.port)
-    assert back.connect(sub_id, clean=False).session_present
+    back = resume(broker, sub_id)
     got: set[bytes] = set()
     while len(got) < 300:  # the ones in flight come again (DUP): QoS 1 may repeat
         pkt = back.expect(PUBLISH)
@@ -75,9 +87,7 @@ def test_kill_9_keeps_what_was_acknowledged_for_a_connected_subscriber(tmp_path,
 def test_kill_9_keeps_an_offline_queue_in_order(tmp_path, start_process):
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id = unique_id("offline")
-    sub = client(broker, sub_id, clean=False)
-    sub.subscribe(("crash/offline", 1))
+    sub_id, sub = persistent_subscriber(broker, "crash/offline", 1)
     sub.disconnect()
     pub = client(broker)
     for i in range(2000):
@@ -85,8 +95,7 @@ def test_kill_9_keeps_an_offline_queue_in_order(tmp_path, start_process):
     crash(broker)
 
     broker = start_process(config)
-    back = RawClient(HOST, broker.port)
-    assert back.connect(sub_id, clean=False).session_present
+    back = resume(broker, sub_id)
     got = []
     for _ in range(2000):
         pkt = back.expect(PUBLISH)
@@ -100,25 +109,22 @@ def test_an_inbound_qos2_message_is_routed_once_across_a_crash(tmp_path, start_p
     # resends the PUBLISH (DUP) after the restart, and it must not be routed again.
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id, pub_id = unique_id("sub"), unique_id("pub")
-    sub = client(broker, sub_id, clean=False)
-    sub.subscribe(("crash/q2", 2))
+    sub_id, sub = persistent_subscriber(broker, "crash/q2", 2)
     sub.disconnect()
+    pub_id = unique_id("pub")
     pub = client(broker, pub_id, clean=False)
     pub.send(publish_packet("crash/q2", b"once", qos=2, packet_id=7))
     assert pub.expect(PUBREC).packet_id == 7
     crash(broker)
 
     broker = start_process(config)
-    pub = RawClient(HOST, broker.port)
-    assert pub.connect(pub_id, clean=False).session_present
+    pub = resume(broker, pub_id)
     pub.send(publish_packet("crash/q2", b"once", qos=2, packet_id=7, dup=True))
     assert pub.expect(PUBREC).packet_id == 7
     pub.send(ack_packet(PUBREL, 7))
     assert pub.expect(PUBCOMP).packet_id == 7
     pub.publish("crash/q2", b"sentinel", qos=1)
-    back = RawClient(HOST, broker.port)
-    back.connect(sub_id, clean=False)
+    back = resume(broker, sub_id)
     got = []
     while not got or got[-1] != b"sentinel":
         pkt = back.expect(PUBLISH)
@@ -132,9 +138,7 @@ def test_an_outbound_qos2_exchange_continues_with_pubrel_after_a_crash(tmp_path,
     # after the restart the broker sends PUBREL again, never the PUBLISH.
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id = unique_id("sub")
-    sub = client(broker, sub_id, clean=False)
-    sub.subscribe(("crash/out", 2))
+    sub_id, sub = persistent_subscriber(broker, "crash/out", 2)
     pub = client(broker)
     pub.publish("crash/out", b"exactly once", qos=2)
     delivered = sub.expect(PUBLISH)
@@ -143,8 +147,7 @@ def test_an_outbound_qos2_exchange_continues_with_pubrel_after_a_crash(tmp_path,
     crash(broker)
 
     broker = start_process(config)
-    back = RawClient(HOST, broker.port)
-    assert back.connect(sub_id, clean=False).session_present
+    back = resume(broker, sub_id)
     assert back.expect(PUBREL).packet_id == delivered.packet_id
     assert not back.stash  # no PUBLISH came before it
     back.send(ack_packet(PUBCOMP, delivered.packet_id))

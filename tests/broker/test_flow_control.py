@@ -49,16 +49,24 @@ def qos1_flood(topic: str, count: int, tag: bytes = b"") -> bytes:
     )
 
 
-def pubacks_until_silence(client: RawClient) -> int:
-    """PUBACKs that arrive until none comes for a moment: what the broker acknowledged."""
-    count = 0
+def until_silence(client: RawClient, ptype: int) -> list:
+    """Packets of `ptype` that arrive until none comes for a moment (PUBLISHes are
+    acknowledged)."""
+    packets = []
     while True:
         try:
             pkt = client.read_packet(timeout=0.5)
         except TimeoutError:
-            return count
-        assert pkt is not None and pkt.type == PUBACK, pkt
-        count += 1
+            return packets
+        assert pkt is not None and pkt.type == ptype, pkt
+        if ptype == PUBLISH:
+            client.ack(pkt)
+        packets.append(pkt)
+
+
+def pubacks_until_silence(client: RawClient) -> int:
+    """PUBACKs that arrive until none comes for a moment: what the broker acknowledged."""
+    return len(until_silence(client, PUBACK))
 
 
 def receive(subscriber: RawClient, count: int) -> list[bytes]:
@@ -72,16 +80,8 @@ def receive(subscriber: RawClient, count: int) -> list[bytes]:
 
 
 def receive_until_silence(subscriber: RawClient) -> list[bytes]:
-    """Read and acknowledge PUBLISHes until none comes for a moment."""
-    payloads = []
-    while True:
-        try:
-            pkt = subscriber.read_packet(timeout=0.5)
-        except TimeoutError:
-            return payloads
-        assert pkt is not None and pkt.type == PUBLISH, pkt
-        subscriber.ack(pkt)
-        payloads.append(pkt.payload)
+    """Read and acknowledge PUBLISHes until none comes for a moment; their payloads."""
+    return [pkt.payload for pkt in until_silence(subscriber, PUBLISH)]
 
 
 def subscriber(server, topic: str, qos: int = 1) -> RawClient:
