@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 from broker.authorization import (
@@ -38,7 +37,7 @@ from broker.protocol import (
 )
 from broker.publish_flow import publish_context
 from broker.topics import valid_topic_name
-from hooks import AuthContext, Chain, Ok, RegisterContext
+from hooks import AuthContext, Chain, Ok, RegisterContext, Result
 from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
@@ -48,17 +47,6 @@ log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never" [3.1.2.11.2]
-
-
-def run_inline(flow: Coroutine) -> None:
-    """Run a hook flow whose chains are all plain methods, without a task: its awaits
-    never suspend, so one send() runs it to the end (about 40 us less per CONNECT)."""
-    try:
-        flow.send(None)
-    except StopIteration:
-        return
-    flow.close()
-    raise RuntimeError("a hook flow of synchronous chains suspended")
 
 
 def on_connect(conn: Connection, packet: Connect) -> None:
@@ -123,39 +111,65 @@ def _authenticate(
         protocol_level=level,
         properties=packet.properties,
     )
-    flow = _authorize(conn, packet, assigned, context, register, will_check, auth_props)
-    if (register is None or register.synchronous) and (
-        will_check is None or will_check.synchronous
-    ):
-        return run_inline(flow)
-    conn.spawn(flow)
+    if register is None:
+        return _check_will(conn, packet, assigned, context, {}, will_check, auth_props)
+    if not register:  # authentication is required and no plugin does it: refused
+        args = (conn, packet, assigned, context, will_check, auth_props)
+        return _registered(*args, NO_HOOK)
+    conn.decide(
+        register, context, _registered, conn, packet, assigned, context, will_check, auth_props
+    )
 
 
-async def _authorize(
+def _registered(
     conn: Connection,
     packet: Connect,
     assigned: str | None,
     context: RegisterContext,
-    register: Chain | None,
+    will_check: Chain | None,
+    auth_props: dict,
+    result: Result,
+) -> None:
+    """auth_on_register(_m5) decided: refuse, or apply its modifiers and check the will."""
+    if type(result) is not Ok:
+        return _register_failed(conn, context, result, register_refusal(result))
+    modifiers = dict(result.modifiers)
+    _apply_register_modifiers(conn, packet, context, modifiers)
+    _check_will(conn, packet, assigned, context, modifiers, will_check, auth_props)
+
+
+def _check_will(
+    conn: Connection,
+    packet: Connect,
+    assigned: str | None,
+    context: RegisterContext,
+    modifiers: dict,
     will_check: Chain | None,
     auth_props: dict,
 ) -> None:
-    """auth_on_register(_m5), then the will's auth_on_publish, then CONNACK."""
-    modifiers: dict = {}
-    if register is not None:
-        result = await register.run(context) if register else NO_HOOK
-        if type(result) is not Ok:
-            return _register_failed(conn, context, result, register_refusal(result))
-        modifiers = dict(result.modifiers)
-        _apply_register_modifiers(conn, packet, context, modifiers)
-    if will_check is not None:
-        assert packet.will is not None
-        result = await will_check.run(publish_context(conn, packet.will))
-        if type(result) is not Ok:
-            # VerneMQ answers a refused will with CONNACK 5 / not authorized.
-            return _register_failed(conn, context, result, ReasonCode.NOT_AUTHORIZED)
-    if not conn.closing:
-        _accept(conn, packet, assigned, modifiers, auth_props)
+    """The will's auth_on_publish, if a plugin implements it, then CONNACK."""
+    if will_check is None:
+        return _accept(conn, packet, assigned, modifiers, auth_props)
+    assert packet.will is not None
+    will = publish_context(conn, packet.will)
+    conn.decide(
+        will_check, will, _will_checked, conn, packet, assigned, context, modifiers, auth_props
+    )
+
+
+def _will_checked(
+    conn: Connection,
+    packet: Connect,
+    assigned: str | None,
+    context: RegisterContext,
+    modifiers: dict,
+    auth_props: dict,
+    result: Result,
+) -> None:
+    if type(result) is not Ok:
+        # VerneMQ answers a refused will with CONNACK 5 / not authorized.
+        return _register_failed(conn, context, result, ReasonCode.NOT_AUTHORIZED)
+    _accept(conn, packet, assigned, modifiers, auth_props)
 
 
 def _apply_register_modifiers(
