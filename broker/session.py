@@ -406,15 +406,23 @@ class Session:
             and (delivery.qos == 0 or len(self.inflight) < self.window)
         ):
             self._send(outlet, delivery)
+            deferred = self.deferred  # waiting for an async on_deliver: counted as queued
+            if deferred and len(deferred) >= self.high_water and not self.stuck:
+                return self
             return None
         self._enqueue(delivery, self.max_online)
-        if len(self.queue) >= self.high_water and not self.stuck:
+        if self.backlog() >= self.high_water and not self.stuck:
             return self
         return None
 
     def full(self) -> bool:
         """Whether a publisher must wait before routing to this session (flow control)."""
-        return self.outlet is not None and not self.stuck and len(self.queue) >= self.high_water
+        return self.outlet is not None and not self.stuck and self.backlog() >= self.high_water
+
+    def backlog(self) -> int:
+        """Deliveries waiting in memory: the queue, and those an async on_deliver holds."""
+        deferred = self.deferred
+        return len(self.queue) + len(deferred) if deferred else len(self.queue)
 
     def must_wait_for(self) -> Session | None:
         """The session whose queue a publisher must wait for before routing here."""
@@ -624,6 +632,8 @@ class Session:
             if outlet is None or (packet_id is not None and packet_id not in self.inflight):
                 continue  # gone meanwhile, or the session ended
             self._write(outlet, _rewritten(delivery, result), packet_id)
+            if self.held and self.backlog() <= self.low_water:
+                self.flow.release(self)
 
     def _deferred_done(self, task: asyncio.Task[None]) -> None:
         self.chains.tasks.discard(task)
@@ -657,7 +667,7 @@ class Session:
                 self._send(outlet, delivery)
         if self.stuck and self.progress != progress:
             self.stuck = False  # it reads again: it may hold publishers back again
-        if self.held and len(queue) <= self.low_water:
+        if self.held and self.backlog() <= self.low_water:
             self.flow.release(self)
 
     # -- inbound QoS 2 -------------------------------------------------------------------

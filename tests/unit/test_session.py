@@ -450,3 +450,57 @@ def test_retry_interval_never_resends_to_mqtt5_clients(make, clock):
     clock.advance(100)
     assert len(outlet.publishes()) == 1
     assert clock.pending == []
+
+
+def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water_mark(clock):
+    # A slow asynchronous on_deliver (a webhook) holds deliveries in `deferred`: they are
+    # counted like queued ones, so the publisher is held instead of that deque growing.
+    import asyncio
+
+    class SlowHook:
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+
+        async def on_deliver(self, ctx: PublishContext) -> None:
+            await self.gate.wait()
+
+    loop = asyncio.new_event_loop()
+    try:
+        hook = SlowHook()
+        metrics = Metrics()
+        session = Session(
+            "sub",
+            max_inflight=100,
+            max_online=20,
+            max_offline=20,
+            lifo=False,
+            metrics=metrics,
+            store=MemoryStore(),
+            chains=HookCallers(Hooks([("slow", hook)])),
+            clock=clock,
+            flow=FlowControl(clock, STALL, metrics),
+        )
+        high, low = water_marks(20)
+        outlet = online(session)
+
+        async def flood() -> list:
+            results = [session.deliver(delivery(p, 0)) for p in payloads(high)]
+            assert session.full() and len(session.queue) == 0  # all of them in `deferred`
+            return results
+
+        full = loop.run_until_complete(flood())
+        assert full[:-1] == [None] * (high - 1) and full[-1] is session
+        publisher = FakeReader("pub")
+        session.flow.hold(publisher, [session])
+        hook.gate.set()
+
+        async def settle() -> None:
+            while session.deferred:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(settle())
+        assert outlet.payloads() == payloads(high)
+        assert publisher.log == [("hold", "pub"), ("release", "pub")]
+    finally:
+        loop.close()
