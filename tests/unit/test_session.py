@@ -480,7 +480,7 @@ def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water
             clock=clock,
             flow=FlowControl(clock, STALL, metrics),
         )
-        high, low = water_marks(20)
+        high, _ = water_marks(20)
         outlet = online(session)
 
         async def flood() -> list:
