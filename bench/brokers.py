@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import pwd
 import resource
 import shutil
 import socket
@@ -133,7 +134,12 @@ def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[
         config = workdir / "mosquitto.conf"
         persistence = "persistence false"
         if persist:  # written at its default autosave interval, and at exit
-            persistence = f"persistence true\npersistence_location {workdir}/"
+            # Started as root, Mosquitto runs as user `mosquitto`, which may not write in
+            # our working directory ("Error: Permission denied." at exit): stay this user.
+            persistence = (
+                f"persistence true\npersistence_location {workdir}/\n"
+                f"user {pwd.getpwuid(os.getuid()).pw_name}"
+            )
         config.write_text(mosquitto_conf(mode, persistence).format(host=HOST, port=port))
         return [mosquitto_path(), "-c", str(config)]
 
@@ -217,10 +223,10 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
         "mosquitto": mosquitto("mosquitto", "Mosquitto", _mosquitto(mode)),
         # The stores, for the store comparison (not in the default list of brokers).
         "nautilus-leveldb": nautilus(
-            "nautilus-leveldb", "Nautilus LevelDB", _nautilus(mode, store="false")
+            "nautilus-leveldb", "Nautilus, LevelDB", _nautilus(mode, store="false")
         ),
         "nautilus-leveldb-sync": nautilus(
-            "nautilus-leveldb-sync", "Nautilus LevelDB, fsync", _nautilus(mode, store="true")
+            "nautilus-leveldb-sync", "Nautilus, LevelDB, fsync", _nautilus(mode, store="true")
         ),
         "mosquitto-persist": mosquitto(
             "mosquitto-persist", "Mosquitto, persistence", _mosquitto(mode, persist=True)

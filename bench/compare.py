@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,20 @@ RESULTS = REPO / "bench" / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
+    run = measure_all(args)
+    if run is None:
+        return 130
+    page = report.render(run)
+    print(page)
+    if args.write:
+        Path(args.write).write_text(page + _kept_sections(Path(args.write)))
+    return 0
+
+
+def measure_all(args: argparse.Namespace) -> report.Run | None:
+    """Every measurement `args` asks for, summarised (medians); the raw figures go to
+    bench/results/. None when interrupted (every broker started has been stopped)."""
     raise_fd_limit()
     # Ctrl-C and SIGTERM stop the run and its brokers, also when started in the background
     # (where SIGINT is inherited as ignored).
@@ -61,38 +74,48 @@ def main(argv: list[str] | None = None) -> int:
     busy = report.cpu_busy()
     if busy > 0.1:
         print(f"warning: CPUs already {busy:.0%} busy, figures will be low", file=sys.stderr)
+    versions = _versions(brokers)
     machine0, own0 = report.cpu_seconds()
     started = time.monotonic()
     try:
         raw, calibration = _run_all(args, scenarios, brokers)
     except KeyboardInterrupt:
         print("interrupted: every broker started has been stopped", file=sys.stderr)
-        return 130
+        return None
     machine1, own1 = report.cpu_seconds()
     others = (machine1 - machine0 - (own1 - own0)) / (time.monotonic() - started)
     load = {
         "CPU busy before the run": f"{busy:.0%}",
         "Other processes during the run": f"{others:.2f} CPUs on average",
     }
-    page = report.render(_summary(args, scenarios, brokers, raw, calibration, load))
-    print(page)
-    if args.write:
-        Path(args.write).write_text(page + _kept_sections(Path(args.write)))
+    for key, after in _versions(brokers).items():
+        if after != versions[key]:  # a commit in the checkout while it was measured
+            print(f"warning: {key} changed during the run: {after}", file=sys.stderr)
+            versions[key] += f", {after} by the end of the run"
     _save_raw(raw, calibration)
-    return 0
+    return _summary(args, scenarios, brokers, raw, calibration, load, versions)
 
 
-# Sections of the page that other benchmarks own (bench/acl.py, jwt_connect.py, webhooks.py)
-# start at this heading and are kept when the comparison rewrites the page.
-KEPT_FROM = "## Plugins"
+def _versions(brokers: list[BrokerSpec]) -> dict[str, str]:
+    """One line per product: the variants of a broker (its stores) share its version."""
+    products: dict[Callable[[], str], str] = {}
+    for broker in brokers:
+        products.setdefault(broker.version, broker.label.partition(",")[0])
+    return {f"{product} version": version() for version, product in products.items()}
+
+
+# Sections of the page that other benchmarks own (bench/acl.py, jwt_connect.py,
+# webhooks.py; bench/store_throughput.py, store_startup.py) start at one of these headings
+# and are kept, from the first of them on, when the comparison rewrites the page.
+KEPT_SECTIONS = ("## Plugins", "## Store")
 
 
 def _kept_sections(path: Path) -> str:
     if not path.exists():
         return ""
     text = path.read_text()
-    start = text.find(f"\n{KEPT_FROM}\n")
-    return "" if start < 0 else "\n" + text[start + 1 :]
+    starts = [i for h in KEPT_SECTIONS if (i := text.find(f"\n{h}\n")) >= 0]
+    return "" if not starts else "\n" + text[min(starts) + 1 :]
 
 
 def _run_all(
@@ -117,16 +140,22 @@ def _interrupt(signum: int, frame: object) -> None:
     signal.raise_signal(signal.SIGINT)
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None,
+    *,
+    prog: str = "python -m bench.compare",
+    description: str = "Run the benchmark scenarios against several MQTT brokers, one at a time.",
+    brokers: str = DEFAULT_BROKERS,
+    scenarios: str = ",".join(s.name for s in SCENARIOS),
+    calibrate: bool = True,
+    write_help: str = "write the Markdown report here",
+) -> argparse.Namespace:
+    """The command line of `compare`; another command (bench/store_throughput.py) passes
+    its own name and defaults."""
     defaults = Settings()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.compare",
-        description="Run the benchmark scenarios against several MQTT brokers, one at a time.",
-    )
-    parser.add_argument("--brokers", default=DEFAULT_BROKERS, help=f"from {', '.join(BROKERS)}")
-    parser.add_argument(
-        "--scenarios", default=",".join(s.name for s in SCENARIOS), help="comma-separated"
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--brokers", default=brokers, help=f"from {', '.join(BROKERS)}")
+    parser.add_argument("--scenarios", default=scenarios, help="comma-separated")
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
@@ -149,11 +178,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--calibrate",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=calibrate,
         help="also measure the generator against the null broker",
     )
-    parser.add_argument("--write", metavar="PATH", help="write the Markdown report here")
+    parser.add_argument("--write", metavar="PATH", help=write_help)
     args = parser.parse_args(argv)
+    args.prog = prog
     args.argv = sys.argv[1:] if argv is None else argv
     unknown = set(args.brokers.split(",")) - set(BROKERS)
     unknown |= set(args.scenarios.split(",")) - set(BY_NAME)
@@ -211,7 +241,7 @@ def _progress(broker: BrokerSpec, scenario: Scenario, m: Measurement) -> None:
     }
     text = "  ".join(f"{k} {v:,.2f}" for k, v in figures.items() if v is not None)
     error = f"  ERROR {m.error}" if m.error else ""
-    print(f"{scenario.name:<20} {broker.name:<10} {text}{error}", file=sys.stderr, flush=True)
+    print(f"{scenario.name:<24} {broker.name:<21} {text}{error}", file=sys.stderr, flush=True)
 
 
 def _summary(
@@ -221,10 +251,10 @@ def _summary(
     raw: dict[tuple[str, str], list[Measurement]],
     calibration: list[Measurement],
     load: dict[str, str],
+    versions: dict[str, str],
 ) -> report.Run:
-    versions = {f"{b.label} version": b.version() for b in brokers}
     return report.Run(
-        command=shlex.join(["python", "-m", "bench.compare", *args.argv]),
+        command=shlex.join([*args.prog.split(), *args.argv]),
         date=time.strftime("%Y-%m-%d %H:%M %Z"),
         machine=report.machine(versions) | load,
         settings={

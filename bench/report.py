@@ -9,7 +9,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from .brokers import MODES, BrokerSpec
@@ -25,13 +25,14 @@ FLOOD_QOS1_SHARE = 0.99
 
 METHOD = """\
 - One broker at a time on 127.0.0.1, a fresh process for every measurement (configs in
-  `bench/brokers.py`). Nautilus: memory store. Mosquitto: persistence off, TCP_NODELAY on
-  (asyncio sets it on every socket). amqtt: the anonymous-auth plugin only, logging at
-  WARNING, on uvloop like Nautilus; it has no queue limits. Bounded rows, the latency and
-  idle rows: Nautilus and Mosquitto with {bi} messages in flight and {bq} queued per
-  client, as in every earlier run. Flood rows: both with {fi} in flight and the default
-  queue length users run them with, {fq} messages per client, and their $SYS tree
-  published every second.
+  `bench/brokers.py`). Nautilus: memory store (the LevelDB variants: an empty store in
+  the broker's temporary directory). Mosquitto: persistence off (`persistence true` in
+  its variant), TCP_NODELAY on (asyncio sets it on every socket). amqtt: the
+  anonymous-auth plugin only, logging at WARNING, on uvloop like Nautilus; it has no
+  queue limits. Bounded rows, the latency and idle rows: Nautilus and Mosquitto with {bi}
+  messages in flight and {bq} queued per client, as in every earlier run. Flood rows: both
+  with {fi} in flight and the default queue length users run them with, {fq} messages per
+  client, and their $SYS tree published every second.
 - Load generator (`bench/loadgen.py`, `bench/client.py`): one process, one uvloop event
   loop, MQTT 3.1.1 over raw sockets, so the broker has the other core of a 2-core
   machine. PUBLISHes are encoded once with `broker.protocol` and written in batches;
@@ -280,6 +281,43 @@ def _delivered_share(scenario: Scenario, m: Measurement) -> float | None:
     return m.delivered / (m.accepted * scenario.fanout)
 
 
+def store_table(
+    run: Run, scenario: str, reference: str, labels: Mapping[str, str] | None = None
+) -> str:
+    """One row per broker, for the modes of `scenario` that were run: delivered msg/s
+    (flood: also delivered %) and the ratio to the `reference` broker in the same mode.
+    `labels` name the rows instead of the brokers' own labels; errors come first, so the
+    table ends what this returns."""
+    labels = labels or {}
+    modes = [s for s in run.scenarios if s.base == scenario]
+    names = [b.name for b in run.brokers]
+    header, rows = ["Broker"], [[labels.get(b.name, b.label)] for b in run.brokers]
+    for mode in modes:
+        rates = {n: _get(run, mode, n).delivered for n in names}
+        header.append(f"{mode.mode}: delivered msg/s")
+        for row, name in zip(rows, names, strict=True):
+            row.append(_rate(rates[name]))
+        if not mode.bounded:
+            header.append(f"{mode.mode}: delivered %")
+            for row, name in zip(rows, names, strict=True):
+                share = _delivered_share(mode, _get(run, mode, name))
+                row.append(_MISSING if share is None else f"{share:.1%}")
+        if reference in names:
+            reference_label = labels.get(reference, _label(run, reference))
+            header.append(f"{mode.mode}: ratio to {reference_label}")
+            for row, name in zip(rows, names, strict=True):
+                row.append(_ratio(rates[name], rates[reference], digits=2))
+    errors = [
+        f"- {labels.get(b.name, b.label)}, {mode.mode}: {m.error}\n"
+        for mode in modes
+        for b in run.brokers
+        if (m := _get(run, mode, b.name)).error
+    ]
+    return ("Errors and notes:\n\n" + "".join(errors) + "\n" if errors else "") + _table(
+        header, rows
+    )
+
+
 def _bounded(run: Run) -> list[Scenario]:
     return [s for s in run.scenarios if s.kind == "throughput" and s.bounded]
 
@@ -351,8 +389,8 @@ def _count(value: float | None) -> str:
     return _MISSING if value is None else f"{round(value):,}"
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return _MISSING if not a or not b else f"{a / b:.1f}x"
+def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
+    return _MISSING if not a or not b else f"{a / b:.{digits}f}x"
 
 
 def _ms(value: float | None) -> str:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -182,13 +183,15 @@ async def _subscribers(
 ) -> list[MqttClient]:
     size = Uniform.publish(filters[0], payload, scenario.qos).size
     low_water = _subscriber_low_water(scenario, target, settings, size, len(filters))
+    # Persistent sessions of this measurement only: never one a store kept from before.
+    run = f"-{secrets.token_hex(4)}" if scenario.persistent else ""
 
     async def one(i: int, topic: str) -> MqttClient:
         uniform = Uniform.publish(topic, payload, scenario.qos)
         client = await open_client(
             target.host,
             target.port,
-            f"{scenario.base}-sub{i}",
+            f"{scenario.base}-sub{i}{run}",
             uniform=uniform,
             clean_session=not scenario.persistent,
         )
