@@ -277,7 +277,7 @@ class RunningBroker:
         self._workdir = Path(self._tmp.name)
         self._log = self._workdir / "broker.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        self.target: Target | None = None
+        self._target: Target | None = None
 
     def __enter__(self) -> RunningBroker:
         try:
@@ -314,14 +314,23 @@ class RunningBroker:
                 preexec_fn=raise_fd_limit,
             )
         self._wait_ready(port)
-        self.target = Target(HOST, port, self._proc.pid, self.spec.inflight, self.spec.drops)
+        self._target = Target(HOST, port, self._proc.pid, self.spec.inflight, self.spec.drops)
+
+    @property
+    def target(self) -> Target:
+        """Where the started broker listens."""
+        if self._target is None:
+            raise BrokerError(f"{self.spec.label} is not running")
+        return self._target
 
     def _wait_ready(self, port: int) -> None:
+        proc = self._proc
+        assert proc is not None  # _start made it
         deadline = time.monotonic() + _READY_TIMEOUT
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:
                 raise BrokerError(
-                    f"{self.spec.label} exited with {self._proc.returncode}:\n{self.log_tail()}"
+                    f"{self.spec.label} exited with {proc.returncode}:\n{self.log_tail()}"
                 )
             try:
                 socket.create_connection((HOST, port), timeout=0.5).close()

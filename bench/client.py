@@ -65,7 +65,7 @@ class MqttClient(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.connack: asyncio.Future[int | None] = loop.create_future()
         self.suback: asyncio.Future[bytes | None] = loop.create_future()
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.received = 0  # PUBLISH packets delivered to this client
         self.acked = 0  # PUBACKs received for this client's QoS 1 PUBLISHes
         self.paused = False  # the transport's write buffer is above its high-water mark
@@ -93,7 +93,7 @@ class MqttClient(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # None tells a waiter the broker closed the connection; an exception would be
@@ -155,6 +155,7 @@ class MqttClient(asyncio.Protocol):
         del buf[:end]
 
     def _ack_run(self, buf: bytearray, count: int, end: int, uniform: Uniform) -> None:
+        assert uniform.id_offset is not None  # a QoS 1 run: the caller checked
         acks = bytearray(4 * count)
         acks[0::4] = packets.PUBACK_HEAD[:1] * count
         acks[1::4] = packets.PUBACK_HEAD[1:] * count

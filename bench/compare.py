@@ -140,13 +140,16 @@ def _interrupt(signum: int, frame: object) -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+ALL_SCENARIOS = ",".join(scenario.name for scenario in SCENARIOS)
+
+
 def parse_args(
     argv: list[str] | None,
     *,
     prog: str = "python -m bench.compare",
     description: str = "Run the benchmark scenarios against several MQTT brokers, one at a time.",
     brokers: str = DEFAULT_BROKERS,
-    scenarios: str = ",".join(s.name for s in SCENARIOS),
+    scenarios: str = ALL_SCENARIOS,
     calibrate: bool = True,
     write_help: str = "write the Markdown report here",
 ) -> argparse.Namespace:

@@ -149,6 +149,7 @@ class Flood(_Publisher):
 
     def accepted(self, unread: Mapping[int, int]) -> int:
         """PUBLISHes the broker has read: accepted by the kernel, no longer in its buffers."""
+        assert self.ends is not None  # set in __init__
         pending = self._client.transport.get_write_buffer_size() + unread.get(self.ends[0], 0)
         return (self._written - pending) // self._packet_size
 

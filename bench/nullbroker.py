@@ -24,12 +24,12 @@ class _Pipes:
 class _Connection(asyncio.Protocol):
     def __init__(self, pipes: _Pipes):
         self._pipes = pipes
-        self._transport: asyncio.Transport | None = None
+        self._transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self._buf = bytearray()
         self._piping = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._pipes.subscribers.discard(self._transport)
