@@ -67,6 +67,14 @@ def connect(broker: BrokerProcess, client_id: str | None = None, clean: bool = T
     return raw
 
 
+def persistent_subscriber(broker: BrokerProcess, topic: str, qos: int) -> tuple[str, RawClient]:
+    """A connected subscriber with clean session off (granted `qos`) and its client id."""
+    client_id = unique_id("sub")
+    sub = connect(broker, client_id, clean=False)
+    assert sub.subscribe((topic, qos)) == [qos]
+    return client_id, sub
+
+
 def resume(broker: BrokerProcess, client_id: str) -> RawClient:
     """Reconnect with clean session off; the session must have survived."""
     raw = RawClient(HOST, broker.port)
@@ -194,9 +202,7 @@ def test_inbound_qos2_publish_resent_after_kill_9_is_delivered_once(tmp_path, st
     # the publisher resends the PUBLISH with DUP, then PUBREL: the message is routed once.
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id = unique_id("sub")
-    sub = connect(broker, sub_id, clean=False)
-    assert sub.subscribe(("crash/in2", 2)) == [2]
+    sub_id, sub = persistent_subscriber(broker, "crash/in2", 2)
     sub.disconnect()
 
     pub_id = unique_id("pub")
@@ -228,9 +234,7 @@ def test_outbound_qos2_resends_pubrel_not_publish_after_kill_9(tmp_path, start_p
     # the broker died: after the restart the broker sends PUBREL again, never the PUBLISH.
     config = store_config(tmp_path)
     broker = start_process(config)
-    sub_id = unique_id("sub")
-    sub = connect(broker, sub_id, clean=False)
-    assert sub.subscribe(("crash/out2", 2)) == [2]
+    sub_id, sub = persistent_subscriber(broker, "crash/out2", 2)
     pub = connect(broker)
     pub.publish("crash/out2", b"exactly once", qos=2)
     delivered = sub.expect(PUBLISH)

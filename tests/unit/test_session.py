@@ -64,6 +64,7 @@ def make(clock, events):
         max_offline: int = 1000,
         lifo: bool = False,
         retry_interval: int = 0,
+        plugins: list | None = None,
     ) -> Session:
         metrics = Metrics()
         return Session(
@@ -74,7 +75,7 @@ def make(clock, events):
             lifo=lifo,
             metrics=metrics,
             store=MemoryStore(),
-            chains=HookCallers(Hooks([("events", events)])),
+            chains=HookCallers(Hooks([("events", events), *(plugins or [])])),
             clock=clock,
             flow=FlowControl(clock, STALL, metrics),
             retry_interval=retry_interval,
@@ -452,7 +453,7 @@ def test_retry_interval_never_resends_to_mqtt5_clients(make, clock):
     assert clock.pending == []
 
 
-def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water_mark(clock):
+def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water_mark(make):
     # A slow asynchronous on_deliver (a webhook) holds deliveries in `deferred`: they are
     # counted like queued ones, so the publisher is held instead of that deque growing.
     import asyncio
@@ -467,19 +468,7 @@ def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water
     loop = asyncio.new_event_loop()
     try:
         hook = SlowHook()
-        metrics = Metrics()
-        session = Session(
-            "sub",
-            max_inflight=100,
-            max_online=20,
-            max_offline=20,
-            lifo=False,
-            metrics=metrics,
-            store=MemoryStore(),
-            chains=HookCallers(Hooks([("slow", hook)])),
-            clock=clock,
-            flow=FlowControl(clock, STALL, metrics),
-        )
+        session = make(max_inflight=100, max_online=20, plugins=[("slow", hook)])
         high, _ = water_marks(20)
         outlet = online(session)
 
