@@ -605,7 +605,12 @@ class Session:
     def _defer(self, chain: Chain, delivery: Delivery) -> None:
         """Queue a delivery behind the async on_deliver chain; one task per session works
         through them in order. A QoS 1/2 delivery takes its in-flight slot (and packet id)
-        now, so the window stays exact and a reconnect resends it."""
+        now, so the window stays exact and a reconnect resends it. A stuck session (which
+        holds no publisher back) keeps at most max_online_messages waiting here too."""
+        if self.stuck and 0 <= self.max_online <= self.backlog():
+            self.metrics.queue_message_drop += 1
+            self._forget(delivery)
+            return self._event(self.chains.on_message_drop, delivery, "queue_full")
         packet_id = None
         if delivery.qos:
             packet_id = self._allocate_packet_id()

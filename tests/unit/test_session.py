@@ -493,3 +493,33 @@ def test_deliveries_waiting_for_an_async_on_deliver_count_towards_the_high_water
         assert publisher.log == [("hold", "pub"), ("release", "pub")]
     finally:
         loop.close()
+
+
+def test_a_stuck_session_keeps_at_most_its_limit_waiting_for_an_async_on_deliver(make, events):
+    import asyncio
+
+    class NeverDone:
+        async def on_deliver(self, ctx: PublishContext) -> None:
+            await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    try:
+        session = make(max_inflight=100, max_online=10, plugins=[("never", NeverDone())])
+        online(session)
+        session.stuck = True  # it delivered nothing for slow_subscriber_timeout
+
+        async def flood() -> None:
+            for payload in payloads(15):
+                session.deliver(delivery(payload, 0))
+
+        loop.run_until_complete(flood())
+        assert session.backlog() <= 10
+        assert session.metrics.queue_message_drop == 5
+        assert [e for e in events.seen if e[0] == "drop"] == [
+            ("drop", p, "queue_full") for p in payloads(15)[10:]
+        ]
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
