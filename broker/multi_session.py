@@ -9,7 +9,7 @@ own backlog when its socket is slow).
 While members are attached, `queue_deliver_mode` decides where a message goes:
 - fanout: every member gets a copy;
 - balance: one member: from a random one on, the first with room (in-flight window and
-  socket), or that random one when none has room.
+  socket), else the first whose queue is below its high-water mark, else that random one.
 
 With no member attached the MultiSession is an ordinary offline session: QoS 1/2 messages
 wait (and are stored) for the next connection, which gets them first.
@@ -47,6 +47,12 @@ class Member(Session):
         super().apply_limits(limits)
         self.owner.apply_limits(limits)  # queue limits belong to the client id
 
+    def _write(self, outlet: Outlet, delivery: Delivery, packet_id: int | None) -> None:
+        super()._write(outlet, delivery, packet_id)
+        owner = self.owner  # what flow control's stall check reads in balance mode
+        owner.progress += 1
+        owner.stuck = False
+
     def take_back(self) -> list[Delivery]:
         """What this member was given and the client did not acknowledge, oldest first:
         PUBLISHes awaiting PUBACK/PUBREC, deliveries waiting for on_deliver, the backlog."""
@@ -80,16 +86,24 @@ class MultiSession(Session):
         return self.must_wait_for() is not None
 
     def must_wait_for(self) -> Session | None:
-        """fanout: a member at its high-water mark; balance: one, when all of them are."""
+        """fanout: a member at its high-water mark; balance: the client id itself when all
+        its members are (released when any of them drains, see `watched`)."""
         if self.balance:
+            if self.stuck or not self.members:
+                return None
             for member in self.members:
                 if not member.full():
                     return None
-            return self.members[0] if self.members else None
+            return self
         for member in self.members:
             if member.full():
                 return member
         return None
+
+    def watched(self) -> tuple[Session, ...]:
+        """balance: the members, any of which releases a publisher waiting for them all
+        (flow.Subscriber); fanout: none (a publisher waits for the full member itself)."""
+        return tuple(self.members) if self.balance else ()
 
     def new_member(self) -> Member:
         """A session for one more connection; it joins when the connection attaches."""
@@ -132,13 +146,17 @@ class MultiSession(Session):
         return congested
 
     def _pick(self, qos: int) -> Member:
-        """balance: from a random member on, the first with room, else that random one
-        (no list built per message)."""
+        """balance: from a random member on, the first with room (it sends at once), else
+        the first whose queue is below its high-water mark, else that random one (no list
+        built per message)."""
         members = self.members
         count = len(members)
         start = random.randrange(count)
+        below = None
         for step in range(count):
             member = members[(start + step) % count]
             if member.has_room(qos):
                 return member
-        return members[start]
+            if below is None and not member.full():
+                below = member
+        return members[start] if below is None else below

@@ -222,3 +222,30 @@ def test_publishers_wait_for_a_shared_group_whose_members_are_all_full(start_bro
     assert len(set(results[0] + results[1])) == 1000
     assert metrics(server)["queue_message_drop"] == 0
     assert metrics(server)["flow_publisher_held"] >= 1
+
+
+def test_a_slow_connection_of_a_balanced_client_id_does_not_hold_its_publishers(start_broker):
+    # allow_multiple_sessions in balance mode: two connections share one client id, one
+    # reads nothing. Messages go to the connection with room; the publisher is never held
+    # for long, and what the slow one got is still delivered once it reads.
+    server = start_broker(
+        broker={
+            "allow_multiple_sessions": True,
+            "queue_deliver_mode": "balance",
+            "slow_subscriber_timeout": 60,
+        }
+    )
+    client_id = unique_id("balanced")
+    slow, healthy = RawClient(server.host, server.port), RawClient(server.host, server.port)
+    for connection in (slow, healthy):
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection.connect(client_id)
+    healthy.subscribe(("balanced/t", 1))
+    pub = open_publisher(server)
+    count = 3000
+    send_in_background(pub, qos1_flood("balanced/t", count))
+    got_healthy = receive_until_silence(healthy)
+    assert pubacks_until_silence(pub) == count
+    got_slow = receive_until_silence(slow)
+    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(count))
+    assert metrics(server)["queue_message_drop"] == 0
