@@ -257,6 +257,35 @@ def test_outbound_qos2_resends_pubrel_not_publish_after_kill_9(tmp_path, start_p
     assert after.payload == b"sentinel", after
 
 
+def test_outbound_qos2_unanswered_publish_is_resent_with_its_packet_id_after_kill_9(
+    tmp_path, start_process
+):
+    # The broker sent the PUBLISH and died before the subscriber's PUBREC: after the
+    # restart the same PUBLISH comes again (DUP, same packet id), and once only.
+    config = store_config(tmp_path)
+    broker = start_process(config)
+    sub_id, sub = persistent_subscriber(broker, "crash/out1", 2)
+    pub = connect(broker)
+    pub.publish("crash/out1", b"exactly once", qos=2)
+    delivered = sub.expect(PUBLISH)  # not answered
+    crash(broker)
+    sub.close()
+    pub.close()
+
+    broker = start_process(config)
+    back = resume(broker, sub_id)
+    again = back.expect(PUBLISH)
+    assert (again.payload, again.packet_id, again.dup) == (
+        b"exactly once",
+        delivered.packet_id,
+        True,
+    ), again
+    back.ack(again)  # PUBREC, PUBREL, PUBCOMP
+    pub = connect(broker)
+    pub.publish("crash/out1", b"sentinel", qos=1)
+    assert back.expect(PUBLISH).payload == b"sentinel"
+
+
 def test_retained_message_survives_kill_9(tmp_path, start_process):
     config = store_config(tmp_path)
     broker = start_process(config)
