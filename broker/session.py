@@ -228,17 +228,18 @@ class Session:
         """The messages in flight and the inbound QoS 2 ids a previous run stored."""
         self._restored = False
         store, client_id = self.store, self.client_id
-        for packet_id, seq, state in store.load_inflight(client_id):
+        for packet_id, seq, state, inline in store.load_inflight(client_id):
             if state == AWAITING_COMP:
                 self.inflight[packet_id] = [RELEASED, AWAITING_COMP]
                 continue
-            entry = store.get_entry(client_id, seq)
+            entry = inline or store.get_entry(client_id, seq)
             if entry is None or entry.delivery is None:
                 store.delete_inflight(client_id, packet_id)
                 continue
             delivery = self._rejoined(entry)
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
-            self.on_disk -= 1
+            if inline is None:
+                self.on_disk -= 1  # it was counted with the queue's entries
         if self.inflight:
             self._next_id = max(self.inflight) % 65535 + 1
         received = store.load_received(client_id)
@@ -571,9 +572,10 @@ class Session:
                 packet_id = self._allocate_packet_id()
             self.inflight[packet_id] = [delivery, AWAITING_ACK]
             if self.durable:
-                if delivery.seq < 0:
-                    self._keep(delivery)
-                self.store.put_inflight(self.client_id, packet_id, delivery.seq, AWAITING_ACK)
+                if delivery.seq < 0:  # sent at once: one record carries it
+                    self.store.put_inflight_entry(self.client_id, packet_id, delivery)
+                else:
+                    self.store.put_inflight(self.client_id, packet_id, delivery.seq, AWAITING_ACK)
             outlet.write(template.with_packet_id(packet_id))
             if self._retry_timer is None and self.retry_interval:
                 self._arm_retry(outlet)
@@ -709,7 +711,7 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is not None and entry[0].qos == 1:
             del self.inflight[packet_id]
-            if entry[0].seq >= 0:
+            if self.durable:
                 self.store.delete_inflight(self.client_id, packet_id)
                 self._forget(entry[0])
             self._event(self.chains.on_delivery_complete, entry[0])
@@ -720,7 +722,7 @@ class Session:
         entry = self.inflight.get(packet_id)
         if entry is None or entry[0].qos != 2:
             return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        stored = entry[0].seq >= 0
+        stored = self.durable
         if stored:
             self._forget(entry[0])  # the receiver has it (or refused it): the body goes
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here

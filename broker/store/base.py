@@ -102,10 +102,15 @@ class MessageStore:
         """The entry `seq` went out with `packet_id` (state: session.AWAITING_ACK or
         AWAITING_COMP; an entry awaiting PUBCOMP needs no body any more)."""
 
+    def put_inflight_entry(self, client_id: str, packet_id: int, delivery: Delivery) -> None:
+        """A delivery sent at once, never queued: one in-flight record carries it (state
+        AWAITING_ACK), with no queue entry of its own."""
+
     def delete_inflight(self, client_id: str, packet_id: int) -> None: ...
 
-    def load_inflight(self, client_id: str) -> list[tuple[int, int, int]]:
-        """(packet id, seq, state) of the session's messages in flight."""
+    def load_inflight(self, client_id: str) -> list[tuple[int, int, int, StoredEntry | None]]:
+        """(packet id, seq, state, the entry itself if the record carries it) of the
+        session's messages in flight."""
         return []
 
     def put_received(self, client_id: str, packet_id: int) -> None:

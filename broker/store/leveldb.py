@@ -8,7 +8,8 @@ Layout, one key space with prefixes (client ids cannot contain U+0000 [MQTT-1.5.
     s/<client id>                  session record (JSON: expiry, offline_since, subscriptions)
     n/<client id>                  its queue's counters: entries, next sequence number
     q/<client id>\\0<seq:8>         a queue entry (broker/store/records.py)
-    f/<client id>\\0<packet id:2>   an entry in flight: seq:8, state:1
+    f/<client id>\\0<packet id:2>   an entry in flight: seq:8, state:1 (seq INLINE: the
+                                   queue entry follows, it has no q/ key of its own)
     i/<client id>\\0<packet id:2>   an inbound QoS 2 packet id awaiting PUBREL
     b/<body id:8>                  a message body referenced by several queue entries
     c/<body id:8>                  how many entries reference it (4 bytes)
@@ -51,6 +52,8 @@ INFLIGHT = b"f/"
 RECEIVED = b"i/"
 BODY = b"b/"
 REFS = b"c/"
+INLINE_ENTRY = b"\xff" * 8  # the seq of an in-flight record that carries its entry
+SENT = 0  # its state: session.AWAITING_ACK
 BODY_CACHE = 4096  # decoded shared bodies kept, so that sessions reading them share one
 WRITE_BUFFER = 64 << 20  # bytes of writes kept in memory before a flush to disk
 
@@ -99,6 +102,9 @@ class LevelDBStore(MessageStore):
         self._commit_due = False
         # Queue entries to encode at commit: client id -> seq -> delivery.
         self._pending: dict[str, dict[int, Delivery]] = {}
+        # Messages sent in the turn they were routed: in-flight records that carry their
+        # entry (one key to write and one to delete, instead of two and two).
+        self._flight: dict[bytes, Delivery] = {}
         self._counters: dict[str, list[int]] = {}  # client id -> [entries, next seq]
         self._dirty: set[str] = set()  # client ids whose counters changed this turn
         self._refs: dict[bytes, int] = {}  # entry key -> body id, for entries that refer
@@ -159,6 +165,8 @@ class LevelDBStore(MessageStore):
         self._commit_due = True  # what is added below needs no other commit
         if self._pending:
             self._encode_pending()
+        if self._flight:
+            self._encode_flight()
         if self._dirty:
             batch = self._writes()
             for client_id in self._dirty:
@@ -209,6 +217,14 @@ class LevelDBStore(MessageStore):
                     batch.put(REFS + _seq(body_id), count.to_bytes(4, "big"))
                 self._refs[key] = body_id
                 batch.put(key, records.encode_entry(delivery, offset, body_id))
+
+    def _encode_flight(self) -> None:
+        flight, self._flight = self._flight, {}
+        batch = self._writes()
+        offset = self._wall_offset()
+        head = INLINE_ENTRY + bytes((SENT,))
+        for key, delivery in flight.items():
+            batch.put(key, head + records.encode_entry(delivery, offset))
 
     def close(self) -> None:
         self.commit()
@@ -382,19 +398,33 @@ class LevelDBStore(MessageStore):
 
     def put_inflight(self, client_id: str, packet_id: int, seq: int, state: int) -> None:
         key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
+        self._flight.pop(key, None)
         self._writes().put(key, _seq(seq) + bytes((state,)))
 
-    def delete_inflight(self, client_id: str, packet_id: int) -> None:
-        self._writes().delete(INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big"))
+    def put_inflight_entry(self, client_id: str, packet_id: int, delivery: Delivery) -> None:
+        key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
+        self._flight[key] = delivery
+        self._schedule()
 
-    def load_inflight(self, client_id: str) -> list[tuple[int, int, int]]:
+    def delete_inflight(self, client_id: str, packet_id: int) -> None:
+        key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
+        if self._flight.pop(key, None) is None:
+            self._writes().delete(key)
+
+    def load_inflight(self, client_id: str) -> list[tuple[int, int, int, StoredEntry | None]]:
         self.commit()
         prefix = INFLIGHT + self._ident(client_id)
-        found = []
+        offset = self._wall_offset()
+        found: list[tuple[int, int, int, StoredEntry | None]] = []
         for key, value in self._db.iterator(prefix=prefix):
-            if len(value) == 9:
-                packet_id = int.from_bytes(key[len(prefix) :], "big")
-                found.append((packet_id, int.from_bytes(value[:8], "big"), value[8]))
+            if len(value) < 9:
+                continue
+            packet_id = int.from_bytes(key[len(prefix) :], "big")
+            seq, state = int.from_bytes(value[:8], "big"), value[8]
+            inline = None
+            if value[:8] == INLINE_ENTRY:
+                inline = self._entry(key, -1, value[9:], offset)
+            found.append((packet_id, seq, state, inline))
         return found
 
     def put_received(self, client_id: str, packet_id: int) -> None:

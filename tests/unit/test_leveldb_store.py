@@ -131,11 +131,14 @@ def test_in_flight_and_received_ids_round_trip(store):
     store.put_inflight("c", 12, 7, AWAITING_ACK)
     store.put_inflight("c", 13, 0, AWAITING_COMP)
     store.put_received("c", 99)
-    assert sorted(store.load_inflight("c")) == [(12, 7, AWAITING_ACK), (13, 0, AWAITING_COMP)]
+    assert sorted(store.load_inflight("c")) == [
+        (12, 7, AWAITING_ACK, None),
+        (13, 0, AWAITING_COMP, None),
+    ]
     assert store.load_received("c") == {99}
     store.delete_inflight("c", 12)
     store.delete_received("c", 99)
-    assert store.load_inflight("c") == [(13, 0, AWAITING_COMP)]
+    assert store.load_inflight("c") == [(13, 0, AWAITING_COMP, None)]
     assert store.load_received("c") == set()
 
 
@@ -143,7 +146,7 @@ def test_a_reused_packet_id_ends_with_its_last_state(store):
     store.put_inflight("c", 5, 1, AWAITING_ACK)
     store.delete_inflight("c", 5)
     store.put_inflight("c", 5, 2, AWAITING_ACK)  # the same id, the same turn
-    assert store.load_inflight("c") == [(5, 2, AWAITING_ACK)]
+    assert store.load_inflight("c") == [(5, 2, AWAITING_ACK, None)]
 
 
 def test_delete_session_leaves_nothing_behind(store):
@@ -227,3 +230,20 @@ def test_a_message_is_stored_as_the_bytes_its_publisher_sent(store, level):
     assert (got.qos, got.retain, got.sub_ids) == (0, False, (3,))
     assert (got.message.topic, got.message.payload, got.message.qos) == ("t/raw", b"as sent", 1)
     assert got.message.properties == props
+
+
+def test_a_message_sent_at_once_is_one_in_flight_record_that_carries_it(store):
+    store.put_inflight_entry("c", 9, delivery(b"sent at once"))
+    assert keys(store, QUEUE) == []  # no queue entry of its own
+    ((packet_id, _, state, inline),) = store.load_inflight("c")
+    assert (packet_id, state) == (9, AWAITING_ACK)
+    assert inline is not None and inline.delivery is not None
+    assert inline.delivery.message.payload == b"sent at once"
+    store.delete_inflight("c", 9)
+    assert store.load_inflight("c") == []
+
+
+def test_an_in_flight_record_deleted_in_its_own_turn_is_never_written(store):
+    store.put_inflight_entry("c", 9, delivery(b"x"))
+    store.delete_inflight("c", 9)
+    assert keys(store, b"f/") == []
