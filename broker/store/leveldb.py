@@ -163,10 +163,8 @@ class LevelDBStore(MessageStore):
         """Write what this turn buffered, as one batch. On failure (a full disk) nothing
         is lost: the batch is kept for the next try and `failed` is set."""
         self._commit_due = True  # what is added below needs no other commit
-        if self._pending:
+        if self._pending or self._flight:
             self._encode_pending()
-        if self._flight:
-            self._encode_flight()
         if self._dirty:
             batch = self._writes()
             for client_id in self._dirty:
@@ -191,40 +189,36 @@ class LevelDBStore(MessageStore):
         self._batch = None
 
     def _encode_pending(self) -> None:
-        """Encode this turn's queue entries; a message queued for several sessions gets
-        one body and a reference count."""
+        """Encode this turn's queue entries and the in-flight records that carry theirs; a
+        message taken by several sessions gets one body and a reference count."""
         pending, self._pending = self._pending, {}
-        uses = Counter(id(d.message) for entries in pending.values() for d in entries.values())
+        flight, self._flight = self._flight, {}
+        writes: list[tuple[bytes, bytes, Delivery]] = [  # (key, head, delivery)
+            (QUEUE + self._ident(client_id) + _seq(seq), b"", delivery)
+            for client_id, entries in pending.items()
+            for seq, delivery in entries.items()
+        ]
+        head = INLINE_ENTRY + bytes((SENT,))
+        writes += [(key, head, delivery) for key, delivery in flight.items()]
+        uses = Counter(id(delivery.message) for _, _, delivery in writes)
         batch = self._writes()
         offset = self._wall_offset()
         bodies: dict[int, int] = {}  # id(message) -> body id
-        for client_id, entries in pending.items():
-            prefix = QUEUE + self._ident(client_id)
-            for seq, delivery in entries.items():
-                key = prefix + _seq(seq)
-                message = delivery.message
-                if uses[id(message)] == 1:
-                    batch.put(key, records.encode_entry(delivery, offset))
-                    continue
-                body_id = bodies.get(id(message))
-                if body_id is None:
-                    body_id = bodies[id(message)] = self._next_body
-                    self._next_body += 1
-                    body = records.encode_message(message, offset)
-                    batch.put(BODY + _seq(body_id), body)
-                    count = uses[id(message)]
-                    self._body_refs[body_id] = count
-                    batch.put(REFS + _seq(body_id), count.to_bytes(4, "big"))
-                self._refs[key] = body_id
-                batch.put(key, records.encode_entry(delivery, offset, body_id))
-
-    def _encode_flight(self) -> None:
-        flight, self._flight = self._flight, {}
-        batch = self._writes()
-        offset = self._wall_offset()
-        head = INLINE_ENTRY + bytes((SENT,))
-        for key, delivery in flight.items():
-            batch.put(key, head + records.encode_entry(delivery, offset))
+        for key, head, delivery in writes:
+            message = delivery.message
+            if uses[id(message)] == 1:
+                batch.put(key, head + records.encode_entry(delivery, offset))
+                continue
+            body_id = bodies.get(id(message))
+            if body_id is None:
+                body_id = bodies[id(message)] = self._next_body
+                self._next_body += 1
+                batch.put(BODY + _seq(body_id), records.encode_message(message, offset))
+                count = uses[id(message)]
+                self._body_refs[body_id] = count
+                batch.put(REFS + _seq(body_id), count.to_bytes(4, "big"))
+            self._refs[key] = body_id
+            batch.put(key, head + records.encode_entry(delivery, offset, body_id))
 
     def close(self) -> None:
         self.commit()
@@ -272,9 +266,18 @@ class LevelDBStore(MessageStore):
             if body_id is not None:
                 self._unref(body_id)
             batch.delete(key)
-        for prefix in (INFLIGHT, RECEIVED):
-            for key in self._db.iterator(prefix=prefix + ident, include_value=False):
-                batch.delete(key)
+        for key, value in self._db.iterator(prefix=INFLIGHT + ident):
+            if value[:8] == INLINE_ENTRY and key not in self._refs:
+                try:
+                    body_id = records.Entry(value[9:]).body_id
+                except records.RecordError:
+                    body_id = None
+                if body_id is not None:
+                    self._refs[key] = body_id
+            self._forget_ref(key)
+            batch.delete(key)
+        for key in self._db.iterator(prefix=RECEIVED + ident, include_value=False):
+            batch.delete(key)
         batch.delete(SESSION + client_id.encode())
         batch.delete(COUNTERS + client_id.encode())
         self._counters.pop(client_id, None)
@@ -398,7 +401,8 @@ class LevelDBStore(MessageStore):
 
     def put_inflight(self, client_id: str, packet_id: int, seq: int, state: int) -> None:
         key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
-        self._flight.pop(key, None)
+        if self._flight.pop(key, None) is None:
+            self._forget_ref(key)  # a record that carried a shared body no longer does
         self._writes().put(key, _seq(seq) + bytes((state,)))
 
     def put_inflight_entry(self, client_id: str, packet_id: int, delivery: Delivery) -> None:
@@ -409,7 +413,15 @@ class LevelDBStore(MessageStore):
     def delete_inflight(self, client_id: str, packet_id: int) -> None:
         key = INFLIGHT + self._ident(client_id) + packet_id.to_bytes(2, "big")
         if self._flight.pop(key, None) is None:
+            self._forget_ref(key)
             self._writes().delete(key)
+
+    def _forget_ref(self, key: bytes) -> None:
+        """The record at `key` goes: one reference less to the body it shared, if any.
+        (A record of an earlier run is known once read: at attach, or by delete_session.)"""
+        body_id = self._refs.pop(key, None)
+        if body_id is not None:
+            self._unref(body_id)
 
     def load_inflight(self, client_id: str) -> list[tuple[int, int, int, StoredEntry | None]]:
         self.commit()

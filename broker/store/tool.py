@@ -19,6 +19,7 @@ from broker.store.leveldb import (
     BODY,
     COUNTERS,
     INFLIGHT,
+    INLINE_ENTRY,
     QUEUE,
     RECEIVED,
     REFS,
@@ -52,6 +53,7 @@ def survey(db: plyvel.DB) -> Survey:
     counters: dict[str, int] = {}
     ref_counts: dict[int, int] = {}
     bodies: set[int] = set()
+    inflight_clients: set[str] = set()
     for key, value in db.iterator():
         if key.startswith(SESSION):
             sessions.add(key[len(SESSION) :].decode(errors="replace"))
@@ -74,8 +76,15 @@ def survey(db: plyvel.DB) -> Survey:
                 found.references[body_id] += 1
         elif key.startswith(INFLIGHT):
             found.inflight += 1
-            if _client(key, INFLIGHT) not in sessions:
-                found.problems.append(f"in-flight record {key!r} of no session")
+            inflight_clients.add(_client(key, INFLIGHT))
+            if value[:8] == INLINE_ENTRY:  # it carries its entry, perhaps a reference
+                try:
+                    body_id = records.Entry(value[9:]).body_id
+                except records.RecordError as exc:
+                    found.problems.append(f"in-flight record {key!r}: {exc}")
+                    continue
+                if body_id is not None:
+                    found.references[body_id] += 1
         elif key.startswith(RECEIVED):
             found.received += 1
         elif key.startswith(BODY):
@@ -83,6 +92,9 @@ def survey(db: plyvel.DB) -> Survey:
         elif key.startswith(REFS):
             ref_counts[int.from_bytes(key[len(REFS) :], "big")] = int.from_bytes(value, "big")
     found.sessions = len(sessions)
+    for client in sorted(inflight_clients - sessions):  # f/ keys sort before s/ ones
+        if client not in sessions:
+            found.problems.append(f"in-flight records of {client!r}, which has no session")
     found.bodies = len(bodies)
     for client, count in sorted(found.entries.items()):
         if client not in sessions:

@@ -247,3 +247,27 @@ def test_an_in_flight_record_deleted_in_its_own_turn_is_never_written(store):
     store.put_inflight_entry("c", 9, delivery(b"x"))
     store.delete_inflight("c", 9)
     assert keys(store, b"f/") == []
+
+
+def test_a_fan_out_sent_at_once_shares_one_body_too(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    message = Message("t/a", b"to everyone", 1, now=0.0)
+    for packet_id, client in enumerate(("a", "b", "c"), start=1):
+        first.put_session(SessionRecord(client, None, 1.0))
+        first.put_inflight_entry(client, packet_id, delivery(b"", message=message))
+    first.commit()
+    assert len(keys(first, BODY)) == 1
+    first.delete_inflight("a", 1)  # a PUBACK
+    assert survey(first._db).problems == []
+    first.close()
+    second = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    list(second.load_sessions())
+    ((_, _, _, entry),) = second.load_inflight("b")  # at attach: its reference is known
+    assert entry is not None and entry.delivery is not None
+    assert entry.delivery.message.payload == b"to everyone"
+    second.delete_inflight("b", 2)
+    second.delete_session("c")  # never attached: its record is read to find the body
+    assert keys(second, BODY) == [] and keys(second, REFS) == []
+    assert survey(second._db).problems == []
+    second.close()
