@@ -47,6 +47,17 @@ def _client(key: bytes, prefix: bytes) -> str:
     return key[len(prefix) :].split(b"\0", 1)[0].decode(errors="replace")
 
 
+def _count_reference(found: Survey, what: str, entry: bytes) -> None:
+    """A queue entry: the shared body it references, if any, or why it does not decode."""
+    try:
+        body_id = records.Entry(entry).body_id
+    except records.RecordError as exc:
+        found.problems.append(f"{what}: {exc}")
+        return
+    if body_id is not None:
+        found.references[body_id] += 1
+
+
 def survey(db: plyvel.DB) -> Survey:
     found = Survey()
     sessions: set[str] = set()
@@ -65,26 +76,13 @@ def survey(db: plyvel.DB) -> Survey:
             except records.RecordError as exc:
                 found.problems.append(f"counters {key!r}: {exc}")
         elif key.startswith(QUEUE):
-            client = _client(key, QUEUE)
-            found.entries[client] += 1
-            try:
-                body_id = records.Entry(value).body_id
-            except records.RecordError as exc:
-                found.problems.append(f"queue entry {key!r}: {exc}")
-                continue
-            if body_id is not None:
-                found.references[body_id] += 1
+            found.entries[_client(key, QUEUE)] += 1
+            _count_reference(found, f"queue entry {key!r}", value)
         elif key.startswith(INFLIGHT):
             found.inflight += 1
             inflight_clients.add(_client(key, INFLIGHT))
             if value[:8] == INLINE_ENTRY:  # it carries its entry, perhaps a reference
-                try:
-                    body_id = records.Entry(value[9:]).body_id
-                except records.RecordError as exc:
-                    found.problems.append(f"in-flight record {key!r}: {exc}")
-                    continue
-                if body_id is not None:
-                    found.references[body_id] += 1
+                _count_reference(found, f"in-flight record {key!r}", value[9:])
         elif key.startswith(RECEIVED):
             found.received += 1
         elif key.startswith(BODY):

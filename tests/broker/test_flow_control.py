@@ -185,20 +185,28 @@ def test_many_publishers_released_at_once_never_overflow_a_queue(start_broker):
     assert metrics(server)["queue_message_drop"] == 0
 
 
+def flood_past_a_slow_subscriber(
+    server, topic: str, healthy: RawClient, slow: RawClient, count: int = 3000
+) -> tuple[list[bytes], list[bytes]]:
+    """Flood `count` QoS 1 messages while `slow` reads nothing: the healthy one reads
+    until silence, every message must be acknowledged (the publisher was not held for
+    good), then the slow one reads what it got. (payloads of healthy, of slow)"""
+    pub = open_publisher(server)
+    send_in_background(pub, qos1_flood(topic, count))
+    got_healthy = receive_until_silence(healthy)
+    assert pubacks_until_silence(pub) == count
+    return got_healthy, receive_until_silence(slow)
+
+
 def test_a_slow_member_of_a_shared_group_does_not_hold_its_publishers(start_broker):
     # One member of the group reads nothing: once its queue is at the high-water mark
     # the other member gets every message, and the publisher is never held.
     server = start_broker(broker={"slow_subscriber_timeout": 60})
     slow = subscriber(server, "$share/g/shared/t")
     healthy = subscriber(server, "$share/g/shared/t")
-    pub = open_publisher(server)
-    count = 3000
-    send_in_background(pub, qos1_flood("shared/t", count))
-    got_healthy = receive_until_silence(healthy)
-    assert pubacks_until_silence(pub) == count
-    got_slow = receive_until_silence(slow)
+    got_healthy, got_slow = flood_past_a_slow_subscriber(server, "shared/t", healthy, slow)
     assert len(got_slow) <= WINDOW + 500  # its window and its queue up to the mark
-    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(count))
+    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(3000))
     assert metrics(server)["queue_message_drop"] == 0
 
 
@@ -241,11 +249,6 @@ def test_a_slow_connection_of_a_balanced_client_id_does_not_hold_its_publishers(
         connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         connection.connect(client_id)
     healthy.subscribe(("balanced/t", 1))
-    pub = open_publisher(server)
-    count = 3000
-    send_in_background(pub, qos1_flood("balanced/t", count))
-    got_healthy = receive_until_silence(healthy)
-    assert pubacks_until_silence(pub) == count
-    got_slow = receive_until_silence(slow)
-    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(count))
+    got_healthy, got_slow = flood_past_a_slow_subscriber(server, "balanced/t", healthy, slow)
+    assert sorted(got_healthy + got_slow) == sorted(b"%d" % i for i in range(3000))
     assert metrics(server)["queue_message_drop"] == 0
