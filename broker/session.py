@@ -412,7 +412,10 @@ class Session:
                 return self
             return None
         self._enqueue(delivery, self.max_online)
-        if self.backlog() >= self.high_water and not self.stuck:
+        queued = len(self.queue)  # backlog(), inlined: this runs for every queued delivery
+        if self.deferred:
+            queued += len(self.deferred)
+        if queued >= self.high_water and not self.stuck:
             return self
         return None
 
