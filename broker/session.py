@@ -256,9 +256,13 @@ class Session:
             delivery.group = self.find_group(entry.share)
         return delivery
 
+    def _inflight_seqs(self) -> list[int]:
+        """The store's sequence numbers of what is in flight (skipped when reading back)."""
+        return [delivery.seq for delivery, _ in self.inflight.values()]
+
     def _read_chunk(self) -> None:
         """Move the next chunk of the stored backlog into the queue (which is empty)."""
-        skip = [delivery.seq for delivery, _ in self.inflight.values()]
+        skip = self._inflight_seqs()
         step = self.drain_step
         entries = self.store.read_entries(self.client_id, step, skip, newest_first=self.lifo)
         if len(entries) < step:
@@ -279,7 +283,7 @@ class Session:
             self._read_back_state()
         if not self.on_disk:
             return []
-        skip = [delivery.seq for delivery, _ in self.inflight.values()]
+        skip = self._inflight_seqs()
         entries = self.store.read_entries(self.client_id, self.on_disk + len(skip) + 1, skip)
         self.on_disk = 0
         return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
@@ -287,9 +291,7 @@ class Session:
     def make_volatile(self) -> None:
         """The session will end with its connection (expiry 0 now): what the store holds
         for it comes back into memory, and the store forgets it (the caller deletes it)."""
-        if self._restored:
-            self._read_back_state()
-        self.queue.extend(self.stored_backlog())
+        self.queue.extend(self.stored_backlog())  # reads back what was in flight too
         for delivery, _ in self.inflight.values():
             delivery.seq = -1
         for delivery in self.queue:
@@ -457,7 +459,7 @@ class Session:
             self._drop_stored_expired()
         if 0 <= limit <= self.on_disk + len(self.queue):
             self.metrics.queue_message_drop += 1
-            skip = [d.seq for d, _ in self.inflight.values()] if self.lifo else []
+            skip = self._inflight_seqs() if self.lifo else []
             oldest = self.store.read_entries(self.client_id, 1, skip) if self.lifo else []
             if not oldest or oldest[0].delivery is None:
                 return self._event(self.chains.on_message_drop, delivery, "queue_full")
