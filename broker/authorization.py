@@ -54,16 +54,22 @@ def publish_refusal(result: Result) -> int:
 
 
 def apply_publish_modifiers(context: PublishContext, result: Ok) -> bool:
-    """Rewrite the message as the plugin asked; True if anything changed."""
+    """Rewrite the message as the plugin asked; True if the message changed (the ACL rule
+    that allowed it, `matched_acl`, is noted in the context but changes no message)."""
     modifiers = result.modifiers
     if not modifiers:
         return False
+    changed = False
     for key in ("topic", "payload", "qos", "retain", "mountpoint"):
         if key in modifiers:
             setattr(context, key, modifiers[key])
+            changed = True
     if "properties" in modifiers:
         context.properties = dict(modifiers["properties"])
-    return True
+        changed = True
+    if "matched_acl" in modifiers:
+        context.matched_acl = modifiers["matched_acl"]
+    return changed
 
 
 def granted_topics(
@@ -92,6 +98,7 @@ def granted_topics(
             no_local=original.no_local,
             retain_as_published=original.retain_as_published,
             retain_handling=original.retain_handling,
+            matched_acl=original.matched_acl,
         )
         code = qos if qos <= 2 else (0x80 if protocol_level < MQTT5 else qos)
         granted.append((request, code))

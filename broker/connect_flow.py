@@ -105,6 +105,7 @@ def _authenticate(
         client_id=conn.client.client_id,
         username=packet.username,
         attributes=conn.client.attributes,
+        session_id=conn.client.session_id,
         peer=conn.client.peer[:2],
         password=packet.password,
         clean_start=packet.clean_start,
@@ -279,6 +280,7 @@ def _register_event(conn: Connection, packet: Connect) -> RegisterContext:
         client_id=conn.client.client_id,
         username=conn.client.username,
         attributes=conn.client.attributes,
+        session_id=conn.client.session_id,
         peer=conn.client.peer[:2],
         clean_start=packet.clean_start,
         protocol_level=conn.client.protocol_level,
@@ -353,4 +355,5 @@ def on_disconnect(conn: Connection, packet: Disconnect) -> None:
             # Zero at CONNECT cannot become non-zero at DISCONNECT [MQTT-3.14.2-2].
             return conn.close(ReasonCode.PROTOCOL_ERROR)
         session.expiry = None if expiry == NEVER_EXPIRES else expiry
+    conn.client.disconnect_reason = "normal_disconnect"
     conn.close()

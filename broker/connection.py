@@ -63,6 +63,17 @@ PINGRESP = b"\xd0\x00"
 OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
 LINGER = 1.0  # seconds a connection we close keeps reading (and discarding) before it goes
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
+# Why a connection ended, as events report it: Courier's names where it has one.
+_DISCONNECT_REASONS: dict[int, str] = {
+    ReasonCode.SESSION_TAKEN_OVER: "session_taken_over",
+    ReasonCode.KEEP_ALIVE_TIMEOUT: "disconnect_keep_alive",
+    ReasonCode.NOT_AUTHORIZED: "not_authorized",
+    ReasonCode.PROTOCOL_ERROR: "protocol_error",
+    ReasonCode.MALFORMED_PACKET: "protocol_error",
+    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED: "receive_max_exceeded",
+    ReasonCode.ADMINISTRATIVE_ACTION: "administrative_action",
+    ReasonCode.BAD_AUTHENTICATION_METHOD: "bad_authentication_method",
+}
 
 
 class Connection(asyncio.Protocol):
@@ -183,6 +194,8 @@ class Connection(asyncio.Protocol):
             return  # refused at connection_made
         if self.client.phase != CLOSING:
             self.client.advance(CLOSING)
+        if not self.client.disconnect_reason:
+            self.client.disconnect_reason = "tcp_closed"  # gone without a word
         if self._timer is not None:
             self._timer.cancel()
         self.broker.connections.discard(self)
@@ -224,11 +237,11 @@ class Connection(asyncio.Protocol):
 
     # -- flow control: this connection as a publisher ---------------------------------
 
-    def postpone(self, packet: Publish, message: Message, changed: PublishContext | None) -> None:
+    def postpone(self, packet: Publish, message: Message, context: PublishContext | None) -> None:
         """Keep a message whose subscriber is full, unacknowledged, until released (the
         connection is held right after). If the connection ends first, the client sends
         it again: it was never acknowledged."""
-        self._postponed = (packet, message, changed)
+        self._postponed = (packet, message, context)
 
     def hold(self) -> None:
         """Stop reading: a subscriber this client feeds has a full queue."""
@@ -306,6 +319,8 @@ class Connection(asyncio.Protocol):
         `reason` as the Reason String, which DISCONNECT may always carry [MQTT-3.1.2-29])."""
         if self.closing:
             return
+        if not self.client.disconnect_reason:
+            self.client.disconnect_reason = _disconnect_reason(reason_code)
         if (
             reason_code is not None
             and self.session is not None
@@ -360,7 +375,11 @@ class Connection(asyncio.Protocol):
         """This client as the client event hooks see it."""
         client = self.client
         return ClientContext(
-            client_id=client.client_id, username=client.username, attributes=client.attributes
+            client_id=client.client_id,
+            username=client.username,
+            attributes=client.attributes,
+            session_id=client.session_id,
+            reason=client.disconnect_reason,
         )
 
     def _check_keepalive(self) -> None:
@@ -469,3 +488,16 @@ class Connection(asyncio.Protocol):
         Unsubscribe: subscriptions.on_unsubscribe,
         PingReq: _on_pingreq,
     }
+
+
+def _disconnect_reason(reason_code: int | None) -> str:
+    """The disconnect reason of a connection the broker closes (with this MQTT 5 code)."""
+    if reason_code is None:
+        return "normal"
+    known = _DISCONNECT_REASONS.get(reason_code)
+    if known is not None:
+        return known
+    try:
+        return ReasonCode(reason_code).name.lower()
+    except ValueError:
+        return f"reason_code_{reason_code:#04x}"

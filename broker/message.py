@@ -29,6 +29,7 @@ class Message:
     """
 
     __slots__ = (
+        "acl_name",
         "expires_at",
         "payload",
         "properties",
@@ -60,6 +61,7 @@ class Message:
         self.retain = retain
         self.properties = {} if properties is None else properties
         self.sender = sender  # client id of the publisher, for No Local
+        self.acl_name = ""  # the label of the ACL rule that let it in (events report it)
         self.wire: dict[tuple, PublishTemplate] = {}
         # The PUBLISH as the publisher sent it: for subscribers of the same protocol family
         # at the same QoS and without subscription ids it is the outbound encoding already.

@@ -80,7 +80,7 @@ def on_publish(conn: Connection, packet: Publish) -> None:
             return conn.close(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     chain = conn.broker.chains.auth_on_publish[conn.client.protocol_level == MQTT5]
     if not chain:  # no authorization plugin: publishing is allowed
-        return _route(conn, packet, None)
+        return _route(conn, packet, None, False)
     context = publish_context(conn, packet)
     conn.decide(chain, context, _authorized_publish, conn, packet, context)
 
@@ -123,9 +123,10 @@ def _authorized_publish(
 ) -> None:
     if type(result) is Ok:
         changed = apply_publish_modifiers(context, result)
-        return _route(conn, packet, context if changed else None)
+        return _route(conn, packet, context, changed)
     log.debug("%s: publish to %r refused: %s", conn.client.name(), packet.topic, result)
     if conn.client.protocol_level == 4:
+        conn.client.disconnect_reason = "publish_not_authorized_3_1_1"  # Courier's name
         return conn.close()  # MQTT 3.1.1 has no refusal code: VerneMQ disconnects
     if packet.qos == 0:
         return None
@@ -136,13 +137,16 @@ def _authorized_publish(
     return _acknowledge(conn, packet)  # MQTT 3.1: dropped silently
 
 
-def _route(conn: Connection, packet: Publish, changed: PublishContext | None) -> None:
-    """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it."""
+def _route(
+    conn: Connection, packet: Publish, context: PublishContext | None, changed: bool
+) -> None:
+    """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it.
+    `context`: the auth_on_publish chain's, if one ran (on_publish sees it as it was left)."""
     session = conn.session
     assert session is not None
     if packet.qos == 2:
         session.receive_qos2(_packet_id(packet))
-    if changed is None:
+    if not changed:
         message = Message(
             packet.topic,
             packet.payload,
@@ -155,22 +159,25 @@ def _route(conn: Connection, packet: Publish, changed: PublishContext | None) ->
             now=conn.loop.time(),
         )
     else:
+        assert context is not None
         message = Message(
-            changed.topic,
-            changed.payload,
-            changed.qos,
-            changed.retain,
-            changed.properties,
+            context.topic,
+            context.payload,
+            context.qos,
+            context.retain,
+            context.properties,
             conn.client.client_id,
             now=conn.loop.time(),
         )
+    if context is not None and context.matched_acl is not None:
+        message.acl_name = context.matched_acl.name  # deliveries report the publisher's
     if message.topic.startswith("$SYS"):  # $SYS belongs to the broker
         return _acknowledge(conn, packet)
-    route_held(conn, packet, message, changed)
+    route_held(conn, packet, message, context)
 
 
 def route_held(
-    conn: Connection, packet: Publish, message: Message, changed: PublishContext | None
+    conn: Connection, packet: Publish, message: Message, context: PublishContext | None
 ) -> None:
     """Route an allowed message and acknowledge it, unless a subscriber it goes to has a
     full queue: then the connection keeps it (unacknowledged) and is held, and this runs
@@ -181,7 +188,7 @@ def route_held(
     if flow.congested:  # only while some subscriber holds publishers: costs nothing else
         waiting_for = broker.full_subscribers(message.topic)
         if waiting_for:
-            conn.postpone(packet, message, changed)
+            conn.postpone(packet, message, context)
             return flow.hold(conn, waiting_for)
     session = conn.session
     assert session is not None
@@ -191,7 +198,7 @@ def route_held(
     chains = broker.chains
     on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
     if on_publish:
-        chains.notify(on_publish, changed or publish_context(conn, packet))
+        chains.notify(on_publish, context or publish_context(conn, packet))
     _acknowledge(conn, packet)
 
 
@@ -216,6 +223,7 @@ def publish_context(conn: Connection, packet: Publish | Will) -> PublishContext:
         client_id=conn.client.client_id,
         username=conn.client.username,
         attributes=conn.client.attributes,
+        session_id=conn.client.session_id,
         topic=packet.topic,
         payload=packet.payload,
         qos=packet.qos,

@@ -118,7 +118,12 @@ class Registry:
         self.end(session)
         chains = self.broker.chains
         if chains.on_session_expired:
-            chains.notify(chains.on_session_expired, ClientContext(client_id=session.client_id))
+            context = ClientContext(
+                client_id=session.client_id,
+                username=session.username,
+                session_id=session.session_id,
+            )
+            chains.notify(chains.on_session_expired, context)
 
     def _event(self, chain: Chain, client: ClientContext) -> None:
         if chain:

@@ -21,6 +21,7 @@ down to the low-water mark. `progress` counts what it wrote, for the stall check
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections import deque
@@ -32,7 +33,7 @@ from broker.flow import water_marks
 from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
-from hooks import Chain, Ok, PublishContext, Result
+from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
 
 if TYPE_CHECKING:
     from broker.clock import Clock, Timer
@@ -69,6 +70,12 @@ def _rewritten(delivery: Delivery, result: Result) -> Delivery:
     )
     rewritten.expires_at = message.expires_at  # the same deadline, whatever the plugin said
     return delivery.replace(rewritten)
+
+
+@functools.cache
+def _matched(label: str) -> MatchedAcl:
+    """The publisher's ACL label as delivery events carry it (one object per label)."""
+    return MatchedAcl(label)
 
 
 class Session:
@@ -108,10 +115,12 @@ class Session:
         "queue",
         "received_qos2",
         "retry_interval",
+        "session_id",
         "shared_policy",
         "store",
         "stuck",
         "subscriptions",
+        "username",
         "window",
     )
 
@@ -134,6 +143,9 @@ class Session:
     ) -> None:
         self.client_id = client_id
         self.outlet: Outlet | None = None
+        # The last connection's session id and username: offline events report them.
+        self.session_id = ""
+        self.username: str | None = None
         # Who holds the subscriptions and the offline queue: the session itself, or the
         # MultiSession whose connections share them (allow_multiple_sessions).
         self.owner: Session = self
@@ -302,6 +314,8 @@ class Session:
     def attach(self, outlet: Outlet, receive_maximum: int) -> None:
         """Resume on a new connection: resend what was in flight, then drain the queue."""
         self.outlet = outlet
+        self.session_id = outlet.client.session_id
+        self.username = outlet.client.username
         self.window = min(self.max_inflight, receive_maximum)
         if self._restored:
             self._read_back_state()
@@ -595,16 +609,20 @@ class Session:
         """The receiver's view of a delivery, for on_deliver and the message events."""
         outlet = self.outlet
         message = delivery.message
+        label = message.acl_name
         return PublishContext(
             client_id=self.client_id,
-            username=outlet.client.username if outlet is not None else None,
+            username=self.username,
             attributes=outlet.client.attributes if outlet is not None else {},
+            session_id=self.session_id,
             topic=message.topic,
             payload=message.payload,
             qos=delivery.qos,
             retain=delivery.retain,
             properties=message.properties,
             reason=reason,
+            matched_acl=_matched(label) if label else None,
+            persisted=delivery.seq >= 0,
         )
 
     # -- on_deliver served by an async plugin (e.g. a webhook) ---------------------------

@@ -50,6 +50,7 @@ def on_subscribe(conn: Connection, packet: Subscribe) -> None:
         client_id=conn.client.client_id,
         username=conn.client.username,
         attributes=conn.client.attributes,
+        session_id=conn.client.session_id,
         topics=requests,
         properties=packet.properties,
     )
@@ -148,6 +149,7 @@ def _subscribe(
                 no_local=request.no_local,
                 retain_as_published=request.retain_as_published,
                 retain_handling=request.retain_handling,
+                matched_acl=request.matched_acl,
             )
             for request, code in granted
         ]
@@ -157,6 +159,7 @@ def _subscribe(
                 client_id=conn.client.client_id,
                 username=conn.client.username,
                 attributes=conn.client.attributes,
+                session_id=conn.client.session_id,
                 topics=topics,
                 properties=packet.properties,
             ),
@@ -172,6 +175,7 @@ def on_unsubscribe(conn: Connection, packet: Unsubscribe) -> None:
         client_id=conn.client.client_id,
         username=conn.client.username,
         attributes=conn.client.attributes,
+        session_id=conn.client.session_id,
         topics=list(packet.topic_filters),
         properties=packet.properties,
     )

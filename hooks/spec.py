@@ -27,15 +27,31 @@ Properties = dict[int, Any]
 # -- contexts: one slotted dataclass per kind of hook; new fields break no plugin --------
 
 
+@dataclass(frozen=True, slots=True)
+class MatchedAcl:
+    """The ACL rule that allowed a publish or a subscription (Courier's MatchedACL): its
+    label (`label <name>` in the ACL file; "" without one) and its topic pattern with the
+    %u/%c/%m substitutions made."""
+
+    name: str = ""
+    pattern: str = ""
+
+
 @dataclass(slots=True, kw_only=True)
 class ClientContext:
     """Who: every hook knows the client. `attributes` is one dict per connection that
-    plugins share (e.g. auth_jwt puts the token's claims there for the ACL plugin)."""
+    plugins share (e.g. auth_jwt puts the token's claims there for the ACL plugin).
+    `session_id` names this connection (a new one per CONNECT, UUIDv4 text as Courier's);
+    `reason` says why, in the hooks that report something ending or failing
+    (on_client_offline / on_client_gone: the disconnect reason; on_register_failed;
+    on_message_drop)."""
 
     client_id: str
     mountpoint: str = ""
     username: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    session_id: str = ""
+    reason: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -47,20 +63,23 @@ class RegisterContext(ClientContext):
     clean_start: bool = True
     protocol_level: int = 4
     properties: Properties = field(default_factory=dict)
-    reason: str = ""  # on_register_failed: why
 
 
 @dataclass(slots=True, kw_only=True)
 class PublishContext(ClientContext):
     """auth_on_publish(_m5), on_publish(_m5), on_deliver(_m5), on_offline_message,
-    on_delivery_complete, on_message_drop. For delivery hooks the client is the receiver."""
+    on_delivery_complete, on_message_drop. For delivery hooks the client is the receiver;
+    `matched_acl` is then the publisher's (its label only), and `persisted` says whether the
+    message went through the store on its way. on_message_drop's `reason`: queue_full,
+    expired, max_packet_size_exceeded, no_matching_subscribers."""
 
     topic: str
     payload: bytes
     qos: int = 0
     retain: bool = False
     properties: Properties = field(default_factory=dict)
-    reason: str = ""  # on_message_drop: queue_full, expired, max_packet_size_exceeded
+    matched_acl: MatchedAcl | None = None
+    persisted: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -70,6 +89,7 @@ class TopicRequest:
     no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
+    matched_acl: MatchedAcl | None = None  # in on_subscribe: the rule that allowed it
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,6 +150,10 @@ def _bytes(value: Any) -> bool:
 
 def _properties(value: Any) -> bool:
     return isinstance(value, Mapping)
+
+
+def _matched_acl(value: Any) -> bool:
+    return isinstance(value, MatchedAcl)
 
 
 def _publish_topic(value: Any) -> bool:
@@ -209,6 +233,7 @@ _PUBLISH: Validators = {
         "modifier, paces a client)"
     ),
     "properties": _properties,
+    "matched_acl": _matched_acl,  # Courier's: the rule that allowed it (events carry it)
 }
 _SUBSCRIBE: Validators = {
     "topics": _topic_list,

@@ -18,6 +18,7 @@ CLOSING is final (the broker reads and discards while the socket lingers).
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class ClientState:
         "aliases_out",
         "attributes",
         "client_id",
+        "disconnect_reason",
         "keepalive",
         "max_message_rate",
         "max_packet_out",
@@ -55,6 +57,7 @@ class ClientState:
         "phase",
         "problem_info",
         "protocol_level",
+        "session_id",
         "username",
         "will",
         "will_delay",
@@ -67,6 +70,10 @@ class ClientState:
         self.client_id = ""  # until CONNECT (or the one the broker assigned)
         self.username: str | None = None
         self.attributes: dict[str, Any] = {}  # shared by the plugins for this client
+        # Names this connection in events (a reconnect is a new session id), as Courier's.
+        self.session_id = str(uuid.uuid4())
+        # Why the connection ended, in Courier's words (the first reason given wins).
+        self.disconnect_reason = ""
         # Negotiated at CONNECT.
         self.protocol_level = 4  # until CONNECT says otherwise
         self.keepalive = 0  # seconds; 0: none

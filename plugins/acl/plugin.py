@@ -5,6 +5,9 @@ denies on its own: with no other plugin, the exhausted chain refuses). Subscribe
 Courier way: each filter is checked on its own; Ok with a `topics` modifier refusing the
 filters no rule allows to be read (0x87, which MQTT 3 clients see as 0x80), NEXT when none
 is allowed. The only Error is a label's publish rate limit: `rate_limit_exceeded`.
+The rule that allowed a publish travels as Courier's `matched_acl` modifier (its label
+and pattern; the event relay reports it and samples by it), and an allowed subscription's
+rule is noted on its TopicRequest.
 
 Per message the work is a dict lookup: each connection keeps its rules with the
 substitutions resolved (in ctx.attributes, rebuilt when the rules change), and decisions
@@ -18,7 +21,7 @@ from time import monotonic
 
 from broker.config import ConfigError
 from broker.protocol import ReasonCode
-from hooks import NEXT, Error, Ok, PublishContext, Result, SubscribeContext
+from hooks import NEXT, Error, MatchedAcl, Ok, PublishContext, Result, SubscribeContext
 from plugins.acl.reloader import Reloader, describe, load
 from plugins.acl.rules import ClientView, RuleSet
 from plugins.acl.schema import Config as AclConfig
@@ -48,9 +51,10 @@ class AclPlugin:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"plugins.acl.acl_file: {describe(config.acl_file, exc)}") from None
         self.reloader = Reloader(config.acl_file, config.acl_reload_interval, stamp, self.swap)
-        # Decisions per (view key, topic): read -> bool; write -> NEXT, Ok or a limited label.
-        self._reads: dict[tuple[str, str], bool] = {}
-        self._writes: dict[tuple[str, str], Result | str] = {}
+        # Decisions per (view key, topic): read -> the allowing rule or None; write ->
+        # (NEXT or Ok with the allowing rule, the label whose rate limit applies or None).
+        self._reads: dict[tuple[str, str], MatchedAcl | None] = {}
+        self._writes: dict[tuple[str, str], tuple[Result, str | None]] = {}
         self._limits = dict(config.publish_rate_limits)
         self._counts: dict[str, int] = {}
         self._window_end = 0.0
@@ -75,17 +79,19 @@ class AclPlugin:
         verdict = self._writes.get((view.key, ctx.topic))
         if verdict is None:
             verdict = self._decide_write(view, ctx.topic)
-        if verdict.__class__ is str:  # a rate-limited label
-            return _OK if self._admit(verdict) else RATE_LIMITED
-        # Not a str here: mypy narrows `__class__ is` (cheaper than isinstance) one way only.
-        return verdict  # type: ignore[return-value]
+        result, limited = verdict
+        if limited is not None and not self._admit(limited):
+            return RATE_LIMITED
+        return result
 
     def auth_on_subscribe(self, ctx: SubscribeContext) -> Result:
         view = self._view(ctx)
         granted = []
         allowed = 0
         for request in ctx.topics:
-            if self._readable(view, request.topic):
+            matched = self._readable(view, request.topic)
+            if matched is not None:
+                request.matched_acl = matched
                 granted.append((request.topic, request.qos))
                 allowed += 1
             else:
@@ -112,25 +118,28 @@ class AclPlugin:
             )
         return view
 
-    def _decide_write(self, view: ClientView, topic: str) -> Result | str:
-        """NEXT, Ok, or the label whose rate limit applies; cached."""
+    def _decide_write(self, view: ClientView, topic: str) -> tuple[Result, str | None]:
+        """(NEXT, None), or (Ok naming the rule, the label whose rate limit applies or
+        None); cached."""
         rule = view.check("write", topic)
         if rule is None:
-            verdict: Result | str = NEXT
-        elif rule.label is not None and rule.label in self._limits:
-            verdict = rule.label
+            verdict: tuple[Result, str | None] = (NEXT, None)
         else:
-            verdict = _OK
+            matched = MatchedAcl(rule.label or "", view.pattern(rule))
+            limited = rule.label if rule.label in self._limits else None
+            verdict = (Ok({"matched_acl": matched}), limited)
         _remember(self._writes, (view.key, topic), verdict)
         return verdict
 
-    def _readable(self, view: ClientView, topic: str) -> bool:
+    def _readable(self, view: ClientView, topic: str) -> MatchedAcl | None:
+        """The rule that allows reading `topic`, or None; cached."""
         key = (view.key, topic)
-        verdict = self._reads.get(key)
-        if verdict is None:
-            verdict = view.check("read", topic) is not None
-            _remember(self._reads, key, verdict)
-        return verdict
+        if key in self._reads:
+            return self._reads[key]
+        rule = view.check("read", topic)
+        matched = None if rule is None else MatchedAcl(rule.label or "", view.pattern(rule))
+        _remember(self._reads, key, matched)
+        return matched
 
     def _admit(self, label: str) -> bool:
         """Count one message for `label`; False once over its limit in this second."""

@@ -359,6 +359,13 @@ class ClientView:
         pieces = [piece for piece in value.split(slot.delim) if piece]
         return pieces[slot.index - 1] if slot.index <= len(pieces) else None
 
+    def pattern(self, rule: Rule) -> str:
+        """The rule's filter as it applies to this client (%u, %c, %m... substituted)."""
+        if not rule.slotted:
+            return rule.filter
+        levels = self._substitute(rule.levels)
+        return rule.filter if levels is None else "/".join(levels)
+
     def check(self, access: Access, topic: str) -> Rule | None:
         """The earliest rule of the first table that matches, or None."""
         request = topic.split("/")

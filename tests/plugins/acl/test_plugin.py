@@ -10,7 +10,7 @@ import pytest
 import plugins.acl.plugin as acl_plugin
 from broker.config import ConfigError, build_section
 from broker.plugins import load_plugins
-from hooks import NEXT, Error, Ok, PublishContext, SubscribeContext, TopicRequest
+from hooks import NEXT, Error, MatchedAcl, Ok, PublishContext, SubscribeContext, TopicRequest
 from plugins.acl import PLUGIN, AclPlugin, RuleSet
 from plugins.acl.reloader import Reloader, load
 from plugins.acl.schema import Config
@@ -107,14 +107,34 @@ def test_bad_keys_are_named(tmp_path, keys, message):
 # -- hooks -------------------------------------------------------------------------------
 
 
-def test_publish_is_ok_or_next(tmp_path):
+def allowed_by(name: str, pattern: str) -> Ok:
+    """Ok naming the rule that allowed a publish (Courier's matched_acl modifier)."""
+    return Ok({"matched_acl": MatchedAcl(name, pattern)})
+
+
+def test_publish_is_ok_naming_the_rule_or_next(tmp_path):
     plugin = make(tmp_path)
-    assert publish(plugin, "in/x") == Ok()
-    assert publish(plugin, "alice/x", username="alice") == Ok()
+    assert publish(plugin, "in/x") == allowed_by("metered", "in/+")
+    assert publish(plugin, "alice/x", username="alice") == allowed_by("", "alice/#")
     assert publish(plugin, "alice/x", username="bob") is NEXT
     assert publish(plugin, "public/x") is NEXT  # read only
-    assert publish(plugin, "rooms/7", attributes={"jwt_claims": {"room": 7}}) == Ok()
+    # A pattern's substitutions are made in the reported pattern.
+    room_7 = {"jwt_claims": {"room": 7}}
+    assert publish(plugin, "rooms/7", attributes=room_7) == allowed_by("", "rooms/7")
     assert publish(plugin, "rooms/7", attributes={"jwt_claims": {"room": 8}}) is NEXT
+
+
+def test_subscribe_notes_the_allowing_rule_on_each_request(tmp_path):
+    plugin = make(tmp_path)
+    ctx = SubscribeContext(
+        client_id="c",
+        topics=[TopicRequest(topic="public/a", qos=0), TopicRequest(topic="clients/c/x", qos=1)],
+    )
+    plugin.auth_on_subscribe(ctx)
+    assert [r.matched_acl for r in ctx.topics] == [
+        MatchedAcl("", "public/#"),
+        MatchedAcl("", "clients/c/#"),
+    ]
 
 
 def test_subscribe_all_allowed_is_a_plain_ok(tmp_path):
@@ -145,18 +165,18 @@ def test_decisions_are_cached_and_the_cache_is_bounded(tmp_path, monkeypatch):
     plugin = make(tmp_path)
     monkeypatch.setattr(acl_plugin, "CACHE_SIZE", 3)
     attributes: dict = {}
-    assert publish(plugin, "in/x", attributes=attributes) == Ok()
+    assert type(publish(plugin, "in/x", attributes=attributes)) is Ok
     view = attributes[acl_plugin.VIEW]
     calls = []
     original = type(view).check
     monkeypatch.setattr(type(view), "check", lambda self, *a: calls.append(a) or original(self, *a))
     for _ in range(3):
-        assert publish(plugin, "in/x", attributes=attributes) == Ok()
+        assert type(publish(plugin, "in/x", attributes=attributes)) is Ok
     assert calls == []  # decided once, then from the cache
     for topic in ("in/a", "in/b", "in/c", "in/d"):
         publish(plugin, topic, attributes=attributes)
     assert len(plugin._writes) == 3
-    assert publish(plugin, "in/x", attributes=attributes) == Ok()
+    assert type(publish(plugin, "in/x", attributes=attributes)) is Ok
     assert calls[-1] == ("write", "in/x")  # evicted, decided again
 
 
@@ -173,12 +193,12 @@ def test_substitutions_are_resolved_once_per_connection(tmp_path):
 def test_new_claims_or_new_rules_make_a_new_view(tmp_path):
     plugin = make(tmp_path)
     attributes: dict = {"jwt_claims": {"room": 1}}
-    assert publish(plugin, "rooms/1", attributes=attributes) == Ok()
+    assert type(publish(plugin, "rooms/1", attributes=attributes)) is Ok
     attributes["jwt_claims"] = {"room": 2}
     assert publish(plugin, "rooms/1", attributes=attributes) is NEXT
-    assert publish(plugin, "rooms/2", attributes=attributes) == Ok()
+    assert type(publish(plugin, "rooms/2", attributes=attributes)) is Ok
     plugin.swap(RuleSet.from_text("topic write rooms/1\n"))
-    assert publish(plugin, "rooms/1", attributes=attributes) == Ok()
+    assert type(publish(plugin, "rooms/1", attributes=attributes)) is Ok
     assert publish(plugin, "rooms/2", attributes=attributes) is NEXT
 
 
@@ -186,7 +206,7 @@ def test_a_swap_clears_the_decisions(tmp_path):
     plugin = make(tmp_path)
     assert publish(plugin, "new/x") is NEXT
     plugin.swap(RuleSet.from_text("topic new/#\n"))
-    assert publish(plugin, "new/x") == Ok()
+    assert type(publish(plugin, "new/x")) is Ok
     assert publish(plugin, "in/x") is NEXT
     assert len(plugin._writes) == 2  # only what was decided since the swap
 
@@ -208,15 +228,15 @@ def test_rate_limit_per_label_per_second(tmp_path, monkeypatch):
     rules = "topic write free/# label unmetered\n" + RULES  # before `user alice`: for all
     plugin = make(tmp_path, rules, publish_rate_limits={"metered": 3})
     results = [publish(plugin, f"in/{i}", client_id=f"c{i}") for i in range(5)]
-    assert results[:3] == [Ok()] * 3
+    assert results[:3] == [allowed_by("metered", "in/+")] * 3
     assert results[3:] == [Error("rate_limit_exceeded", 0x97)] * 2
     assert plugin.rate_limited == 2
-    assert all(publish(plugin, "free/x") == Ok() for _ in range(10))  # no limit on its label
-    assert publish(plugin, "alice/x", username="alice") == Ok()  # no label at all
+    assert all(type(publish(plugin, "free/x")) is Ok for _ in range(10))  # no limit on its label
+    assert type(publish(plugin, "alice/x", username="alice")) is Ok  # no label at all
     clock.now += 0.99
     assert publish(plugin, "in/x") == Error("rate_limit_exceeded", 0x97)
     clock.now += 0.02  # a new second: counting starts again
-    assert [publish(plugin, "in/x") for _ in range(4)] == [Ok()] * 3 + [
+    assert [publish(plugin, "in/x") for _ in range(4)] == [allowed_by("metered", "in/+")] * 3 + [
         Error("rate_limit_exceeded", 0x97)
     ]
 
