@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 from broker import __version__
 from broker.config import ConfigError, load_config
-from broker.plugins import load_plugins
+from broker.plugins import configured_plugins
 from broker.store import StoreError
 
 log = logging.getLogger("nautilus")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        plugins = load_plugins(config.plugins)
+        plugins = configured_plugins(config)
     except ConfigError as exc:
         print(f"nautilus: {exc}", file=sys.stderr)
         return 2

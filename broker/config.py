@@ -109,6 +109,8 @@ class Config:
     log: LogSettings = field(default_factory=LogSettings)
     # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # [event_relay]: the relay validates its own keys (event_relay/config.py).
+    event_relay: dict[str, Any] = field(default_factory=dict)
 
 
 # Keys whose value must satisfy more than its type says.
@@ -162,7 +164,9 @@ def _apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> None
             continue  # another program's variable
         if section in ("listeners", "plugins"):
             raise ConfigError(f"{name}: [{section}] cannot be set from the environment")
-        hint = get_type_hints(sections[section]).get(key) if section in sections else None
+        settings = sections.get(section)
+        is_table = isinstance(settings, type) and dataclasses.is_dataclass(settings)
+        hint = get_type_hints(settings).get(key) if is_table else None
         if hint is str:
             value: Any = raw  # a path or name stays text even if it looks like a number
         else:

@@ -295,9 +295,11 @@ class Connection(asyncio.Protocol):
         if out and not self.closing:
             store = self.broker.store
             store.commit()  # a PUBACK goes out only after what it acknowledges is stored
-            if store.failed and self._acked:  # not written (a full disk): acknowledge
-                self._out = []  # nothing; the client resends what it has not seen
-                self._out_bytes = 0  # acknowledged
+            if self._acked and (store.failed or not self._plugins_kept()):
+                # Not written (a full disk): acknowledge nothing; the client resends what
+                # it has not seen acknowledged.
+                self._out = []
+                self._out_bytes = 0
                 self.transport.abort()
                 return
             self.transport.writelines(out)
@@ -313,6 +315,15 @@ class Connection(asyncio.Protocol):
             and (session.queue or session.held or session.on_disk)
         ):
             session.drain()  # the next step of a long queue, one step per loop turn
+
+    def _plugins_kept(self) -> bool:
+        """Plugins that must keep something before an acknowledgement (the event relay
+        with acknowledged durability) have kept it."""
+        for before_ack in self.broker.before_ack:
+            if not before_ack():
+                self.broker.metrics.store_publish_refused += 1
+                return False
+        return True
 
     def close(self, reason_code: int | None = None, reason: str | None = None) -> None:
         """Close this connection; MQTT 5 clients past CONNECT are told why first (with

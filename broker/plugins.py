@@ -21,19 +21,30 @@ import inspect
 import logging
 from typing import Any
 
-from broker.config import ConfigError, build_section
+from broker.config import Config, ConfigError, build_section
 from hooks import PluginError, check_plugin
 
 log = logging.getLogger("nautilus.plugins")
 
 RESERVED_KEYS = ("enabled", "priority", "module")
+# The event relay is a plugin configured by its own top-level table, [event_relay].
+EVENT_RELAY = "event_relay.plugin:EventRelay"
 
 
-def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
-    """Build the enabled plugins, in call order, as (name, instance) pairs."""
+def load_plugins(
+    sections: dict[str, dict[str, Any]],
+    event_relay: dict[str, Any] | None = None,
+    node_name: str = "nautilus",
+) -> list[tuple[str, Any]]:
+    """Build the enabled plugins, in call order, as (name, instance) pairs. The event
+    relay (when [event_relay] or [event_relay.sidecar] is enabled) comes first, so that
+    its on_deliver sees every delivery before a plugin may take it."""
+    tables = [(f"plugins.{name}", name, section) for name, section in sections.items()]
+    relay = _relay_section(event_relay or {}, node_name)
+    if relay is not None:
+        tables.insert(0, ("event_relay", "event_relay", relay))
     loaded = []
-    for position, (name, section) in enumerate(sections.items()):
-        where = f"plugins.{name}"
+    for position, (where, name, section) in enumerate(tables):
         enabled = section.get("enabled", False)
         if not isinstance(enabled, bool):
             raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
@@ -61,6 +72,26 @@ def load_plugins(sections: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
     for _, name, _ in loaded:
         log.info("plugin %s enabled", name)
     return [(name, plugin) for _, name, plugin in loaded]
+
+
+def configured_plugins(config: Config) -> list[tuple[str, Any]]:
+    """The plugins a whole config enables: [plugins.*] and the event relay."""
+    return load_plugins(config.plugins, config.event_relay, config.broker.node_name)
+
+
+def _relay_section(table: dict[str, Any], node_name: str) -> dict[str, Any] | None:
+    """[event_relay] as a plugin table, or None when neither the relay server nor the
+    sidecar push is enabled. Its `enabled` turns on the server (`serve`)."""
+    serve = table.get("enabled", False)
+    if not isinstance(serve, bool):
+        raise ConfigError(f"event_relay.enabled: expected true or false, got {serve!r}")
+    sidecar = table.get("sidecar", {})
+    push = isinstance(sidecar, dict) and sidecar.get("enabled", False) is True
+    if not (serve or push):
+        return None
+    settings = {key: value for key, value in table.items() if key != "enabled"}
+    settings.setdefault("node_name", node_name)
+    return {"enabled": True, "module": EVENT_RELAY, "priority": -1, "serve": serve, **settings}
 
 
 def _plugin_class(name: str, module: Any, where: str) -> type:

@@ -192,13 +192,13 @@ def route_held(
             return flow.hold(conn, waiting_for)
     session = conn.session
     assert session is not None
+    chains = broker.chains
+    on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
+    if on_publish:  # before routing: events tell the publish before its deliveries
+        chains.notify(on_publish, context or publish_context(conn, packet))
     full = broker.publish(message, session.shared_policy)
     if full:
         flow.hold(conn, full)
-    chains = broker.chains
-    on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
-    if on_publish:
-        chains.notify(on_publish, context or publish_context(conn, packet))
     _acknowledge(conn, packet)
 
 

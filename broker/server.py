@@ -19,7 +19,7 @@ from broker.hook_callers import HookCallers
 from broker.message import Delivery, Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
-from broker.plugins import call_all, load_plugins
+from broker.plugins import call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
 from broker.retain import RetainedMessages
@@ -50,8 +50,14 @@ class Broker:
         self.store = open_store(config.store, self.loop)
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
         self.registry = Registry(self)
-        self.plugins = load_plugins(config.plugins) if plugins is None else plugins
+        self.plugins = configured_plugins(config) if plugins is None else plugins
         self.hooks = Hooks(self.plugins)
+        # Plugins that keep something before the broker acknowledges a message.
+        self.before_ack = [
+            plugin.before_ack
+            for _, plugin in self.plugins
+            if callable(getattr(plugin, "before_ack", None))
+        ]
         self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
         self.connections: set[Connection] = set()

@@ -1,0 +1,241 @@
+"""An asyncio client of the event relay: iterate events, commit, resume, read ranges.
+
+    async with await RelayClient.connect("127.0.0.1", 7883, name="billing",
+                                         start="committed") as relay:
+        async for event in relay:
+            handle(event)                     # a dict: seq, ts, type, client_id, ...
+            await relay.commit(event["seq"] + 1)
+
+A connection opened with `start=None` does not stream; it answers `read(a, b)` (the
+events with sequence numbers a <= seq < b) and `info()`, as Spark's executors use it.
+Errors the relay sends (docs/event-relay.md, "Errors") are raised as RelayError, with
+OutOfRange for a position the relay no longer holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from event_relay import frames
+from event_relay.schema import decode_event
+
+QUEUED_BATCHES = 8  # batches read ahead; past that, TCP pushes back on the relay
+
+
+class RelayError(Exception):
+    """The relay refused or ended the conversation; `code` says why."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+class OutOfRange(RelayError):
+    """The position asked for is outside what the relay retains (`first_seq` on)."""
+
+
+class RelayClient:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        welcome: dict[str, Any],
+        frame_reader: frames.FrameReader,
+        early: list[tuple[bytes, Any]],
+    ) -> None:
+        self._reader = reader
+        self._frame_reader = frame_reader
+        self._early = early  # frames that came in with WELCOME
+        self._writer = writer
+        self.welcome = welcome
+        self.node: str = welcome["node"]
+        self.epoch: str = welcome["epoch"]
+        self.start: int | None = welcome["start"]
+        self.payloads: str = welcome["payloads"]
+        self._batches: asyncio.Queue[list[list[Any]] | RelayError | None] = asyncio.Queue(
+            QUEUED_BATCHES
+        )
+        self._replies: deque[tuple[bytes, asyncio.Future[Any]]] = deque()
+        self._range: list[list[Any]] | None = None
+        self._error: RelayError | None = None
+        self._task = asyncio.ensure_future(self._read_frames())
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        name: str,
+        start: str | int | None = "latest",
+        types: list[str] | None = None,
+        secret: str | None = None,
+        timeout: float = 10.0,
+    ) -> RelayClient:
+        """Attach as consumer `name`. start: "earliest", "latest", "committed" (where this
+        name last committed), a sequence number, or None (no streaming: reads only)."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        hello: dict[str, Any] = {"version": 1, "name": name, "start": start, "types": types}
+        if secret is not None:
+            hello["secret"] = secret
+        writer.write(frames.frame(frames.HELLO, hello))
+        frame_reader = frames.FrameReader()
+        try:
+            received = await asyncio.wait_for(_first_frames(reader, frame_reader), timeout)
+        except BaseException:
+            writer.close()
+            raise
+        kind, body = received[0]
+        if kind == frames.ERROR:
+            writer.close()
+            raise _error(body)
+        if kind != frames.WELCOME:
+            writer.close()
+            raise RelayError("bad_frame", f"expected WELCOME, got {kind!r}")
+        return cls(reader, writer, body, frame_reader, received[1:])
+
+    # -- streaming ----------------------------------------------------------------------
+
+    async def batches(self) -> AsyncIterator[list[list[Any]]]:
+        """The events as they come, one batch (a list of msgpack arrays) at a time."""
+        while True:
+            if self._batches.empty() and self._error is not None:
+                if self._error.code == "closed":
+                    return
+                raise self._error
+            item = await self._batches.get()
+            if item is None:
+                return
+            if isinstance(item, RelayError):
+                raise item
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        """The events one by one, with their fields named (event_relay.schema)."""
+        async for batch in self.batches():
+            for values in batch:
+                yield decode_event(values)
+
+    # -- requests -----------------------------------------------------------------------
+
+    async def commit(self, position: int) -> None:
+        """Record that this consumer has processed everything before `position`."""
+        await self._request(frames.COMMIT, {"seq": position}, frames.COMMITTED)
+
+    async def info(self) -> dict[str, Any]:
+        """The relay's node, epoch, retained range and this consumer's commit."""
+        info: dict[str, Any] = await self._request(frames.QUERY, {}, frames.INFO)
+        return info
+
+    async def read_raw(
+        self, start: int, end: int, *, types: list[str] | None = None, limit: int | None = None
+    ) -> tuple[list[list[Any]], int]:
+        """The events start <= seq < end (at most `limit`) as msgpack arrays, and the
+        position after the last one looked at. Only on a connection that does not stream."""
+        self._range = []
+        body = {"from": start, "to": end, "types": types, "limit": limit}
+        try:
+            done = await self._request(frames.READ, body, frames.READ_END)
+            return self._range, done["next"]
+        finally:
+            self._range = None
+
+    async def read(
+        self, start: int, end: int, *, types: list[str] | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        events, _ = await self.read_raw(start, end, types=types, limit=limit)
+        return [decode_event(values) for values in events]
+
+    async def _request(self, kind: bytes, body: Any, reply: bytes) -> Any:
+        if self._error is not None:
+            raise self._error
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies.append((reply, future))
+        self._writer.write(frames.frame(kind, body))
+        await self._writer.drain()
+        return await future
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def _read_frames(self) -> None:
+        try:
+            for kind, body in self._early:
+                await self._dispatch(kind, body)
+            self._early = []
+            while True:
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    raise RelayError("closed", "the relay closed the connection")
+                for kind, body in self._frame_reader.feed(data):
+                    await self._dispatch(kind, body)
+        except frames.FrameError as exc:
+            self._fail(RelayError("bad_frame", str(exc)))
+        except RelayError as exc:
+            self._fail(exc)
+        except (ConnectionError, OSError) as exc:
+            self._fail(RelayError("closed", str(exc)))
+
+    async def _dispatch(self, kind: bytes, body: Any) -> None:
+        if kind == frames.EVENTS:
+            if self._range is not None:
+                self._range.extend(body)
+            else:
+                await self._batches.put(body)
+        elif kind == frames.ERROR:
+            raise _error(body)
+        else:
+            expected, future = self._replies.popleft()
+            if expected != kind:
+                raise RelayError("bad_frame", f"expected {expected!r}, got {kind!r}")
+            if not future.done():
+                future.set_result(body)
+
+    def _fail(self, error: RelayError) -> None:
+        self._error = error
+        while self._replies:
+            _, future = self._replies.popleft()
+            if not future.done():
+                future.set_exception(error)
+        with contextlib.suppress(asyncio.QueueFull):
+            self._batches.put_nowait(error if error.code != "closed" else None)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+    async def __aenter__(self) -> RelayClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def _first_frames(
+    reader: asyncio.StreamReader, frame_reader: frames.FrameReader
+) -> list[tuple[bytes, Any]]:
+    """The frames of the first read that completes one (WELCOME or ERROR first)."""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            raise RelayError("closed", "the relay closed the connection during the handshake")
+        received = frame_reader.feed(data)
+        if received:
+            return received
+
+
+def _error(body: Any) -> RelayError:
+    if not isinstance(body, dict):
+        return RelayError("bad_frame", repr(body))
+    details = {k: v for k, v in body.items() if k not in ("code", "message")}
+    cls = OutOfRange if body.get("code") == "out_of_range" else RelayError
+    return cls(str(body.get("code")), str(body.get("message")), details)

@@ -1,0 +1,208 @@
+"""The relay log: every event under a gap-free sequence number, newest in memory, older
+ones (optionally) in the spool on disk.
+
+Appending is O(1) and never awaits: the encoded event goes to the end of the last memory
+segment. Memory holds whole segments of SEGMENT events, and the oldest segment goes when
+the log holds more than `memory_events` events or `memory_bytes` bytes; with a spool, each
+loop turn's events are written to it as one batch (`flush`), so what memory let go of is
+still served from disk, up to the spool's own bounds.
+
+Readers ask for events by sequence number (`read`); a position before `first_seq` is gone
+and is reported as such (`OutOfRange`), never skipped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Container
+from typing import Any
+
+import msgpack
+
+from event_relay.spool import Spool
+
+log = logging.getLogger("nautilus.event_relay")
+
+SEGMENT = 4096  # events per memory segment: the unit in which memory is given back
+
+
+class OutOfRange(Exception):
+    """The events asked for are no longer retained (or not yet written)."""
+
+    def __init__(self, requested: int, first_seq: int, next_seq: int) -> None:
+        super().__init__(
+            f"sequence {requested} is outside the retained range "
+            f"{first_seq}..{next_seq - 1} (the next event will be {next_seq})"
+        )
+        self.requested = requested
+        self.first_seq = first_seq
+        self.next_seq = next_seq
+
+
+class _Segment:
+    __slots__ = ("codes", "events", "first_seq", "size")
+
+    def __init__(self, first_seq: int) -> None:
+        self.first_seq = first_seq
+        self.events: list[bytes] = []
+        self.codes = bytearray()  # each event's type code, for filtering without decoding
+        self.size = 0
+
+
+class EventLog:
+    def __init__(
+        self,
+        *,
+        memory_events: int,
+        memory_bytes: int,
+        spool: Spool | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.memory_events = memory_events
+        self.memory_bytes = memory_bytes
+        self.spool = spool
+        self.loop = loop
+        self.next_seq = spool.next_seq if spool is not None else 1
+        self._segments: deque[_Segment] = deque([_Segment(self.next_seq)])
+        self._held_events = 0
+        self._held_bytes = 0
+        self._unflushed: list[tuple[int, int, bytes]] = []  # (seq, code, event) for the spool
+        self._flush_due = False
+        self._pack = msgpack.Packer().pack
+        self._listeners: list[Callable[[], None]] = []
+        self._notify_due = False
+        self.appended = 0  # events since start
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, code: int, values: list[Any]) -> int:
+        """Encode and keep one event: `values` are its fields (event_relay.schema), with
+        places held for the sequence number (first) and the type code (third), which are
+        filled in here. Returns the event's sequence number."""
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        values[0] = seq
+        values[2] = code
+        data = self._pack(values)
+        segment = self._segments[-1]
+        if len(segment.events) >= SEGMENT:
+            segment = _Segment(seq)
+            self._segments.append(segment)
+        segment.events.append(data)
+        segment.codes.append(code)
+        segment.size += len(data)
+        self._held_events += 1
+        self._held_bytes += len(data)
+        self.appended += 1
+        if self._held_events > self.memory_events or self._held_bytes > self.memory_bytes:
+            self._trim_memory()
+        if self.spool is not None:
+            self._unflushed.append((seq, code, data))
+            if not self._flush_due:
+                self._flush_due = True
+                self._call_soon(self.flush)
+        if not self._notify_due and self._listeners:
+            self._notify_due = True
+            self._call_soon(self._notify)
+        return seq
+
+    def _call_soon(self, callback: Callable[[], Any]) -> None:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        loop.call_soon(callback)
+
+    def _trim_memory(self) -> None:
+        """Let the oldest segment go (never the one being written)."""
+        segments = self._segments
+        while len(segments) > 1 and (
+            self._held_events > self.memory_events or self._held_bytes > self.memory_bytes
+        ):
+            if self.spool is not None and self._unflushed:
+                self.flush()  # what memory lets go of must be on disk first
+            old = segments.popleft()
+            self._held_events -= len(old.events)
+            self._held_bytes -= old.size
+
+    def flush(self, sync: bool = False) -> bool:
+        """Write the events not yet in the spool as one batch (`sync`: and fsync). False
+        if the spool could not write them (they are kept for the next try)."""
+        self._flush_due = False
+        if self.spool is None:
+            return True
+        if self._unflushed:
+            if not self.spool.write(self._unflushed, sync):
+                return False
+            self._unflushed = []
+        return True
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest sequence number still retained (next_seq when there is none)."""
+        if self.spool is not None:
+            return min(self.spool.first_seq, self._segments[0].first_seq)
+        return self._segments[0].first_seq
+
+    @property
+    def memory_first_seq(self) -> int:
+        return self._segments[0].first_seq
+
+    def read(
+        self, start: int, limit: int, codes: Container[int] | None = None, end: int | None = None
+    ) -> tuple[list[bytes], int]:
+        """Up to `limit` events from sequence `start` (to `end`, exclusive), only of the
+        types in `codes` when given. Returns (events, the position to read from next).
+        Raises OutOfRange when `start` is no longer retained or lies in the future."""
+        stop = self.next_seq if end is None else min(end, self.next_seq)
+        if start > self.next_seq or start < self.first_seq:
+            raise OutOfRange(start, self.first_seq, self.next_seq)
+        if start < self.memory_first_seq:
+            assert self.spool is not None
+            self.flush()
+            return self.spool.read(start, min(stop, self.memory_first_seq), limit, codes)
+        out: list[bytes] = []
+        position = start
+        segments = self._segments
+        index = (position - segments[0].first_seq) // SEGMENT  # segments are full but the last
+        while position < stop and len(out) < limit and index < len(segments):
+            segment = segments[index]
+            offset = position - segment.first_seq
+            take = min(len(segment.events) - offset, stop - position)
+            if codes is None:
+                take = min(take, limit - len(out))
+                out.extend(segment.events[offset : offset + take])
+                position += take
+            else:
+                events, kinds = segment.events, segment.codes
+                for i in range(offset, offset + take):
+                    position += 1
+                    if kinds[i] in codes:
+                        out.append(events[i])
+                        if len(out) >= limit:
+                            break
+            index += 1
+        return out, position
+
+    # -- waking the readers once per loop turn ------------------------------------------
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (once per loop turn at most) after events were appended."""
+        self._listeners.append(callback)
+
+    def unlisten(self, callback: Callable[[], None]) -> None:
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
+    def _notify(self) -> None:
+        self._notify_due = False
+        for callback in list(self._listeners):
+            callback()
+
+    def close(self) -> None:
+        self.flush(sync=True)
+        if self.spool is not None:
+            self.spool.close()

@@ -1,0 +1,221 @@
+"""The event relay as the broker sees it: a plugin whose event hooks append to the log.
+
+Each hook builds the event's fields from its context and appends them (event_relay/log.py):
+plain method calls, no await, no task. Hooks not listed in `hooks` are hidden (set to
+None), so the broker does not even build their contexts. The relay is loaded before every
+other plugin, so its `on_deliver` (which always answers NEXT) sees each delivery before a
+plugin may take it.
+
+With `durability = "acknowledged"` the broker calls `before_ack()` before it writes any
+PUBACK / PUBREC: the events of that turn (the publish events among them) are then in the
+spool, fsynced, so a QoS 1/2 message the broker acknowledged has its event on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+from broker.config import ConfigError
+from broker.protocol import Property
+from event_relay.config import RelayConfig, check
+from event_relay.log import EventLog
+from event_relay.schema import CODES
+from event_relay.server import RelayServer
+from event_relay.spool import Spool, SpoolError
+from hooks import (
+    ClientContext,
+    PublishContext,
+    RegisterContext,
+    SubscribeContext,
+    UnsubscribeContext,
+)
+
+log = logging.getLogger("nautilus.event_relay")
+
+_ON_PUBLISH = CODES["on_publish"]
+_ON_DELIVER = CODES["on_deliver"]
+_ON_DELIVERY_COMPLETE = CODES["on_delivery_complete"]
+_ON_OFFLINE_MESSAGE = CODES["on_offline_message"]
+_ON_MESSAGE_DROP = CODES["on_message_drop"]
+
+
+class EventRelay:
+    Config = RelayConfig
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = check(config)
+        spool = None
+        if config.durability != "none":
+            try:
+                spool = Spool(config.spool_path, config.spool_max_events)
+            except SpoolError as exc:
+                raise ConfigError(f"event_relay.spool_path: {exc}") from None
+        self.log = EventLog(
+            memory_events=config.memory_events, memory_bytes=config.memory_bytes, spool=spool
+        )
+        self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
+        self.acknowledged = config.durability == "acknowledged"
+        self.server = RelayServer(self.log, config, self.epoch) if config.serve else None
+        self.sidecar = None
+        if config.sidecar.enabled:
+            from event_relay.sidecar import SidecarPush  # protobuf: only when pushing
+
+            self.sidecar = SidecarPush(config.sidecar, self.log)
+        self._full = config.payloads == "full"
+        self._sizes = config.payloads != "none"
+        self._sample = {hook: rates for hook, rates in config.sample.items() if rates}
+        self.sampled_out = 0  # events not relayed by a sampling rule
+        relayed = set(config.hooks) | (set(config.sidecar.hooks) if self.sidecar else set())
+        for hook in CODES:
+            if hook not in relayed:
+                setattr(self, hook, None)  # hidden: the broker skips it entirely
+
+    async def start(self) -> None:
+        if self.server is not None:
+            await self.server.start()
+        if self.sidecar is not None:
+            self.sidecar.start()
+
+    async def stop(self) -> None:
+        if self.sidecar is not None:
+            await self.sidecar.stop()
+        if self.server is not None:
+            await self.server.stop()
+        self.log.close()
+
+    def before_ack(self) -> bool:
+        """The broker is about to acknowledge messages: with acknowledged durability,
+        their events go to disk first. False: they could not be written."""
+        if not self.acknowledged:
+            return True
+        return self.log.flush(sync=True)
+
+    # -- what travels of a payload ----------------------------------------------------
+
+    def _message(self, code: int, ctx: PublishContext) -> list[Any]:
+        payload = ctx.payload
+        return [
+            0,
+            time.time_ns(),
+            code,
+            ctx.client_id,
+            ctx.mountpoint,
+            ctx.username,
+            ctx.session_id,
+            ctx.topic,
+            ctx.qos,
+            ctx.retain,
+            len(payload) if self._sizes else None,
+            payload if self._full else None,
+        ]
+
+    def _sampled_out(self, hook: str, ctx: PublishContext) -> bool:
+        """Courier's rule: events whose ACL label has a rule are relayed with that
+        probability; without a label or a rule, always."""
+        rates = self._sample.get(hook)
+        if rates is None or ctx.matched_acl is None:
+            return False
+        percentage = rates.get(ctx.matched_acl.name)
+        if percentage is None or random.random() * 100 < percentage:
+            return False
+        self.sampled_out += 1
+        return True
+
+    # -- the hooks --------------------------------------------------------------------
+
+    def on_register(self, ctx: RegisterContext) -> None:
+        self.log.append(CODES["on_register"], self._register(ctx, _user_properties(ctx)))
+
+    def on_register_failed(self, ctx: RegisterContext) -> None:
+        self.log.append(CODES["on_register_failed"], self._register(ctx, ctx.reason))
+
+    def _register(self, ctx: RegisterContext, last: Any) -> list[Any]:
+        return [
+            0,
+            time.time_ns(),
+            0,
+            ctx.client_id,
+            ctx.mountpoint,
+            ctx.username,
+            ctx.session_id,
+            ctx.peer[0],
+            ctx.peer[1],
+            ctx.clean_start,
+            ctx.protocol_level,
+            last,
+        ]
+
+    def on_publish(self, ctx: PublishContext) -> None:
+        if self._sample and self._sampled_out("on_publish", ctx):
+            return
+        values = self._message(_ON_PUBLISH, ctx)
+        matched = ctx.matched_acl
+        if matched is None:
+            values += ("", "")
+        else:
+            values += (matched.name, matched.pattern)
+        self.log.append(_ON_PUBLISH, values)
+
+    def on_deliver(self, ctx: PublishContext) -> None:
+        # A deciding hook: the relay has no say (None: NEXT), it only records.
+        if self._sample and self._sampled_out("on_deliver", ctx):
+            return
+        values = self._message(_ON_DELIVER, ctx)
+        values += (ctx.matched_acl.name if ctx.matched_acl else "", ctx.persisted)
+        self.log.append(_ON_DELIVER, values)
+
+    def on_delivery_complete(self, ctx: PublishContext) -> None:
+        if self._sample and self._sampled_out("on_delivery_complete", ctx):
+            return
+        values = self._message(_ON_DELIVERY_COMPLETE, ctx)
+        values += (ctx.matched_acl.name if ctx.matched_acl else "", ctx.persisted)
+        self.log.append(_ON_DELIVERY_COMPLETE, values)
+
+    def on_offline_message(self, ctx: PublishContext) -> None:
+        self.log.append(_ON_OFFLINE_MESSAGE, self._message(_ON_OFFLINE_MESSAGE, ctx))
+
+    def on_message_drop(self, ctx: PublishContext) -> None:
+        values = self._message(_ON_MESSAGE_DROP, ctx)
+        values += (ctx.reason, ctx.matched_acl.name if ctx.matched_acl else "")
+        self.log.append(_ON_MESSAGE_DROP, values)
+
+    def on_subscribe(self, ctx: SubscribeContext) -> None:
+        topics = [
+            [
+                request.topic,
+                request.qos,
+                request.matched_acl.name if request.matched_acl else "",
+                request.matched_acl.pattern if request.matched_acl else "",
+            ]
+            for request in ctx.topics
+        ]
+        self.log.append(CODES["on_subscribe"], [*self._client(ctx), topics])
+
+    def on_unsubscribe(self, ctx: UnsubscribeContext) -> None:
+        self.log.append(CODES["on_unsubscribe"], [*self._client(ctx), list(ctx.topics)])
+
+    def on_client_wakeup(self, ctx: ClientContext) -> None:
+        self.log.append(CODES["on_client_wakeup"], self._client(ctx))
+
+    def on_client_offline(self, ctx: ClientContext) -> None:
+        self.log.append(CODES["on_client_offline"], [*self._client(ctx), ctx.reason])
+
+    def on_client_gone(self, ctx: ClientContext) -> None:
+        self.log.append(CODES["on_client_gone"], [*self._client(ctx), ctx.reason])
+
+    def on_session_expired(self, ctx: ClientContext) -> None:
+        self.log.append(CODES["on_session_expired"], self._client(ctx))
+
+    @staticmethod
+    def _client(ctx: ClientContext) -> list[Any]:
+        return [0, time.time_ns(), 0, ctx.client_id, ctx.mountpoint, ctx.username, ctx.session_id]
+
+
+def _user_properties(ctx: RegisterContext) -> list[list[str]]:
+    """CONNECT's User Properties (MQTT 5), in order, as [key, value] pairs."""
+    pairs = ctx.properties.get(Property.USER_PROPERTY, ()) if ctx.properties else ()
+    return [list(pair) for pair in pairs]

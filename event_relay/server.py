@@ -1,0 +1,312 @@
+"""The relay's TCP server: consumers attach, name themselves, pick event types and a
+start, and read the log (docs/event-relay.md has the protocol).
+
+A consumer is a position in the log, nothing more: the server writes EVENTS frames from
+the log while the consumer's socket takes them, and stops when its write buffer is over
+the high-water mark (asyncio's pause_writing), so a consumer that stops reading costs the
+broker a bounded buffer and its position. It is served from memory or from the spool
+alike; if it falls behind the retained range it gets an `out_of_range` ERROR, never a
+silent gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from event_relay import frames
+from event_relay.config import RelayConfig, host_port
+from event_relay.log import EventLog, OutOfRange
+from event_relay.schema import CODES
+
+log = logging.getLogger("nautilus.event_relay")
+
+VERSION = 1
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send HELLO
+WRITE_HIGH_WATER = 1024 * 1024  # bytes queued to one consumer before the server waits
+FRAMES_PER_TURN = 8  # per consumer, so that serving never starves the broker's loop
+STARTS = ("earliest", "latest", "committed")
+
+
+class RelayServer:
+    def __init__(self, event_log: EventLog, config: RelayConfig, epoch: str) -> None:
+        self.log = event_log
+        self.config = config
+        self.epoch = epoch
+        self.node = config.node_name
+        self.consumers: set[Consumer] = set()
+        self.commits: dict[str, int] = {}  # consumer name -> committed position
+        self.address: tuple[str, int] | None = None
+        self._server: asyncio.Server | None = None
+        self.frames_sent = 0
+        self.events_sent = 0
+
+    async def start(self) -> None:
+        host, port = host_port(self.config.address, "event_relay.address")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Consumer(self), host, port)
+        self.address = self._server.sockets[0].getsockname()[:2]
+        self.log.listen(self._wake)
+        log.info("event relay listening on %s:%s", *self.address)
+
+    async def stop(self) -> None:
+        self.log.unlisten(self._wake)
+        if self._server is not None:
+            self._server.close()
+            for consumer in list(self.consumers):
+                consumer.close()
+            await self._server.wait_closed()
+
+    def _wake(self) -> None:
+        """New events: every streaming consumer at the end of the log reads on."""
+        for consumer in self.consumers:
+            if consumer.streaming and not consumer.paused:
+                consumer.pump()
+
+    def committed(self, name: str) -> int | None:
+        position = self.commits.get(name)
+        if position is None and self.log.spool is not None:
+            position = self.log.spool.committed(name)
+        return position
+
+    def commit(self, name: str, position: int) -> None:
+        self.commits[name] = position
+        if self.log.spool is not None:
+            self.log.spool.commit(name, position)
+
+
+class Consumer(asyncio.Protocol):
+    """One consumer's connection: the handshake, then streaming or range reads."""
+
+    def __init__(self, server: RelayServer) -> None:
+        self.server = server
+        self.reader = frames.FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.name = ""
+        self.codes: frozenset[int] | None = None  # the types asked for; None: all
+        self.position = 0  # the next sequence number to look at
+        self.end: int | None = None  # a range read stops here (exclusive)
+        self.remaining = 0  # a range read's events still wanted
+        self.streaming = False
+        self.reading = False  # a range read is being served
+        self.paused = False
+        self.welcomed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._pump_due = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.server.consumers.add(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.consumers.discard(self)
+        self.streaming = self.reading = False
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            received = self.reader.feed(data)
+        except frames.FrameError as exc:
+            return self.fail("bad_frame", str(exc))
+        for kind, body in received:
+            if self.transport is None or self.transport.is_closing():
+                return
+            if not self.welcomed:
+                if kind != frames.HELLO:
+                    return self.fail("bad_handshake", "the first frame must be HELLO")
+                self.hello(body)
+            elif kind == frames.COMMIT:
+                self.commit(body)
+            elif kind == frames.QUERY:
+                self.send(frames.INFO, self.info())
+            elif kind == frames.READ:
+                self.read(body)
+            else:
+                self.fail("bad_request", f"a consumer does not send {kind.decode()} frames")
+
+    # -- requests -----------------------------------------------------------------------
+
+    def hello(self, body: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        problem = _hello_problem(body)
+        if problem is not None:
+            return self.fail("bad_handshake", problem)
+        if body.get("version", VERSION) != VERSION:
+            return self.fail("unsupported_version", f"this relay speaks version {VERSION}")
+        secret = self.server.config.secret
+        if secret and not hmac.compare_digest(str(body.get("secret") or ""), secret):
+            log.warning("event relay: consumer %r refused: wrong or missing secret", body["name"])
+            return self.fail("unauthorized", "a valid secret is required")
+        self.name = body["name"]
+        types = body.get("types")
+        self.codes = None if types is None else frozenset(CODES[t] for t in types)
+        event_log = self.server.log
+        start = body.get("start")
+        if start == "earliest":
+            self.position = event_log.first_seq
+        elif start == "latest":
+            self.position = event_log.next_seq
+        elif start == "committed":
+            committed = self.server.committed(self.name)
+            self.position = event_log.first_seq if committed is None else committed
+        elif start is not None:
+            self.position = start
+        self.welcomed = True
+        self.send(
+            frames.WELCOME, {**self.info(), "start": None if start is None else self.position}
+        )
+        log.info("event relay: consumer %r attached from %s", self.name, start)
+        if start is not None:
+            self.streaming = True
+            self.pump()
+
+    def commit(self, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("seq"), int):
+            return self.fail("bad_request", "COMMIT needs {seq: integer}")
+        self.server.commit(self.name, body["seq"])
+        self.send(frames.COMMITTED, {"seq": body["seq"]})
+
+    def read(self, body: Any) -> None:
+        if self.streaming or self.reading:
+            return self.fail("bad_request", "READ is for a connection that does not stream")
+        if not isinstance(body, dict) or not all(
+            isinstance(body.get(key), int) for key in ("from", "to")
+        ):
+            return self.fail("bad_request", "READ needs {from: integer, to: integer}")
+        limit = body.get("limit")
+        types = body.get("types")
+        if types is not None and (
+            not isinstance(types, list) or any(t not in CODES for t in types)
+        ):
+            return self.fail("bad_request", f"unknown event types in {types!r}")
+        self.codes = None if types is None else frozenset(CODES[t] for t in types)
+        self.position, self.end = body["from"], body["to"]
+        self.remaining = limit if isinstance(limit, int) and limit > 0 else 2**63
+        self.reading = True
+        self.pump()
+
+    def info(self) -> dict[str, Any]:
+        event_log = self.server.log
+        return {
+            "version": VERSION,
+            "node": self.server.node,
+            "epoch": self.server.epoch,
+            "first_seq": event_log.first_seq,
+            "next_seq": event_log.next_seq,
+            "payloads": self.server.config.payloads,
+            "committed": self.server.committed(self.name) if self.name else None,
+        }
+
+    # -- serving the log ------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Write what the log has for this consumer, while its socket takes it."""
+        self._pump_due = False
+        if not (self.streaming or self.reading) or self.transport is None:
+            return
+        event_log = self.server.log
+        batch = self.server.config.batch_events
+        for _ in range(FRAMES_PER_TURN):
+            if self.paused or self.transport.is_closing():
+                return
+            end = self.end if self.reading else None
+            if self.position >= (
+                event_log.next_seq if end is None else min(end, event_log.next_seq)
+            ):
+                break
+            try:
+                events, position = event_log.read(
+                    self.position,
+                    min(batch, self.remaining) if self.reading else batch,
+                    self.codes,
+                    end,
+                )
+            except OutOfRange as exc:
+                return self.fail(
+                    "out_of_range",
+                    str(exc),
+                    first_seq=exc.first_seq,
+                    next_seq=exc.next_seq,
+                    requested=exc.requested,
+                )
+            self.position = position
+            if events:
+                self.transport.writelines(frames.events_frame(events))
+                self.server.frames_sent += 1
+                self.server.events_sent += len(events)
+                if self.reading:
+                    self.remaining -= len(events)
+                    if self.remaining <= 0:
+                        break
+        else:
+            if not self._pump_due:  # more to send: go on next turn, after the broker's work
+                self._pump_due = True
+                asyncio.get_running_loop().call_soon(self.pump)
+            return
+        if self.reading:
+            self.reading = False
+            self.send(frames.READ_END, {"next": self.position})
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def send(self, kind: bytes, body: Any) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frames.frame(kind, body))
+
+    def fail(self, code: str, message: str, **details: Any) -> None:
+        """Tell the consumer what went wrong, then close."""
+        log.info("event relay: consumer %r: %s: %s", self.name, code, message)
+        self.send(frames.ERROR, {"code": code, "message": message, **details})
+        self.close()
+
+    def close(self) -> None:
+        self.streaming = self.reading = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if not self.welcomed:
+            self.fail("bad_handshake", f"no HELLO within {HANDSHAKE_TIMEOUT:g} seconds")
+
+
+def _hello_problem(body: Any) -> str | None:
+    """What is wrong with a HELLO body, or None."""
+    if not isinstance(body, dict):
+        return "HELLO must be a map"
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        return "HELLO needs a consumer name (a non-empty string)"
+    types = body.get("types")
+    if types is not None:
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            return "types must be a list of event type names"
+        unknown = [t for t in types if t not in CODES]
+        if unknown:
+            return f"unknown event types {unknown} (known: {', '.join(CODES)})"
+    start = body.get("start")
+    if (
+        start is not None
+        and start not in STARTS
+        and not (isinstance(start, int) and not isinstance(start, bool) and start >= 0)
+    ):
+        return "start must be 'earliest', 'latest', 'committed', a sequence number or nil"
+    return None

@@ -1,0 +1,124 @@
+"""The relay's spool: events on disk in LevelDB (plyvel), so they survive a restart and the
+sequence goes on from where it was.
+
+LevelDB was chosen over an append-only segment file by measurement (bench/relay_spool.py,
+figures in docs/performance.md): one batch per loop turn costs about the same in both,
+and LevelDB gives ordered reads from any sequence number, crash-safe batches and trimming
+without an index of our own.
+
+Keys: b"e" + the sequence number (8 bytes, big-endian: key order is sequence order) ->
+the type code (1 byte) + the encoded event; b"m/epoch" -> this spool's epoch (a random id
+made when it was created: a consumer that sees another epoch knows the sequence numbers
+started again); b"c/" + consumer name -> the position it committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Container, Iterable
+from pathlib import Path
+
+import plyvel
+
+log = logging.getLogger("nautilus.event_relay")
+
+EVENT = b"e"
+EPOCH = b"m/epoch"
+COMMITTED = b"c/"
+
+
+class SpoolError(Exception):
+    """The spool cannot be opened (locked by another broker, or not a spool)."""
+
+
+def _key(seq: int) -> bytes:
+    return EVENT + seq.to_bytes(8, "big")
+
+
+class Spool:
+    def __init__(self, path: str, max_events: int) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = plyvel.DB(path, create_if_missing=True)
+        except plyvel.IOError as exc:
+            raise SpoolError(f"event spool {path}: cannot open it: {exc}") from None
+        except plyvel.Error as exc:
+            raise SpoolError(f"event spool {path}: not a usable LevelDB: {exc}") from None
+        self.path = path
+        self.max_events = max_events
+        epoch = self.db.get(EPOCH)
+        if epoch is None:
+            epoch = uuid.uuid4().hex.encode()
+            self.db.put(EPOCH, epoch, sync=True)
+        self.epoch = epoch.decode()
+        first = last = None
+        with self.db.iterator(prefix=EVENT, include_value=False) as keys:
+            for key in keys:
+                first = int.from_bytes(key[1:], "big")
+                break
+        with self.db.iterator(prefix=EVENT, include_value=False, reverse=True) as keys:
+            for key in keys:
+                last = int.from_bytes(key[1:], "big")
+                break
+        self.next_seq = 1 if last is None else last + 1
+        self.first_seq = self.next_seq if first is None else first
+        self.failed = False
+        self.written = 0  # events written since start
+
+    def write(self, events: Iterable[tuple[int, int, bytes]], sync: bool = False) -> bool:
+        """Write (seq, code, event) triples as one batch, dropping the oldest events past
+        `max_events`. False when the disk refused (logged once until it works again)."""
+        batch = self.db.write_batch(sync=sync)
+        last = None
+        count = 0
+        for seq, code, data in events:
+            batch.put(_key(seq), bytes((code,)) + data)
+            last = seq
+            count += 1
+        if last is None:
+            return True
+        next_seq = last + 1
+        first = max(self.first_seq, next_seq - self.max_events)
+        for seq in range(self.first_seq, first):
+            batch.delete(_key(seq))
+        try:
+            batch.write()
+        except (plyvel.IOError, plyvel.Error) as exc:
+            if not self.failed:
+                log.error("event spool write failed: %s", exc)
+            self.failed = True
+            return False
+        if self.failed:
+            log.warning("event spool writes work again")
+        self.failed = False
+        self.first_seq = first
+        self.next_seq = next_seq
+        self.written += count
+        return True
+
+    def read(
+        self, start: int, stop: int, limit: int, codes: Container[int] | None = None
+    ) -> tuple[list[bytes], int]:
+        """Up to `limit` events from `start` to `stop` (exclusive), only of the types in
+        `codes` when given; returns (events, the position to read from next)."""
+        out: list[bytes] = []
+        position = start
+        with self.db.iterator(start=_key(start), stop=_key(stop)) as items:
+            for key, value in items:
+                position = int.from_bytes(key[1:], "big") + 1
+                if codes is None or value[0] in codes:
+                    out.append(value[1:])
+                    if len(out) >= limit:
+                        return out, position
+        return out, max(position, stop)
+
+    def committed(self, name: str) -> int | None:
+        value = self.db.get(COMMITTED + name.encode())
+        return None if value is None else int(value)
+
+    def commit(self, name: str, seq: int) -> None:
+        self.db.put(COMMITTED + name.encode(), str(seq).encode())
+
+    def close(self) -> None:
+        self.db.close()
