@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker.",
         epilog="nautilus passwd [-c | -D] FILE USER: manage a password file "
         "(see nautilus passwd --help). nautilus store stats|check|compact --path DIR: "
-        "look into a LevelDB store.",
+        "look into a LevelDB store. nautilus events tail [--relay HOST:PORT]: print an "
+        "event relay's events (see nautilus events tail --help).",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
     parser.add_argument("--version", action="version", version=f"nautilus {__version__}")

@@ -58,22 +58,25 @@ class EventLog:
         memory_events: int,
         memory_bytes: int,
         spool: Spool | None = None,
+        sync: bool = False,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        """`sync`: every write to the spool is fsynced (acknowledged durability)."""
         self.memory_events = memory_events
+        self.sync = sync
         self.memory_bytes = memory_bytes
         self.spool = spool
         self.loop = loop
         self.next_seq = spool.next_seq if spool is not None else 1
-        self._segments: deque[_Segment] = deque([_Segment(self.next_seq)])
-        self._held_events = 0
+        self._head = self._tail = _Segment(self.next_seq)
+        self._segments: deque[_Segment] = deque([self._head])
         self._held_bytes = 0
-        self._unflushed: list[tuple[int, int, bytes]] = []  # (seq, code, event) for the spool
+        # (seq, code, event) not yet in the spool; None: there is no spool.
+        self._unflushed: list[tuple[int, int, bytes]] | None = None if spool is None else []
         self._flush_due = False
         self._pack = msgpack.Packer().pack
         self._listeners: list[Callable[[], None]] = []
         self._notify_due = False
-        self.appended = 0  # events since start
 
     # -- writing ------------------------------------------------------------------------
 
@@ -86,24 +89,23 @@ class EventLog:
         values[0] = seq
         values[2] = code
         data = self._pack(values)
-        segment = self._segments[-1]
+        segment = self._tail
         if len(segment.events) >= SEGMENT:
-            segment = _Segment(seq)
+            segment = self._tail = _Segment(seq)
             self._segments.append(segment)
         segment.events.append(data)
         segment.codes.append(code)
-        segment.size += len(data)
-        self._held_events += 1
-        self._held_bytes += len(data)
-        self.appended += 1
-        if self._held_events > self.memory_events or self._held_bytes > self.memory_bytes:
+        size = len(data)
+        segment.size += size
+        self._held_bytes += size
+        if self._held_bytes > self.memory_bytes or seq - self._head.first_seq >= self.memory_events:
             self._trim_memory()
-        if self.spool is not None:
+        if self._unflushed is not None:
             self._unflushed.append((seq, code, data))
             if not self._flush_due:
                 self._flush_due = True
                 self._call_soon(self.flush)
-        if not self._notify_due and self._listeners:
+        if self._listeners and not self._notify_due:
             self._notify_due = True
             self._call_soon(self._notify)
         return seq
@@ -115,27 +117,26 @@ class EventLog:
         loop.call_soon(callback)
 
     def _trim_memory(self) -> None:
-        """Let the oldest segment go (never the one being written)."""
+        """Let the oldest segments go (never the one being written)."""
         segments = self._segments
         while len(segments) > 1 and (
-            self._held_events > self.memory_events or self._held_bytes > self.memory_bytes
+            self._held_bytes > self.memory_bytes
+            or self.next_seq - segments[0].first_seq > self.memory_events
         ):
-            if self.spool is not None and self._unflushed:
+            if self._unflushed:
                 self.flush()  # what memory lets go of must be on disk first
-            old = segments.popleft()
-            self._held_events -= len(old.events)
-            self._held_bytes -= old.size
+            self._held_bytes -= segments.popleft().size
+        self._head = segments[0]
 
-    def flush(self, sync: bool = False) -> bool:
-        """Write the events not yet in the spool as one batch (`sync`: and fsync). False
-        if the spool could not write them (they are kept for the next try)."""
+    def flush(self) -> bool:
+        """Write the events not yet in the spool as one batch. False if the spool could
+        not write them (they are kept for the next try)."""
         self._flush_due = False
-        if self.spool is None:
+        if self.spool is None or not self._unflushed:
             return True
-        if self._unflushed:
-            if not self.spool.write(self._unflushed, sync):
-                return False
-            self._unflushed = []
+        if not self.spool.write(self._unflushed, self.sync):
+            return False
+        self._unflushed = []
         return True
 
     # -- reading ------------------------------------------------------------------------
@@ -203,6 +204,6 @@ class EventLog:
             callback()
 
     def close(self) -> None:
-        self.flush(sync=True)
+        self.flush()
         if self.spool is not None:
             self.spool.close()

@@ -41,6 +41,7 @@ _ON_DELIVER = CODES["on_deliver"]
 _ON_DELIVERY_COMPLETE = CODES["on_delivery_complete"]
 _ON_OFFLINE_MESSAGE = CODES["on_offline_message"]
 _ON_MESSAGE_DROP = CODES["on_message_drop"]
+_time_ns = time.time_ns
 
 
 class EventRelay:
@@ -54,11 +55,15 @@ class EventRelay:
                 spool = Spool(config.spool_path, config.spool_max_events)
             except SpoolError as exc:
                 raise ConfigError(f"event_relay.spool_path: {exc}") from None
-        self.log = EventLog(
-            memory_events=config.memory_events, memory_bytes=config.memory_bytes, spool=spool
-        )
-        self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
         self.acknowledged = config.durability == "acknowledged"
+        self.log = EventLog(
+            memory_events=config.memory_events,
+            memory_bytes=config.memory_bytes,
+            spool=spool,
+            sync=self.acknowledged,
+        )
+        self._append = self.log.append
+        self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
         self.server = RelayServer(self.log, config, self.epoch) if config.serve else None
         self.sidecar = None
         if config.sidecar.enabled:
@@ -92,26 +97,7 @@ class EventRelay:
         their events go to disk first. False: they could not be written."""
         if not self.acknowledged:
             return True
-        return self.log.flush(sync=True)
-
-    # -- what travels of a payload ----------------------------------------------------
-
-    def _message(self, code: int, ctx: PublishContext) -> list[Any]:
-        payload = ctx.payload
-        return [
-            0,
-            time.time_ns(),
-            code,
-            ctx.client_id,
-            ctx.mountpoint,
-            ctx.username,
-            ctx.session_id,
-            ctx.topic,
-            ctx.qos,
-            ctx.retain,
-            len(payload) if self._sizes else None,
-            payload if self._full else None,
-        ]
+        return self.log.flush()  # fsynced: the log writes with sync in this mode
 
     def _sampled_out(self, hook: str, ctx: PublishContext) -> bool:
         """Courier's rule: events whose ACL label has a rule are relayed with that
@@ -125,25 +111,27 @@ class EventRelay:
         self.sampled_out += 1
         return True
 
-    # -- the hooks --------------------------------------------------------------------
+    # -- the hooks (the message ones run per publish and per delivery: kept flat) ------
 
     def on_register(self, ctx: RegisterContext) -> None:
-        self.log.append(CODES["on_register"], self._register(ctx, _user_properties(ctx)))
+        self._append(CODES["on_register"], self._register(ctx, _user_properties(ctx)))
 
     def on_register_failed(self, ctx: RegisterContext) -> None:
-        self.log.append(CODES["on_register_failed"], self._register(ctx, ctx.reason))
+        self._append(CODES["on_register_failed"], self._register(ctx, ctx.reason))
 
-    def _register(self, ctx: RegisterContext, last: Any) -> list[Any]:
+    @staticmethod
+    def _register(ctx: RegisterContext, last: Any) -> list[Any]:
+        peer_addr, peer_port = ctx.peer
         return [
             0,
-            time.time_ns(),
+            _time_ns(),
             0,
             ctx.client_id,
             ctx.mountpoint,
             ctx.username,
             ctx.session_id,
-            ctx.peer[0],
-            ctx.peer[1],
+            peer_addr,
+            peer_port,
             ctx.clean_start,
             ctx.protocol_level,
             last,
@@ -152,36 +140,87 @@ class EventRelay:
     def on_publish(self, ctx: PublishContext) -> None:
         if self._sample and self._sampled_out("on_publish", ctx):
             return
-        values = self._message(_ON_PUBLISH, ctx)
+        payload = ctx.payload
         matched = ctx.matched_acl
-        if matched is None:
-            values += ("", "")
-        else:
-            values += (matched.name, matched.pattern)
-        self.log.append(_ON_PUBLISH, values)
+        self._append(
+            _ON_PUBLISH,
+            [
+                0,
+                _time_ns(),
+                0,
+                ctx.client_id,
+                ctx.mountpoint,
+                ctx.username,
+                ctx.session_id,
+                ctx.topic,
+                ctx.qos,
+                ctx.retain,
+                len(payload) if self._sizes else None,
+                payload if self._full else None,
+                "" if matched is None else matched.name,
+                "" if matched is None else matched.pattern,
+            ],
+        )
 
     def on_deliver(self, ctx: PublishContext) -> None:
         # A deciding hook: the relay has no say (None: NEXT), it only records.
         if self._sample and self._sampled_out("on_deliver", ctx):
             return
-        values = self._message(_ON_DELIVER, ctx)
-        values += (ctx.matched_acl.name if ctx.matched_acl else "", ctx.persisted)
-        self.log.append(_ON_DELIVER, values)
+        self._delivery(_ON_DELIVER, ctx)
 
     def on_delivery_complete(self, ctx: PublishContext) -> None:
         if self._sample and self._sampled_out("on_delivery_complete", ctx):
             return
-        values = self._message(_ON_DELIVERY_COMPLETE, ctx)
-        values += (ctx.matched_acl.name if ctx.matched_acl else "", ctx.persisted)
-        self.log.append(_ON_DELIVERY_COMPLETE, values)
+        self._delivery(_ON_DELIVERY_COMPLETE, ctx)
+
+    def _delivery(self, code: int, ctx: PublishContext) -> None:
+        payload = ctx.payload
+        matched = ctx.matched_acl
+        self._append(
+            code,
+            [
+                0,
+                _time_ns(),
+                0,
+                ctx.client_id,
+                ctx.mountpoint,
+                ctx.username,
+                ctx.session_id,
+                ctx.topic,
+                ctx.qos,
+                ctx.retain,
+                len(payload) if self._sizes else None,
+                payload if self._full else None,
+                "" if matched is None else matched.name,
+                ctx.persisted,
+            ],
+        )
 
     def on_offline_message(self, ctx: PublishContext) -> None:
-        self.log.append(_ON_OFFLINE_MESSAGE, self._message(_ON_OFFLINE_MESSAGE, ctx))
+        self._append(_ON_OFFLINE_MESSAGE, self._message(ctx))
 
     def on_message_drop(self, ctx: PublishContext) -> None:
-        values = self._message(_ON_MESSAGE_DROP, ctx)
-        values += (ctx.reason, ctx.matched_acl.name if ctx.matched_acl else "")
-        self.log.append(_ON_MESSAGE_DROP, values)
+        matched = ctx.matched_acl
+        values = self._message(ctx)
+        values += (ctx.reason, "" if matched is None else matched.name)
+        self._append(_ON_MESSAGE_DROP, values)
+
+    def _message(self, ctx: PublishContext) -> list[Any]:
+        payload = ctx.payload
+        return [
+            0,
+            _time_ns(),
+            0,
+            ctx.client_id,
+            ctx.mountpoint,
+            ctx.username,
+            ctx.session_id,
+            ctx.topic,
+            ctx.qos,
+            ctx.retain,
+            len(payload) if self._sizes else None,
+            payload if self._full else None,
+        ]
 
     def on_subscribe(self, ctx: SubscribeContext) -> None:
         topics = [
@@ -193,26 +232,26 @@ class EventRelay:
             ]
             for request in ctx.topics
         ]
-        self.log.append(CODES["on_subscribe"], [*self._client(ctx), topics])
+        self._append(CODES["on_subscribe"], [*self._client(ctx), topics])
 
     def on_unsubscribe(self, ctx: UnsubscribeContext) -> None:
-        self.log.append(CODES["on_unsubscribe"], [*self._client(ctx), list(ctx.topics)])
+        self._append(CODES["on_unsubscribe"], [*self._client(ctx), list(ctx.topics)])
 
     def on_client_wakeup(self, ctx: ClientContext) -> None:
-        self.log.append(CODES["on_client_wakeup"], self._client(ctx))
+        self._append(CODES["on_client_wakeup"], self._client(ctx))
 
     def on_client_offline(self, ctx: ClientContext) -> None:
-        self.log.append(CODES["on_client_offline"], [*self._client(ctx), ctx.reason])
+        self._append(CODES["on_client_offline"], [*self._client(ctx), ctx.reason])
 
     def on_client_gone(self, ctx: ClientContext) -> None:
-        self.log.append(CODES["on_client_gone"], [*self._client(ctx), ctx.reason])
+        self._append(CODES["on_client_gone"], [*self._client(ctx), ctx.reason])
 
     def on_session_expired(self, ctx: ClientContext) -> None:
-        self.log.append(CODES["on_session_expired"], self._client(ctx))
+        self._append(CODES["on_session_expired"], self._client(ctx))
 
     @staticmethod
     def _client(ctx: ClientContext) -> list[Any]:
-        return [0, time.time_ns(), 0, ctx.client_id, ctx.mountpoint, ctx.username, ctx.session_id]
+        return [0, _time_ns(), 0, ctx.client_id, ctx.mountpoint, ctx.username, ctx.session_id]
 
 
 def _user_properties(ctx: RegisterContext) -> list[list[str]]:
