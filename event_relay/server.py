@@ -249,7 +249,7 @@ class Consumer(asyncio.Protocol):
                 )
             self.position = position
             if events:
-                self.transport.writelines(frames.events_frame(events))
+                self.transport.write(frames.events_frame(events))
                 self.server.frames_sent += 1
                 self.server.events_sent += len(events)
                 if self.reading:
