@@ -199,6 +199,12 @@ def route_held(
     full = broker.publish(message, session.shared_policy)
     if full:
         flow.hold(conn, full)
+    if chains.on_message_drop and not broker.has_subscribers(message.topic):
+        # Courier's: a message nobody subscribed to is dropped, and said so.
+        dropped = publish_context(conn, packet)
+        dropped.reason = "no_matching_subscribers"
+        dropped.matched_acl = context.matched_acl if context is not None else None
+        chains.notify(chains.on_message_drop, dropped)
     _acknowledge(conn, packet)
 
 

@@ -234,6 +234,12 @@ class Broker:
                     congested.append(full)
         return congested
 
+    def has_subscribers(self, topic: str) -> bool:
+        """Whether a message to `topic` reaches anyone (the router caches the matches)."""
+        if self.router.match(topic):
+            return True
+        return bool(self.router.group_count and self.router.match_shared(topic))
+
     def full_subscribers(self, topic: str) -> list[Subscriber]:
         """The online subscribers of `topic` whose queues are at their high-water marks,
         and for each shared group whose online members all are, one of them."""

@@ -408,11 +408,13 @@ def test_publish_modifiers_change_what_subscribers_get(start_broker, paho_client
     pub.publish("in/x", b"original", qos=1)
     msg = sub.expect_message()
     assert (msg.topic, msg.payload, msg.qos) == ("out/x", b"changed", 2)
-    # on_publish comes after routing (the subscriber's on_deliver), with the new values.
+    # on_publish comes with the new values, before the deliveries it causes (events tell
+    # what happened in the order it happened).
     done = rec.wait(hook("on_publish", version), client_id=pub.client_id)
     assert (done.topic, done.payload, done.qos, done.retain) == ("out/x", b"changed", 2, True)
+    rec.wait(hook("on_deliver", version), client_id=sub.client_id)
     names = rec.names()
-    assert names.index(hook("on_deliver", version)) < names.index(hook("on_publish", version))
+    assert names.index(hook("on_publish", version)) < names.index(hook("on_deliver", version))
     # The retain modifier made it a retained message.
     late = paho_client(server, version)
     late.subscribe("out/#", 1)
