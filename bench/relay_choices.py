@@ -91,7 +91,7 @@ def encodings() -> list[tuple[str, float, float, int]]:
 
 def _protobuf() -> tuple[Callable[[], bytes], Callable[[], Any], int] | None:
     try:
-        from event_relay.sidecar_pb import on_publish_pb2  # type: ignore[attr-defined]
+        from event_relay.sidecar_pb import on_publish_pb2
     except ImportError:
         return None
     message_class = on_publish_pb2.OnPublish

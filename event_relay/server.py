@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from typing import Any
+from typing import Any, cast
 
 from event_relay import frames
 from event_relay.config import RelayConfig, host_port
@@ -99,8 +99,8 @@ class Consumer(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's is not an asyncio.Transport subclass).
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.consumers.add(self)
         loop = asyncio.get_running_loop()

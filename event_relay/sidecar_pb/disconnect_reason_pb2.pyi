@@ -1,0 +1,44 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASON_UNSPECIFIED: _ClassVar[Reason]
+    REASON_NOT_AUTHORIZED: _ClassVar[Reason]
+    REASON_NORMAL_DISCONNECT: _ClassVar[Reason]
+    REASON_SESSION_TAKEN_OVER: _ClassVar[Reason]
+    REASON_ADMINISTRATIVE_ACTION: _ClassVar[Reason]
+    REASON_DISCONNECT_KEEP_ALIVE: _ClassVar[Reason]
+    REASON_DISCONNECT_MIGRATION: _ClassVar[Reason]
+    REASON_BAD_AUTHENTICATION_METHOD: _ClassVar[Reason]
+    REASON_REMOTE_SESSION_TAKEN_OVER: _ClassVar[Reason]
+    REASON_MQTT_CLIENT_DISCONNECT: _ClassVar[Reason]
+    REASON_RECEIVE_MAX_EXCEEDED: _ClassVar[Reason]
+    REASON_PROTOCOL_ERROR: _ClassVar[Reason]
+    REASON_PUBLISH_AUTH_ERROR: _ClassVar[Reason]
+    REASON_INVALID_PUBREC_ERROR: _ClassVar[Reason]
+    REASON_INVALID_PUBCOMP_ERROR: _ClassVar[Reason]
+    REASON_UNEXPECTED_FRAME_TYPE: _ClassVar[Reason]
+    REASON_EXIT_SIGNAL_RECEIVED: _ClassVar[Reason]
+    REASON_TCP_CLOSED: _ClassVar[Reason]
+REASON_UNSPECIFIED: Reason
+REASON_NOT_AUTHORIZED: Reason
+REASON_NORMAL_DISCONNECT: Reason
+REASON_SESSION_TAKEN_OVER: Reason
+REASON_ADMINISTRATIVE_ACTION: Reason
+REASON_DISCONNECT_KEEP_ALIVE: Reason
+REASON_DISCONNECT_MIGRATION: Reason
+REASON_BAD_AUTHENTICATION_METHOD: Reason
+REASON_REMOTE_SESSION_TAKEN_OVER: Reason
+REASON_MQTT_CLIENT_DISCONNECT: Reason
+REASON_RECEIVE_MAX_EXCEEDED: Reason
+REASON_PROTOCOL_ERROR: Reason
+REASON_PUBLISH_AUTH_ERROR: Reason
+REASON_INVALID_PUBREC_ERROR: Reason
+REASON_INVALID_PUBCOMP_ERROR: Reason
+REASON_UNEXPECTED_FRAME_TYPE: Reason
+REASON_EXIT_SIGNAL_RECEIVED: Reason
+REASON_TCP_CLOSED: Reason

@@ -1,0 +1,26 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from . import disconnect_reason_pb2 as _disconnect_reason_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OnClientOffline(_message.Message):
+    __slots__ = ("timestamp", "client_id", "mountpoint", "reason", "username", "session_id")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MOUNTPOINT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    timestamp: _timestamp_pb2.Timestamp
+    client_id: str
+    mountpoint: str
+    reason: _disconnect_reason_pb2.Reason
+    username: str
+    session_id: str
+    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., client_id: _Optional[str] = ..., mountpoint: _Optional[str] = ..., reason: _Optional[_Union[_disconnect_reason_pb2.Reason, str]] = ..., username: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...

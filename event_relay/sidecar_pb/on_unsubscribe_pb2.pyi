@@ -1,0 +1,26 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OnUnsubscribe(_message.Message):
+    __slots__ = ("timestamp", "username", "client_id", "mountpoint", "topics", "session_id")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MOUNTPOINT_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    timestamp: _timestamp_pb2.Timestamp
+    username: str
+    client_id: str
+    mountpoint: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    session_id: str
+    def __init__(self, timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., username: _Optional[str] = ..., client_id: _Optional[str] = ..., mountpoint: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., session_id: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,22 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegistrationFailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REGISTRATION_FAILURE_REASON_UNSPECIFIED: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_NO_MATCHING_HOOK_FOUND: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_INVALID_CREDENTIALS: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_NOT_AUTHORIZED: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_STALE_REQUEST: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_INVALID_SIGNATURE: _ClassVar[RegistrationFailureReason]
+    REGISTRATION_FAILURE_REASON_USERNAME_RID_MISMATCH: _ClassVar[RegistrationFailureReason]
+REGISTRATION_FAILURE_REASON_UNSPECIFIED: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_NO_MATCHING_HOOK_FOUND: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_INVALID_CREDENTIALS: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_NOT_AUTHORIZED: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_STALE_REQUEST: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_INVALID_SIGNATURE: RegistrationFailureReason
+REGISTRATION_FAILURE_REASON_USERNAME_RID_MISMATCH: RegistrationFailureReason
