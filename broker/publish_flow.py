@@ -26,6 +26,7 @@ from broker.protocol import (
 )
 from broker.topics import valid_topic_name
 from hooks import Ok, PublishContext, Result
+from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
     from broker.connection import Connection
@@ -225,16 +226,17 @@ def _acknowledge(conn: Connection, packet: Publish) -> None:
 
 def publish_context(conn: Connection, packet: Publish | Will) -> PublishContext:
     """This client's PUBLISH (or the will its CONNECT carries) as hooks see it."""
-    return PublishContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
-        session_id=conn.client.session_id,
-        topic=packet.topic,
-        payload=packet.payload,
-        qos=packet.qos,
-        retain=packet.retain,
-        properties=packet.properties,  # plugins change it by modifier, not in place
+    client = conn.client
+    return new_publish_context(
+        client.client_id,
+        client.username,
+        client.attributes,
+        client.session_id,
+        packet.topic,
+        packet.payload,
+        packet.qos,
+        packet.retain,
+        packet.properties,  # plugins change it by modifier, not in place
     )
 
 

@@ -34,6 +34,7 @@ from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
 from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
+from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
     from broker.clock import Clock, Timer
@@ -610,19 +611,19 @@ class Session:
         outlet = self.outlet
         message = delivery.message
         label = message.acl_name
-        return PublishContext(
-            client_id=self.client_id,
-            username=self.username,
-            attributes=outlet.client.attributes if outlet is not None else {},
-            session_id=self.session_id,
-            topic=message.topic,
-            payload=message.payload,
-            qos=delivery.qos,
-            retain=delivery.retain,
-            properties=message.properties,
-            reason=reason,
-            matched_acl=_matched(label) if label else None,
-            persisted=delivery.seq >= 0,
+        return new_publish_context(
+            self.client_id,
+            self.username,
+            outlet.client.attributes if outlet is not None else {},
+            self.session_id,
+            message.topic,
+            message.payload,
+            delivery.qos,
+            delivery.retain,
+            message.properties,
+            _matched(label) if label else None,
+            delivery.seq >= 0,
+            reason,
         )
 
     # -- on_deliver served by an async plugin (e.g. a webhook) ---------------------------

@@ -637,3 +637,30 @@ def test_hooks_notify_tracks_tasks_and_counts_crashes():
     asyncio.run(main())
     assert seen == ["x"]
     assert hooks.crashes == 2
+
+
+def test_the_fast_publish_context_sets_every_field_as_the_dataclass_does():
+    # The broker builds its hot-path contexts without the dataclass's __init__: a field
+    # added to PublishContext but forgotten there would be missing; this catches it.
+    import dataclasses
+
+    from hooks.spec import MatchedAcl, new_publish_context
+
+    values = {
+        "client_id": "c",
+        "username": "u",
+        "attributes": {"a": 1},
+        "session_id": "s",
+        "topic": "t/1",
+        "payload": b"p",
+        "qos": 1,
+        "retain": True,
+        "properties": {1: 1},
+        "matched_acl": MatchedAcl("label", "t/+"),
+        "persisted": True,
+        "reason": "queue_full",
+    }
+    fast = new_publish_context(**values)
+    assert fast == PublishContext(**values)
+    for field in dataclasses.fields(PublishContext):
+        assert hasattr(fast, field.name), field.name
