@@ -77,6 +77,7 @@ class EventLog:
         self._pack = msgpack.Packer().pack
         self._listeners: list[Callable[[], None]] = []
         self._notify_due = False
+        self.lost = 0  # events memory let go of that the spool could not take
 
     # -- writing ------------------------------------------------------------------------
 
@@ -123,10 +124,22 @@ class EventLog:
             self._held_bytes > self.memory_bytes
             or self.next_seq - segments[0].first_seq > self.memory_events
         ):
-            if self._unflushed:
-                self.flush()  # what memory lets go of must be on disk first
+            if self._unflushed and not self.flush():  # memory lets go: on disk first
+                self._lose(segments[0])
             self._held_bytes -= segments.popleft().size
         self._head = segments[0]
+
+    def _lose(self, segment: _Segment) -> None:
+        """The spool cannot write (a full disk) and memory keeps its bound: the segment's
+        unwritten events are lost. What is retained starts after them from now on, so a
+        reader that wanted them is told (OutOfRange), never skipped past them."""
+        assert self.spool is not None and self._unflushed is not None
+        end = segment.first_seq + len(segment.events)
+        kept = [entry for entry in self._unflushed if entry[0] >= end]
+        self.lost += len(self._unflushed) - len(kept)
+        self._unflushed = kept
+        self.spool.raise_floor(end)
+        log.error("event spool cannot write: events before %d are lost", end)
 
     def flush(self) -> bool:
         """Write the events not yet in the spool as one batch. False if the spool could

@@ -10,7 +10,8 @@ torn tail to repair) and trimming, without an index of our own.
 Keys: b"e" + the sequence number (8 bytes, big-endian: key order is sequence order) ->
 the type code (1 byte) + the encoded event; b"m/epoch" -> this spool's epoch (a random id
 made when it was created: a consumer that sees another epoch knows the sequence numbers
-started again); b"c/" + consumer name -> the position it committed.
+started again); b"m/floor" -> the first sequence number after events that were lost when
+the disk was full; b"c/" + consumer name -> the position it committed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ log = logging.getLogger("nautilus.event_relay")
 
 EVENT = b"e"
 EPOCH = b"m/epoch"
+FLOOR = b"m/floor"  # events below it were lost (a full disk): never served
 COMMITTED = b"c/"
+STALE_PER_WRITE = 10_000  # events below the floor deleted per write
 
 
 class SpoolError(Exception):
@@ -62,8 +65,12 @@ class Spool:
             for key in keys:
                 last = int.from_bytes(key[1:], "big")
                 break
-        self.next_seq = 1 if last is None else last + 1
-        self.first_seq = self.next_seq if first is None else first
+        stored_floor = self.db.get(FLOOR)
+        floor = 0 if stored_floor is None else int(stored_floor)
+        self.next_seq = max(floor, 1 if last is None else last + 1)
+        self.first_seq = max(floor, self.next_seq if first is None else first)
+        self._stale = (first, floor) if first is not None and first < floor else None
+        self._floor: int | None = None  # a floor to write with the next batch
         self.failed = False
         self.written = 0  # events written since start
 
@@ -83,6 +90,13 @@ class Spool:
         first = max(self.first_seq, next_seq - self.max_events)
         for seq in range(self.first_seq, first):
             batch.delete(_key(seq))
+        if self._floor is not None:
+            batch.put(FLOOR, str(self._floor).encode())
+        stale = self._stale
+        if stale is not None:  # below the floor: unreachable, deleted a chunk at a time
+            upto = min(stale[1], stale[0] + STALE_PER_WRITE)
+            for seq in range(stale[0], upto):
+                batch.delete(_key(seq))
         try:
             batch.write()
         except (plyvel.IOError, plyvel.Error) as exc:
@@ -96,7 +110,18 @@ class Spool:
         self.first_seq = first
         self.next_seq = next_seq
         self.written += count
+        self._floor = None
+        if stale is not None:
+            self._stale = (upto, stale[1]) if upto < stale[1] else None
         return True
+
+    def raise_floor(self, seq: int) -> None:
+        """Events before `seq` that are not on disk were lost: serve nothing below it."""
+        if seq <= self.first_seq:
+            return
+        self._stale = (self.first_seq, seq) if self._stale is None else (self._stale[0], seq)
+        self.first_seq = seq
+        self._floor = seq
 
     def read(
         self, start: int, stop: int, limit: int, codes: Container[int] | None = None
