@@ -58,10 +58,19 @@ class RelayClient:
         self.epoch: str = welcome["epoch"]
         self.start: int | None = welcome["start"]
         self.payloads: str = welcome["payloads"]
-        self._batches: asyncio.Queue[list[list[Any]] | RelayError | None] = asyncio.Queue(
-            QUEUED_BATCHES
-        )
-        self._replies: deque[tuple[bytes, asyncio.Future[Any]]] = deque()
+        # Batches read ahead of the consumer. The reader stops reading the socket (so TCP
+        # pushes back on the relay) when QUEUED_BATCHES wait, unless an answer is awaited:
+        # it may be behind them in the stream (what was in flight, a bounded amount).
+        self._batches: deque[list[list[Any]]] = deque()
+        self._arrived = asyncio.Event()  # a batch or the end came
+        self._taken = asyncio.Event()  # the consumer took a batch
+        # Futures waiting for an answer, per answer kind: the relay answers each kind of
+        # request in order, but a QUERY may be answered while a long READ is served.
+        self._replies: dict[bytes, deque[asyncio.Future[Any]]] = {
+            frames.COMMITTED: deque(),
+            frames.INFO: deque(),
+            frames.READ_END: deque(),
+        }
         self._range: list[list[Any]] | None = None
         self._error: RelayError | None = None
         self._task = asyncio.ensure_future(self._read_frames())
@@ -85,7 +94,7 @@ class RelayClient:
         if secret is not None:
             hello["secret"] = secret
         writer.write(frames.frame(frames.HELLO, hello))
-        frame_reader = frames.FrameReader()
+        frame_reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
         try:
             received = await asyncio.wait_for(_first_frames(reader, frame_reader), timeout)
         except BaseException:
@@ -104,17 +113,20 @@ class RelayClient:
 
     async def batches(self) -> AsyncIterator[list[list[Any]]]:
         """The events as they come, one batch (a list of msgpack arrays) at a time."""
+        batches = self._batches
         while True:
-            if self._batches.empty() and self._error is not None:
-                if self._error.code == "closed":
+            if batches:
+                batch = batches.popleft()
+                self._taken.set()
+                yield batch
+                continue
+            error = self._error
+            if error is not None:
+                if error.code == "closed":
                     return
-                raise self._error
-            item = await self._batches.get()
-            if item is None:
-                return
-            if isinstance(item, RelayError):
-                raise item
-            yield item
+                raise error
+            self._arrived.clear()
+            await self._arrived.wait()
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         """The events one by one, with their fields named (event_relay.schema)."""
@@ -156,7 +168,8 @@ class RelayClient:
         if self._error is not None:
             raise self._error
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._replies.append((reply, future))
+        self._replies[reply].append(future)
+        self._taken.set()  # a reader waiting for room reads on: the answer may be behind
         self._writer.write(frames.frame(kind, body))
         await self._writer.drain()
         return await future
@@ -185,25 +198,33 @@ class RelayClient:
         if kind == frames.EVENTS:
             if self._range is not None:
                 self._range.extend(body)
-            else:
-                await self._batches.put(body)
+                return
+            self._batches.append(body)
+            self._arrived.set()
+            while len(self._batches) > QUEUED_BATCHES and not self._awaiting_answer():
+                self._taken.clear()
+                await self._taken.wait()
         elif kind == frames.ERROR:
             raise _error(body)
         else:
-            expected, future = self._replies.popleft()
-            if expected != kind:
-                raise RelayError("bad_frame", f"expected {expected!r}, got {kind!r}")
+            waiting = self._replies.get(kind)
+            if not waiting:
+                raise RelayError("bad_frame", f"an answer nothing asked for: {kind!r}")
+            future = waiting.popleft()
             if not future.done():
                 future.set_result(body)
 
+    def _awaiting_answer(self) -> bool:
+        return any(self._replies.values())
+
     def _fail(self, error: RelayError) -> None:
         self._error = error
-        while self._replies:
-            _, future = self._replies.popleft()
-            if not future.done():
-                future.set_exception(error)
-        with contextlib.suppress(asyncio.QueueFull):
-            self._batches.put_nowait(error if error.code != "closed" else None)
+        for waiting in self._replies.values():
+            while waiting:
+                future = waiting.popleft()
+                if not future.done():
+                    future.set_exception(error)
+        self._arrived.set()
 
     async def close(self) -> None:
         self._task.cancel()

@@ -82,6 +82,6 @@ def check(config: RelayConfig) -> RelayConfig:
 
 def host_port(address: str, where: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"{where}: expected 'host:port', got {address!r}")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        raise ConfigError(f"{where}: expected 'host:port' (port 0 to 65535), got {address!r}")
     return host.strip("[]"), int(port)

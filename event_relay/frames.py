@@ -25,7 +25,12 @@ INFO = b"I"  # relay -> consumer: the answer to QUERY
 ERROR = b"X"  # relay -> consumer: what went wrong; the relay closes the connection next
 
 KINDS = frozenset({HELLO, WELCOME, EVENTS, COMMIT, COMMITTED, READ, READ_END, QUERY, INFO, ERROR})
-MAX_FRAME = 64 * 1024 * 1024  # larger frames are refused as malformed
+# Frames larger than these are refused as malformed: a consumer's requests are small;
+# an EVENTS frame carries about FRAME_BYTES of events, more only for one larger event
+# (an MQTT message may reach 256 MiB).
+MAX_FRAME = 1024 * 1024
+MAX_EVENTS_FRAME = 512 * 1024 * 1024
+FRAME_BYTES = 4 * 1024 * 1024
 
 
 class FrameError(Exception):

@@ -2,7 +2,8 @@
 ones (optionally) in the spool on disk.
 
 Appending is O(1) and never awaits: the encoded event goes to the end of the last memory
-segment. Memory holds whole segments of SEGMENT events, and the oldest segment goes when
+segment. Memory holds whole segments (of SEGMENT events, or fewer large ones: a sixteenth
+of `memory_bytes` at most, one event past it), and the oldest segment goes when
 the log holds more than `memory_events` events or `memory_bytes` bytes; with a spool, each
 loop turn's events are written to it as one batch (`flush`), so what memory let go of is
 still served from disk, up to the spool's own bounds.
@@ -14,6 +15,7 @@ and is reported as such (`OutOfRange`), never skipped silently.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Container
@@ -41,6 +43,10 @@ class OutOfRange(Exception):
         self.next_seq = next_seq
 
 
+def _first_seq(segment: _Segment) -> int:
+    return segment.first_seq
+
+
 class _Segment:
     __slots__ = ("codes", "events", "first_seq", "size")
 
@@ -63,6 +69,9 @@ class EventLog:
     ) -> None:
         """`sync`: every write to the spool is fsynced (acknowledged durability)."""
         self.memory_events = memory_events
+        # A segment also ends at a sixteenth of the memory bound, so that large events
+        # are let go of in steps that keep memory near its bound.
+        self._segment_bytes = max(memory_bytes // 16, 1)
         self.sync = sync
         self.memory_bytes = memory_bytes
         self.spool = spool
@@ -91,7 +100,7 @@ class EventLog:
         values[2] = code
         data = self._pack(values)
         segment = self._tail
-        if len(segment.events) >= SEGMENT:
+        if len(segment.events) >= SEGMENT or segment.size >= self._segment_bytes:
             segment = self._tail = _Segment(seq)
             self._segments.append(segment)
         segment.events.append(data)
@@ -166,38 +175,54 @@ class EventLog:
         return self._segments[0].first_seq
 
     def read(
-        self, start: int, limit: int, codes: Container[int] | None = None, end: int | None = None
+        self,
+        start: int,
+        limit: int,
+        codes: Container[int] | None = None,
+        end: int | None = None,
+        max_bytes: int = 1 << 62,
     ) -> tuple[list[bytes], int]:
-        """Up to `limit` events from sequence `start` (to `end`, exclusive), only of the
-        types in `codes` when given. Returns (events, the position to read from next).
-        Raises OutOfRange when `start` is no longer retained or lies in the future."""
+        """Up to `limit` events (and about `max_bytes`: at least one) from sequence
+        `start` (to `end`, exclusive), only of the types in `codes` when given. Returns
+        (events, the position to read from next). Raises OutOfRange when `start` is no
+        longer retained or lies in the future."""
         stop = self.next_seq if end is None else min(end, self.next_seq)
         if start > self.next_seq or start < self.first_seq:
             raise OutOfRange(start, self.first_seq, self.next_seq)
         if start < self.memory_first_seq:
             assert self.spool is not None
             self.flush()
-            return self.spool.read(start, min(stop, self.memory_first_seq), limit, codes)
+            stop = min(stop, self.memory_first_seq)
+            return self.spool.read(start, stop, limit, codes, max_bytes)
         out: list[bytes] = []
+        size = 0
         position = start
         segments = self._segments
-        index = (position - segments[0].first_seq) // SEGMENT  # segments are full but the last
-        while position < stop and len(out) < limit and index < len(segments):
+        index = bisect.bisect_right(segments, position, key=_first_seq) - 1
+        while position < stop and len(out) < limit and size < max_bytes and index < len(segments):
             segment = segments[index]
             offset = position - segment.first_seq
             take = min(len(segment.events) - offset, stop - position)
             if codes is None:
-                take = min(take, limit - len(out))
-                out.extend(segment.events[offset : offset + take])
-                position += take
+                chunk = segment.events[offset : offset + min(take, limit - len(out))]
+                chunk_size = sum(map(len, chunk))
+                if size + chunk_size > max_bytes:  # rare: large events; cut the chunk
+                    chunk = _within(chunk, max_bytes - size, bool(out))
+                    chunk_size = sum(map(len, chunk))
+                out += chunk
+                size += chunk_size
+                position += len(chunk)
             else:
                 events, kinds = segment.events, segment.codes
                 for i in range(offset, offset + take):
-                    position += 1
                     if kinds[i] in codes:
+                        if out and size + len(events[i]) > max_bytes:
+                            return out, position
                         out.append(events[i])
-                        if len(out) >= limit:
-                            break
+                        size += len(events[i])
+                    position += 1
+                    if len(out) >= limit:
+                        break
             index += 1
         return out, position
 
@@ -220,3 +245,13 @@ class EventLog:
         self.flush()
         if self.spool is not None:
             self.spool.close()
+
+
+def _within(events: list[bytes], room: int, have_some: bool) -> list[bytes]:
+    """The first events that fit in `room` bytes (at least one unless `have_some`)."""
+    size = 0
+    for count, data in enumerate(events):
+        size += len(data)
+        if size > room:
+            return events[: count if (count or have_some) else 1]
+    return events

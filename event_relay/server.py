@@ -26,7 +26,6 @@ log = logging.getLogger("nautilus.event_relay")
 VERSION = 1
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send HELLO
 WRITE_HIGH_WATER = 1024 * 1024  # bytes queued to one consumer before the server waits
-FRAMES_PER_TURN = 8  # per consumer, so that serving never starves the broker's loop
 STARTS = ("earliest", "latest", "committed")
 
 
@@ -94,7 +93,6 @@ class Consumer(asyncio.Protocol):
         self.paused = False
         self.welcomed = False
         self._timer: asyncio.TimerHandle | None = None
-        self._pump_due = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -152,7 +150,8 @@ class Consumer(asyncio.Protocol):
         if body.get("version", VERSION) != VERSION:
             return self.fail("unsupported_version", f"this relay speaks version {VERSION}")
         secret = self.server.config.secret
-        if secret and not hmac.compare_digest(str(body.get("secret") or ""), secret):
+        given = str(body.get("secret") or "").encode()
+        if secret and not hmac.compare_digest(given, secret.encode()):
             log.warning("event relay: consumer %r refused: wrong or missing secret", body["name"])
             return self.fail("unauthorized", "a valid secret is required")
         self.name = body["name"]
@@ -218,26 +217,24 @@ class Consumer(asyncio.Protocol):
     # -- serving the log ------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Write what the log has for this consumer, while its socket takes it."""
-        self._pump_due = False
+        """Write what the log has for this consumer while its socket takes it: until it
+        is caught up or its buffer is past the high-water mark (pause_writing), which
+        bounds what one turn writes. Serving all that was appended keeps a consumer up
+        with however many events a loop turn produced."""
         if not (self.streaming or self.reading) or self.transport is None:
             return
         event_log = self.server.log
         batch = self.server.config.batch_events
-        for _ in range(FRAMES_PER_TURN):
-            if self.paused or self.transport.is_closing():
-                return
+        transport = self.transport
+        while not (self.paused or transport.is_closing()):
             end = self.end if self.reading else None
-            if self.position >= (
-                event_log.next_seq if end is None else min(end, event_log.next_seq)
-            ):
-                break
+            stop = event_log.next_seq if end is None else min(end, event_log.next_seq)
+            limit = min(batch, self.remaining) if self.reading else batch
             try:
+                if self.position >= stop and self.position <= event_log.next_seq:
+                    break  # caught up (a position past next_seq is from another epoch)
                 events, position = event_log.read(
-                    self.position,
-                    min(batch, self.remaining) if self.reading else batch,
-                    self.codes,
-                    end,
+                    self.position, limit, self.codes, end, frames.FRAME_BYTES
                 )
             except OutOfRange as exc:
                 return self.fail(
@@ -249,7 +246,7 @@ class Consumer(asyncio.Protocol):
                 )
             self.position = position
             if events:
-                self.transport.write(frames.events_frame(events))
+                transport.write(frames.events_frame(events))
                 self.server.frames_sent += 1
                 self.server.events_sent += len(events)
                 if self.reading:
@@ -257,10 +254,7 @@ class Consumer(asyncio.Protocol):
                     if self.remaining <= 0:
                         break
         else:
-            if not self._pump_due:  # more to send: go on next turn, after the broker's work
-                self._pump_due = True
-                asyncio.get_running_loop().call_soon(self.pump)
-            return
+            return  # paused: resume_writing() goes on
         if self.reading:
             self.reading = False
             self.send(frames.READ_END, {"next": self.position})

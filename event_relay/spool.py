@@ -42,7 +42,10 @@ def _key(seq: int) -> bytes:
 
 class Spool:
     def __init__(self, path: str, max_events: int) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"event spool {path}: cannot create it: {exc.strerror}") from None
         try:
             self.db = plyvel.DB(path, create_if_missing=True)
         except plyvel.IOError as exc:
@@ -124,20 +127,29 @@ class Spool:
         self._floor = seq
 
     def read(
-        self, start: int, stop: int, limit: int, codes: Container[int] | None = None
+        self,
+        start: int,
+        stop: int,
+        limit: int,
+        codes: Container[int] | None = None,
+        max_bytes: int = 1 << 62,
     ) -> tuple[list[bytes], int]:
-        """Up to `limit` events from `start` to `stop` (exclusive), only of the types in
-        `codes` when given; returns (events, the position to read from next)."""
+        """Up to `limit` events (and about `max_bytes`: at least one) from `start` to
+        `stop` (exclusive), only of the types in `codes` when given; returns (events,
+        the position to read from next)."""
         out: list[bytes] = []
-        position = start
+        size = 0
         with self.db.iterator(start=_key(start), stop=_key(stop)) as items:
             for key, value in items:
-                position = int.from_bytes(key[1:], "big") + 1
+                seq = int.from_bytes(key[1:], "big")
                 if codes is None or value[0] in codes:
+                    if out and size + len(value) - 1 > max_bytes:
+                        return out, seq
                     out.append(value[1:])
+                    size += len(value) - 1
                     if len(out) >= limit:
-                        return out, position
-        return out, max(position, stop)
+                        return out, seq + 1
+        return out, stop
 
     def committed(self, name: str) -> int | None:
         value = self.db.get(COMMITTED + name.encode())
