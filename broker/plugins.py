@@ -87,10 +87,14 @@ def _relay_section(table: dict[str, Any], node_name: str) -> dict[str, Any] | No
         raise ConfigError(f"event_relay.enabled: expected true or false, got {serve!r}")
     sidecar = table.get("sidecar", {})
     push = isinstance(sidecar, dict) and sidecar.get("enabled", False) is True
-    if not (serve or push):
-        return None
     settings = {key: value for key, value in table.items() if key != "enabled"}
     settings.setdefault("node_name", node_name)
+    if not (serve or push):
+        if settings.keys() - {"node_name"}:  # keys of a relay that is off: checked all the
+            # same, so that a misspelt `enabled` is an error, not a relay silently off
+            relay = _plugin_class("event_relay", EVENT_RELAY, "event_relay")
+            build_section(relay.Config, settings, "event_relay")  # type: ignore[attr-defined]
+        return None
     return {"enabled": True, "module": EVENT_RELAY, "priority": -1, "serve": serve, **settings}
 
 

@@ -71,7 +71,7 @@ class EventLog:
         self.memory_events = memory_events
         # A segment also ends at a sixteenth of the memory bound, so that large events
         # are let go of in steps that keep memory near its bound.
-        self._segment_bytes = max(memory_bytes // 16, 1)
+        self._segment_bytes = max(memory_bytes // 16, 64 * 1024)
         self.sync = sync
         self.memory_bytes = memory_bytes
         self.spool = spool
@@ -186,7 +186,8 @@ class EventLog:
         `start` (to `end`, exclusive), only of the types in `codes` when given. Returns
         (events, the position to read from next). Raises OutOfRange when `start` is no
         longer retained or lies in the future."""
-        stop = self.next_seq if end is None else min(end, self.next_seq)
+        readable = self.readable_next
+        stop = readable if end is None else min(end, readable)
         if start > self.next_seq or start < self.first_seq:
             raise OutOfRange(start, self.first_seq, self.next_seq)
         if start < self.memory_first_seq:
@@ -212,6 +213,8 @@ class EventLog:
                 out += chunk
                 size += chunk_size
                 position += len(chunk)
+                if position < segment.first_seq + len(segment.events):
+                    break  # stopped inside this segment (limit or bytes): done
             else:
                 events, kinds = segment.events, segment.codes
                 for i in range(offset, offset + take):
@@ -236,8 +239,16 @@ class EventLog:
         if callback in self._listeners:
             self._listeners.remove(callback)
 
+    @property
+    def readable_next(self) -> int:
+        """Readers are served up to here: with a spool, only events already in it, so a
+        sequence number a consumer has seen is never given to another event after a
+        crash."""
+        return self.next_seq if self.spool is None else self.spool.next_seq
+
     def _notify(self) -> None:
         self._notify_due = False
+        self.flush()  # what the readers are woken for is in the spool first
         for callback in list(self._listeners):
             callback()
 

@@ -73,7 +73,7 @@ class RelayServer:
     def commit(self, name: str, position: int) -> None:
         self.commits[name] = position
         if self.log.spool is not None:
-            self.log.spool.commit(name, position)
+            self.log.spool.commit(name, position, self.log.sync)
 
 
 class Consumer(asyncio.Protocol):
@@ -147,7 +147,8 @@ class Consumer(asyncio.Protocol):
         problem = _hello_problem(body)
         if problem is not None:
             return self.fail("bad_handshake", problem)
-        if body.get("version", VERSION) != VERSION:
+        version = body.get("version", VERSION)
+        if isinstance(version, bool) or version != VERSION:
             return self.fail("unsupported_version", f"this relay speaks version {VERSION}")
         secret = self.server.config.secret
         given = str(body.get("secret") or "").encode()
@@ -178,10 +179,11 @@ class Consumer(asyncio.Protocol):
             self.pump()
 
     def commit(self, body: Any) -> None:
-        if not isinstance(body, dict) or not isinstance(body.get("seq"), int):
-            return self.fail("bad_request", "COMMIT needs {seq: integer}")
-        self.server.commit(self.name, body["seq"])
-        self.send(frames.COMMITTED, {"seq": body["seq"]})
+        seq = body.get("seq") if isinstance(body, dict) else None
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            return self.fail("bad_request", "COMMIT needs {seq: a sequence number}")
+        self.server.commit(self.name, seq)
+        self.send(frames.COMMITTED, {"seq": seq})
 
     def read(self, body: Any) -> None:
         if self.streaming or self.reading:
@@ -228,7 +230,8 @@ class Consumer(asyncio.Protocol):
         transport = self.transport
         while not (self.paused or transport.is_closing()):
             end = self.end if self.reading else None
-            stop = event_log.next_seq if end is None else min(end, event_log.next_seq)
+            readable = event_log.readable_next
+            stop = readable if end is None else min(end, readable)
             limit = min(batch, self.remaining) if self.reading else batch
             try:
                 if self.position >= stop and self.position <= event_log.next_seq:
@@ -300,7 +303,7 @@ def _hello_problem(body: Any) -> str | None:
     if (
         start is not None
         and start not in STARTS
-        and not (isinstance(start, int) and not isinstance(start, bool) and start >= 0)
+        and not (isinstance(start, int) and not isinstance(start, bool) and start >= 1)
     ):
         return "start must be 'earliest', 'latest', 'committed', a sequence number or nil"
     return None

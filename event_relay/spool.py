@@ -155,8 +155,8 @@ class Spool:
         value = self.db.get(COMMITTED + name.encode())
         return None if value is None else int(value)
 
-    def commit(self, name: str, seq: int) -> None:
-        self.db.put(COMMITTED + name.encode(), str(seq).encode())
+    def commit(self, name: str, seq: int, sync: bool = False) -> None:
+        self.db.put(COMMITTED + name.encode(), str(seq).encode(), sync=sync)
 
     def close(self) -> None:
         self.db.close()
