@@ -13,7 +13,6 @@ spool, fsynced, so a QoS 1/2 message the broker acknowledged has its event on di
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 import uuid
@@ -33,8 +32,6 @@ from hooks import (
     SubscribeContext,
     UnsubscribeContext,
 )
-
-log = logging.getLogger("nautilus.event_relay")
 
 _ON_PUBLISH = CODES["on_publish"]
 _ON_DELIVER = CODES["on_deliver"]
@@ -74,6 +71,7 @@ class EventRelay:
         self._sizes = config.payloads != "none"
         self._sample = {hook: rates for hook, rates in config.sample.items() if rates}
         self.sampled_out = 0  # events not relayed by a sampling rule
+        # The log holds what the relay server or the sidecar wants (both read it).
         relayed = set(config.hooks) | (set(config.sidecar.hooks) if self.sidecar else set())
         for hook in CODES:
             if hook not in relayed:
