@@ -103,6 +103,9 @@ class EventLog:
         if len(segment.events) >= SEGMENT or segment.size >= self._segment_bytes:
             segment = self._tail = _Segment(seq)
             self._segments.append(segment)
+            boundary = True
+        else:
+            boundary = False
         segment.events.append(data)
         segment.codes.append(code)
         size = len(data)
@@ -115,9 +118,14 @@ class EventLog:
             if not self._flush_due:
                 self._flush_due = True
                 self._call_soon(self.flush)
-        if self._listeners and not self._notify_due:
-            self._notify_due = True
-            self._call_soon(self._notify)
+        if self._listeners:
+            if boundary:
+                # A long loop turn (a flood's fan-out) appends many segments: readers are
+                # served (and the spool written) at each one, not only when the turn ends.
+                self._notify()
+            elif not self._notify_due:
+                self._notify_due = True
+                self._call_soon(self._notify)
         return seq
 
     def _call_soon(self, callback: Callable[[], Any]) -> None:

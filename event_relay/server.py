@@ -247,6 +247,8 @@ class Consumer(asyncio.Protocol):
                     next_seq=exc.next_seq,
                     requested=exc.requested,
                 )
+            if position == self.position and not events:
+                break  # nothing readable yet (not in the spool): woken again later
             self.position = position
             if events:
                 transport.write(frames.events_frame(events))
