@@ -129,6 +129,38 @@ def _nautilus(mode: Mode, store: str | None = None) -> Callable[[Path, int], lis
     return command
 
 
+# The event relay with its defaults (every hook relayed, payloads full, memory only).
+RELAY_TOML = """\
+[event_relay]
+enabled = true
+address = "{host}:{port}"
+"""
+# bench/relay/overhead.py sets this to a directory: each `nautilus-relay` broker started
+# then leaves the count of its consumer there (bench/relay/tally.py), named by start time.
+RELAY_TALLIES = "BENCH_RELAY_TALLIES"
+
+
+def _nautilus_relay(mode: Mode, consumer: bool) -> Callable[[Path, int], list[str]]:
+    """Nautilus with the relay on; `consumer`: with one consumer reading every event, in
+    a process of its own (bench/relay/broker.py runs the broker and the consumer)."""
+
+    def command(workdir: Path, port: int) -> list[str]:
+        config = workdir / "nautilus.toml"
+        relay = free_port()
+        config.write_text(
+            nautilus_toml(mode).format(host=HOST, port=port)
+            + RELAY_TOML.format(host=HOST, port=relay)
+        )
+        broker = [sys.executable, "-m", "broker", "--config", str(config)]
+        if not consumer:
+            return broker
+        tally = Path(os.environ.get(RELAY_TALLIES) or workdir) / f"{time.time_ns()}.tally"
+        wrapper = [sys.executable, "-m", "bench.relay.broker", f"--relay={HOST}:{relay}"]
+        return [*wrapper, f"--tally={tally}", "--", *broker]
+
+    return command
+
+
 def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[str]]:
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "mosquitto.conf"
@@ -231,6 +263,13 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
         "mosquitto-persist": mosquitto(
             "mosquitto-persist", "Mosquitto, persistence", _mosquitto(mode, persist=True)
         ),
+        # The event relay, for its overhead (bench/relay/overhead.py).
+        "nautilus-relay-log": nautilus(
+            "nautilus-relay-log", "Nautilus, relay on, no consumer", _nautilus_relay(mode, False)
+        ),
+        "nautilus-relay": nautilus(
+            "nautilus-relay", "Nautilus, relay on, one consumer", _nautilus_relay(mode, True)
+        ),
         # No queue limits to set, no drop counter: the same in every mode.
         "amqtt": BrokerSpec(
             "amqtt",
@@ -259,7 +298,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment with REPO first on PYTHONPATH: `broker` and `bench` are imported
     from this checkout, whatever the virtualenv's editable install points at."""
     env = dict(os.environ)
@@ -288,7 +327,10 @@ class RunningBroker:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self._stop()
 
@@ -308,7 +350,7 @@ class RunningBroker:
             self._proc = subprocess.Popen(
                 argv,
                 cwd=REPO,
-                env=_child_env(),
+                env=child_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=raise_fd_limit,

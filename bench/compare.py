@@ -105,9 +105,10 @@ def _versions(brokers: list[BrokerSpec]) -> dict[str, str]:
 
 
 # Sections of the page that other benchmarks own (bench/acl.py, jwt_connect.py,
-# webhooks.py; bench/store_throughput.py, store_startup.py) start at one of these headings
-# and are kept, from the first of them on, when the comparison rewrites the page.
-KEPT_SECTIONS = ("## Plugins", "## Store")
+# webhooks.py; bench/store_throughput.py, store_startup.py; bench/relay/) start at one of
+# these headings and are kept, from the first of them on, when the comparison rewrites the
+# page.
+KEPT_SECTIONS = ("## Plugins", "## Store", "## Event relay")
 
 
 def _kept_sections(path: Path) -> str:
