@@ -78,14 +78,15 @@ class EventLog:
         self.loop = loop
         self.next_seq = spool.next_seq if spool is not None else 1
         self._head = self._tail = _Segment(self.next_seq)
+        self._trim_at = self.next_seq + memory_events  # the seq that makes one too many
         self._segments: deque[_Segment] = deque([self._head])
-        self._held_bytes = 0
+        self._held_bytes = 0  # of the full segments (the one being written: its .size)
         # (seq, code, event) not yet in the spool; None: there is no spool.
         self._unflushed: list[tuple[int, int, bytes]] | None = None if spool is None else []
-        self._flush_due = False
         self._pack = msgpack.Packer().pack
         self._listeners: list[Callable[[], None]] = []
-        self._notify_due = False
+        self._turn_due = False  # _end_of_turn is scheduled
+        self._turn_wanted = spool is not None  # a spool or readers: _end_of_turn has work
         self.lost = 0  # events memory let go of that the spool could not take
 
     # -- writing ------------------------------------------------------------------------
@@ -93,40 +94,49 @@ class EventLog:
     def append(self, code: int, values: list[Any]) -> int:
         """Encode and keep one event: `values` are its fields (event_relay.schema), with
         places held for the sequence number (first) and the type code (third), which are
-        filled in here. Returns the event's sequence number."""
+        filled in here. Returns the event's sequence number. (Per event only this; the
+        bounds, the spool and the readers are seen to per segment and per loop turn.)"""
         seq = self.next_seq
         self.next_seq = seq + 1
         values[0] = seq
         values[2] = code
         data = self._pack(values)
         segment = self._tail
-        if len(segment.events) >= SEGMENT or segment.size >= self._segment_bytes:
-            segment = self._tail = _Segment(seq)
-            self._segments.append(segment)
-            boundary = True
-        else:
-            boundary = False
-        segment.events.append(data)
+        events = segment.events
+        events.append(data)
         segment.codes.append(code)
-        size = len(data)
-        segment.size += size
-        self._held_bytes += size
-        if self._held_bytes > self.memory_bytes or seq - self._head.first_seq >= self.memory_events:
-            self._trim_memory()
+        segment.size += len(data)
         if self._unflushed is not None:
             self._unflushed.append((seq, code, data))
-            if not self._flush_due:
-                self._flush_due = True
-                self._call_soon(self.flush)
-        if self._listeners:
-            if boundary:
-                # A long loop turn (a flood's fan-out) appends many segments: readers are
-                # served (and the spool written) at each one, not only when the turn ends.
-                self._notify()
-            elif not self._notify_due:
-                self._notify_due = True
-                self._call_soon(self._notify)
+        if seq >= self._trim_at:  # memory_events would be passed: the oldest go
+            self._trim_memory()
+        if len(events) >= SEGMENT or segment.size >= self._segment_bytes:
+            self._segment_full()
+        elif self._turn_wanted and not self._turn_due:
+            self._turn_due = True
+            self._call_soon(self._end_of_turn)
         return seq
+
+    def _segment_full(self) -> None:
+        """Start a new segment, keep memory within its bounds, and serve the readers now:
+        a long loop turn (a flood's fan-out) fills many segments, and readers (and the
+        spool) get them as they fill, not only when the turn ends."""
+        self._held_bytes += self._tail.size
+        self._tail = _Segment(self.next_seq)
+        self._segments.append(self._tail)
+        if (
+            self._held_bytes > self.memory_bytes
+            or self.next_seq - self._head.first_seq > self.memory_events
+        ):
+            self._trim_memory()
+        self._end_of_turn()
+
+    def _end_of_turn(self) -> None:
+        """Write this turn's events to the spool, then wake the readers."""
+        self._turn_due = False
+        self.flush()  # what the readers are woken for is in the spool first
+        for callback in list(self._listeners):
+            callback()
 
     def _call_soon(self, callback: Callable[[], Any]) -> None:
         loop = self.loop
@@ -135,7 +145,7 @@ class EventLog:
         loop.call_soon(callback)
 
     def _trim_memory(self) -> None:
-        """Let the oldest segments go (never the one being written)."""
+        """Let the oldest full segments go (never the one being written)."""
         segments = self._segments
         while len(segments) > 1 and (
             self._held_bytes > self.memory_bytes
@@ -145,6 +155,7 @@ class EventLog:
                 self._lose(segments[0])
             self._held_bytes -= segments.popleft().size
         self._head = segments[0]
+        self._trim_at = self._head.first_seq + self.memory_events
 
     def _lose(self, segment: _Segment) -> None:
         """The spool cannot write (a full disk) and memory keeps its bound: the segment's
@@ -161,7 +172,6 @@ class EventLog:
     def flush(self) -> bool:
         """Write the events not yet in the spool as one batch. False if the spool could
         not write them (they are kept for the next try)."""
-        self._flush_due = False
         if self.spool is None or not self._unflushed:
             return True
         if not self.spool.write(self._unflushed, self.sync):
@@ -242,10 +252,12 @@ class EventLog:
     def listen(self, callback: Callable[[], None]) -> None:
         """Call `callback` (once per loop turn at most) after events were appended."""
         self._listeners.append(callback)
+        self._turn_wanted = True
 
     def unlisten(self, callback: Callable[[], None]) -> None:
         if callback in self._listeners:
             self._listeners.remove(callback)
+        self._turn_wanted = bool(self._listeners) or self.spool is not None
 
     @property
     def readable_next(self) -> int:
@@ -253,12 +265,6 @@ class EventLog:
         sequence number a consumer has seen is never given to another event after a
         crash."""
         return self.next_seq if self.spool is None else self.spool.next_seq
-
-    def _notify(self) -> None:
-        self._notify_due = False
-        self.flush()  # what the readers are woken for is in the spool first
-        for callback in list(self._listeners):
-            callback()
 
     def close(self) -> None:
         self.flush()

@@ -161,21 +161,39 @@ class EventRelay:
         )
 
     def on_deliver(self, ctx: PublishContext) -> None:
-        # A deciding hook: the relay has no say (None: NEXT), it only records.
+        # A deciding hook: the relay has no say (None: NEXT), it only records. Written
+        # out, as on_delivery_complete: it runs once per delivery.
         if self._sample and self._sampled_out("on_deliver", ctx):
             return
-        self._delivery(_ON_DELIVER, ctx)
+        payload = ctx.payload
+        matched = ctx.matched_acl
+        self._append(
+            _ON_DELIVER,
+            [
+                0,
+                _time_ns(),
+                0,
+                ctx.client_id,
+                ctx.mountpoint,
+                ctx.username,
+                ctx.session_id,
+                ctx.topic,
+                ctx.qos,
+                ctx.retain,
+                len(payload) if self._sizes else None,
+                payload if self._full else None,
+                "" if matched is None else matched.name,
+                ctx.persisted,
+            ],
+        )
 
     def on_delivery_complete(self, ctx: PublishContext) -> None:
         if self._sample and self._sampled_out("on_delivery_complete", ctx):
             return
-        self._delivery(_ON_DELIVERY_COMPLETE, ctx)
-
-    def _delivery(self, code: int, ctx: PublishContext) -> None:
         payload = ctx.payload
         matched = ctx.matched_acl
         self._append(
-            code,
+            _ON_DELIVERY_COMPLETE,
             [
                 0,
                 _time_ns(),
