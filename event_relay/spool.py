@@ -2,8 +2,8 @@
 sequence goes on from where it was.
 
 LevelDB against an append-only segment file, measured (bench/relay_choices.py, figures in
-docs/event-relay.md): the file appends about 3.5 times faster without fsync and 1.5 times
-with it, but LevelDB's rate (1.3M events/s, 280k with fsync per batch) is several times
+docs/event-relay.md): the file appends about 3 times faster without fsync and 1.2 times
+with it, but LevelDB's rate (1.5M events/s, 260k with fsync per batch) is several times
 the relay's, and it gives ordered reads from any sequence number, crash-safe batches (no
 torn tail to repair) and trimming, without an index of our own.
 
