@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from broker.config import ConfigError
@@ -34,11 +35,42 @@ from hooks import (
 )
 
 _ON_PUBLISH = CODES["on_publish"]
-_ON_DELIVER = CODES["on_deliver"]
-_ON_DELIVERY_COMPLETE = CODES["on_delivery_complete"]
 _ON_OFFLINE_MESSAGE = CODES["on_offline_message"]
 _ON_MESSAGE_DROP = CODES["on_message_drop"]
 _time_ns = time.time_ns
+
+
+def _delivery_hook(hook: str) -> Callable[[EventRelay, PublishContext], None]:
+    """The relay's on_deliver or on_delivery_complete (they carry the same fields)."""
+    code = CODES[hook]
+
+    def record(self: EventRelay, ctx: PublishContext) -> None:
+        if self._sample and self._sampled_out(hook, ctx):
+            return
+        payload = ctx.payload
+        matched = ctx.matched_acl
+        self._append(
+            code,
+            [
+                0,
+                _time_ns(),
+                0,
+                ctx.client_id,
+                ctx.mountpoint,
+                ctx.username,
+                ctx.session_id,
+                ctx.topic,
+                ctx.qos,
+                ctx.retain,
+                len(payload) if self._sizes else None,
+                payload if self._full else None,
+                "" if matched is None else matched.name,
+                ctx.persisted,
+            ],
+        )
+
+    record.__name__ = record.__qualname__ = hook
+    return record
 
 
 class EventRelay:
@@ -160,57 +192,9 @@ class EventRelay:
             ],
         )
 
-    def on_deliver(self, ctx: PublishContext) -> None:
-        # A deciding hook: the relay has no say (None: NEXT), it only records. Written
-        # out, as on_delivery_complete: it runs once per delivery.
-        if self._sample and self._sampled_out("on_deliver", ctx):
-            return
-        payload = ctx.payload
-        matched = ctx.matched_acl
-        self._append(
-            _ON_DELIVER,
-            [
-                0,
-                _time_ns(),
-                0,
-                ctx.client_id,
-                ctx.mountpoint,
-                ctx.username,
-                ctx.session_id,
-                ctx.topic,
-                ctx.qos,
-                ctx.retain,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                "" if matched is None else matched.name,
-                ctx.persisted,
-            ],
-        )
-
-    def on_delivery_complete(self, ctx: PublishContext) -> None:
-        if self._sample and self._sampled_out("on_delivery_complete", ctx):
-            return
-        payload = ctx.payload
-        matched = ctx.matched_acl
-        self._append(
-            _ON_DELIVERY_COMPLETE,
-            [
-                0,
-                _time_ns(),
-                0,
-                ctx.client_id,
-                ctx.mountpoint,
-                ctx.username,
-                ctx.session_id,
-                ctx.topic,
-                ctx.qos,
-                ctx.retain,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                "" if matched is None else matched.name,
-                ctx.persisted,
-            ],
-        )
+    # on_deliver (a deciding hook: the relay has no say, None is NEXT, it only records)
+    # and on_delivery_complete have the same fields; made by _delivery_hook below, which
+    # keeps each a single call per delivery.
 
     def on_offline_message(self, ctx: PublishContext) -> None:
         self._append(_ON_OFFLINE_MESSAGE, self._message(ctx))
@@ -264,6 +248,9 @@ class EventRelay:
 
     def on_session_expired(self, ctx: ClientContext) -> None:
         self._append(CODES["on_session_expired"], self._client(ctx))
+
+    on_deliver = _delivery_hook("on_deliver")
+    on_delivery_complete = _delivery_hook("on_delivery_complete")
 
     @staticmethod
     def _client(ctx: ClientContext) -> list[Any]:
