@@ -129,10 +129,14 @@ class RelayClient:
             await self._arrived.wait()
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        """The events one by one, with their fields named (event_relay.schema)."""
+        """The events one by one, with their fields named (event_relay.schema) and the
+        relay's `node`."""
+        node = self.node
         async for batch in self.batches():
             for values in batch:
-                yield decode_event(values)
+                event = decode_event(values)
+                event["node"] = node  # said once, in WELCOME
+                yield event
 
     # -- requests -----------------------------------------------------------------------
 
@@ -162,7 +166,10 @@ class RelayClient:
         self, start: int, end: int, *, types: list[str] | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
         events, _ = await self.read_raw(start, end, types=types, limit=limit)
-        return [decode_event(values) for values in events]
+        decoded = [decode_event(values) for values in events]
+        for event in decoded:
+            event["node"] = self.node
+        return decoded
 
     async def _request(self, kind: bytes, body: Any, reply: bytes) -> Any:
         if self._error is not None:

@@ -196,8 +196,10 @@ class Stream:
 
 
 def fields(event: dict[str, Any]) -> dict[str, Any]:
-    """An event without the fields no test can know in advance (seq, ts, session_id)."""
-    return {k: v for k, v in event.items() if k not in ("seq", "ts", "session_id")}
+    """An event without the fields no test can know in advance (seq, ts, session_id),
+    and without `node`, which the client adds to each event: the broker's default name."""
+    assert event["node"] == "nautilus"
+    return {k: v for k, v in event.items() if k not in ("seq", "ts", "session_id", "node")}
 
 
 def assert_gap_free(events: list[dict[str, Any]], first: int | None = None) -> None:
