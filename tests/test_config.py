@@ -26,6 +26,7 @@ from broker.config import (
     config_from_dict,
     load_config,
 )
+from event_relay.config import RelayConfig, SidecarConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -59,6 +60,9 @@ def documented_sections() -> dict[str, DocSection]:
     current: DocSection | None = None
     for line in DOCS.read_text(encoding="utf-8").splitlines():
         if heading := _HEADING.match(line):
+            if heading[2] not in SECTIONS:  # the event relay's: its own test, below
+                current = None
+                continue
             current = sections[heading[2]] = DocSection(heading[1] == "[[", {})
         elif line.startswith("#"):
             current = None
@@ -106,7 +110,8 @@ def config_error(data: dict[str, Any]) -> str:
 
 
 # [plugins.<name>] tables belong to the plugins; docs/plugins.md documents their keys.
-SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "plugins"]
+# [event_relay] is validated by the relay (event_relay/config.py): checked on its own.
+SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name not in ("plugins", "event_relay")]
 
 
 def test_docs_document_every_section_and_only_those():
@@ -138,6 +143,49 @@ def test_docs_and_dataclass_agree_on_keys_and_defaults(section):
         if get_origin(hints[key]) is Literal:
             for choice in get_args(hints[key]):
                 assert f'`"{choice}"`' in meaning, f"{section}.{key}: choice {choice!r} missing"
+
+
+RELAY_SAMPLE = "sample.<hook>.<label>"  # how the docs name the sample table's keys
+
+
+def _relay_rows(heading: str) -> dict[str, tuple[str, str]]:
+    """key -> (default as written, meaning) of the table under `heading`."""
+    rows: dict[str, tuple[str, str]] = {}
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    start = lines.index(heading) + 1
+    for line in lines[start:]:
+        if line.startswith("#"):
+            break
+        row = re.match(r"^\| `([^`]+)` \| (.+?) \| (.+) \|$", line)
+        if row and not line.startswith(("| key |", "|---")):
+            rows[row[1]] = (row[2], row[3])
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("heading", "cls", "renamed"),
+    [
+        (
+            "## `[event_relay]`",
+            RelayConfig,
+            {"enabled": "serve", "sample.<hook>.<label>": "sample"},
+        ),
+        ("### `[event_relay.sidecar]`", SidecarConfig, {}),
+    ],
+)
+def test_the_relay_docs_and_its_dataclasses_agree(heading, cls, renamed):
+    rows = _relay_rows(heading)
+    keys = [renamed.get(key, key) for key in rows]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "sidecar"}
+    assert sorted(keys) == sorted(fields)
+    for key, (written, _) in rows.items():
+        if not written.startswith("`"):  # "all 13 event types", "none", ...
+            continue
+        default = field_default(fields[renamed.get(key, key)])
+        if written.startswith("`["):  # `[broker] node_name`
+            assert default == "", key
+            continue
+        assert default == toml_value(written.strip("`")), key
 
 
 def test_documented_defaults_written_out_give_the_default_config():
