@@ -440,3 +440,39 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+# -- subsections of docs/performance.md that their own commands regenerate ------------
+
+
+def with_subsection(page: str, section: str, heading: str, text: str, intro: str = "") -> str:
+    """`page` with `text` in place of the subsection whose heading starts with `heading`,
+    from the heading to the end of its first table (notes written after the table stay);
+    added at the end of `section` (made at the end of the page, with `intro`, when
+    missing) when there is none."""
+    start = page.find(f"\n{heading}")
+    if start >= 0:
+        return page[: start + 1] + text + page[_table_end(page, start + 1) :]
+    found = page.find(f"\n{section}\n")
+    if found < 0:
+        opening = f"{section}\n\n{intro}\n" if intro else f"{section}\n\n"
+        return (page.rstrip("\n") + "\n\n" if page else "") + opening + text
+    following = page.find("\n## ", found + 1)
+    end = len(page) if following < 0 else following + 1
+    rest = "\n" + page[end:] if end < len(page) else ""
+    return page[:end].rstrip("\n") + "\n\n" + text + rest
+
+
+def _table_end(page: str, start: int) -> int:
+    """Where the first table after `start` ends (after its last line), or where the next
+    heading starts if there is no table before it."""
+    heading = page.find("\n#", start + 1)
+    limit = len(page) if heading < 0 else heading + 1
+    table = page.find("\n|", start, limit)
+    if table < 0:
+        return limit
+    end = table + 1
+    while end < len(page) and page.startswith("|", end):
+        newline = page.find("\n", end)
+        end = len(page) if newline < 0 else newline + 1
+    return end

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     print(block)
     if args.write:
         path = Path(args.write)
-        path.write_text(with_block(path.read_text() if path.exists() else "", block))
+        page = path.read_text() if path.exists() else ""
+        path.write_text(report.with_subsection(page, SECTION, HEADING, block))
     return 0
 
 
@@ -78,37 +79,6 @@ def render(run: report.Run, scenarios: list[str]) -> str:
             parts.append(f"{title}:\n")
         parts.append(report.store_table(run, name, REFERENCE, LABELS))
     return "\n".join(parts)
-
-
-def with_block(page: str, block: str) -> str:
-    """`page` with `block` in place of the subsection under HEADING, from the heading to
-    the end of its first table (its error notes come before the table, so they go too);
-    added at the end of the Store section, or in a new one, when there is none."""
-    start = page.find(f"\n{HEADING}")
-    if start >= 0:
-        return page[: start + 1] + block + page[_table_end(page, start + 1) :]
-    section = page.find(f"\n{SECTION}\n")
-    if section < 0:
-        return (page.rstrip("\n") + "\n\n" if page else "") + f"{SECTION}\n\n{block}"
-    following = page.find("\n## ", section + 1)
-    end = len(page) if following < 0 else following + 1
-    rest = "\n" + page[end:] if end < len(page) else ""
-    return page[:end].rstrip("\n") + "\n\n" + block + rest
-
-
-def _table_end(page: str, start: int) -> int:
-    """Where the first table after `start` ends (after its last line), or where the next
-    heading starts if there is no table before it."""
-    heading = page.find("\n#", start + 1)
-    limit = len(page) if heading < 0 else heading + 1
-    table = page.find("\n|", start, limit)
-    if table < 0:
-        return limit
-    end = table + 1
-    while end < len(page) and page.startswith("|", end):
-        newline = page.find("\n", end)
-        end = len(page) if newline < 0 else newline + 1
-    return end
 
 
 if __name__ == "__main__":

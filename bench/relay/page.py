@@ -80,38 +80,7 @@ def block(
 
 def write(path: Path, heading: str, text: str) -> None:
     page = path.read_text() if path.exists() else ""
-    path.write_text(with_block(page, heading, text))
-
-
-def with_block(page: str, heading: str, text: str) -> str:
-    """`page` with `text` in place of the subsection under `heading`, from the heading to
-    the end of its first table; added at the end of the section (made at the end of the
-    page when missing) when there is none."""
-    start = page.find(f"\n{heading}\n")
-    if start >= 0:
-        return page[: start + 1] + text + page[_table_end(page, start + 1) :]
-    section = page.find(f"\n{SECTION}\n")
-    if section < 0:
-        return (page.rstrip("\n") + "\n\n" if page else "") + f"{SECTION}\n\n{INTRO}\n{text}"
-    following = page.find("\n## ", section + 1)
-    end = len(page) if following < 0 else following + 1
-    rest = "\n" + page[end:] if end < len(page) else ""
-    return page[:end].rstrip("\n") + "\n\n" + text + rest
-
-
-def _table_end(page: str, start: int) -> int:
-    """Where the first table after `start` ends, or where the next heading starts if there
-    is no table before it."""
-    heading = page.find("\n#", start + 1)
-    limit = len(page) if heading < 0 else heading + 1
-    table = page.find("\n|", start, limit)
-    if table < 0:
-        return limit
-    end = table + 1
-    while end < len(page) and page.startswith("|", end):
-        newline = page.find("\n", end)
-        end = len(page) if newline < 0 else newline + 1
-    return end
+    path.write_text(report.with_subsection(page, SECTION, heading, text, INTRO))
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
