@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -32,6 +32,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: $(STAMP) lint typecheck
+	bash scripts/system-packages.sh openjdk-17-jre-headless  # Java, for Spark's tests
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

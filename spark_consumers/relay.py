@@ -1,0 +1,88 @@
+"""A blocking connection to the event relay, for Spark's Python processes.
+
+Spark calls a data source's methods in plain (not asyncio) Python processes: the driver's
+streaming runner asks for offsets and commits, executors read ranges. Each opens one of
+these: a HELLO without a start (no streaming), then QUERY, READ and COMMIT as requests
+(docs/event-relay.md, "Range reads and queries").
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from event_relay import frames
+
+TIMEOUT = 30.0  # seconds a request may take before the relay is called unreachable
+
+
+class RelayError(Exception):
+    """The relay refused a request, or is unreachable; `code` says which."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.details = details or {}
+
+
+class RelayConnection:
+    def __init__(self, address: str, name: str, secret: str | None = None) -> None:
+        host, _, port = address.rpartition(":")
+        try:
+            self._socket = socket.create_connection((host.strip("[]"), int(port)), TIMEOUT)
+        except (OSError, ValueError) as exc:
+            raise RelayError("unreachable", f"cannot reach the relay at {address}: {exc}") from None
+        self._reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
+        self._frames: list[tuple[bytes, Any]] = []
+        hello: dict[str, Any] = {"version": 1, "name": name, "start": None}
+        if secret:
+            hello["secret"] = secret
+        self.welcome: dict[str, Any] = self._request(frames.HELLO, hello, frames.WELCOME)
+
+    def info(self) -> dict[str, Any]:
+        """The retained range (first_seq, next_seq), the epoch, the node."""
+        info: dict[str, Any] = self._request(frames.QUERY, {}, frames.INFO)
+        return info
+
+    def read(self, start: int, end: int) -> list[list[Any]]:
+        """Every event start <= seq < end, as msgpack arrays."""
+        self._send(frames.READ, {"from": start, "to": end})
+        events: list[list[Any]] = []
+        while True:
+            kind, body = self._next()
+            if kind == frames.EVENTS:
+                events.extend(body)
+            elif kind == frames.READ_END:
+                return events
+            else:
+                raise RelayError("bad_frame", f"unexpected {kind!r} during a READ")
+
+    def commit(self, position: int) -> None:
+        self._request(frames.COMMIT, {"seq": position}, frames.COMMITTED)
+
+    def close(self) -> None:
+        self._socket.close()
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def _request(self, kind: bytes, body: Any, answer: bytes) -> Any:
+        self._send(kind, body)
+        got, reply = self._next()
+        if got != answer:
+            raise RelayError("bad_frame", f"expected {answer!r}, got {got!r}")
+        return reply
+
+    def _send(self, kind: bytes, body: Any) -> None:
+        self._socket.sendall(frames.frame(kind, body))
+
+    def _next(self) -> tuple[bytes, Any]:
+        while not self._frames:
+            data = self._socket.recv(1 << 20)
+            if not data:
+                raise RelayError("closed", "the relay closed the connection")
+            self._frames = self._reader.feed(data)
+        kind, body = self._frames.pop(0)
+        if kind == frames.ERROR:
+            details = {k: v for k, v in body.items() if k not in ("code", "message")}
+            raise RelayError(str(body.get("code")), str(body.get("message")), details)
+        return kind, body

@@ -1,0 +1,45 @@
+"""A SparkSession set up the way the relay's data source needs, on `local[*]` by default.
+
+The pitfalls it handles (../shared/reference/spark-python-source.md): Spark's Python
+workers must be this interpreter (PYSPARK_PYTHON; another one lacks pyarrow and fails as
+a 10 s "worker failed to connect back"), a local session wants few shuffle partitions
+(200 by default make a windowed query take seconds per batch), and binds to loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from pyspark.sql import SparkSession
+
+from spark_consumers.source import NautilusEvents
+
+
+class JavaMissing(RuntimeError):
+    """Spark needs a Java runtime and there is none."""
+
+
+def local_session(master: str = "local[*]", app: str = "nautilus-spark") -> SparkSession:
+    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
+        raise JavaMissing("Spark needs Java 17 or newer: install openjdk-17-jre-headless")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "512m")
+        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(NautilusEvents)
+    return session

@@ -1,0 +1,191 @@
+"""`nautilus_events`: a PySpark streaming data source over the event relay.
+
+    spark.dataSource.register(NautilusEvents)
+    events = (spark.readStream.format("nautilus_events")
+              .option("relay", "127.0.0.1:7883").load())
+
+Offsets are the relay's sequence numbers, with its epoch: `{"epoch": ..., "seq": n}` is
+the next event to read. A micro-batch [start, end) is split into partitions of
+`eventsPerPartition` sequence numbers that executors read with the relay's READ; a
+checkpointed query that restarts reads exactly the ranges its checkpoint names, so it
+sees no event twice and misses none. A range the relay no longer retains, or a relay
+whose epoch changed (a log that started again), fails the query with a clear error
+instead of skipping. `commit` tells the relay how far the query got (its position under
+the consumer name `name`).
+
+Options (strings, as Spark passes them): `relay` (host:port, default 127.0.0.1:7883),
+`startingOffsets` (earliest, latest or a sequence number; default earliest: only for a new
+query), `maxEventsPerTrigger`, `eventsPerPartition` (default 50000), `name` (default
+spark), `secret`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from event_relay.schema import decode_event
+from spark_consumers.relay import RelayConnection, RelayError
+
+SCHEMA = (
+    "seq LONG, event_time TIMESTAMP, node STRING, event_type STRING, client_id STRING, "
+    "username STRING, mountpoint STRING, session_id STRING, topic STRING, qos INT, "
+    "retain BOOLEAN, payload_size INT, payload BINARY, acl_name STRING, peer_addr STRING, "
+    "reason STRING"
+)
+_UTC = datetime.UTC
+
+
+class EventsGone(Exception):
+    """What the query needs is no longer in the relay (or the relay started again)."""
+
+
+class RangePartition(InputPartition):
+    """Sequence numbers start <= seq < end (plain ints: partitions are pickled)."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(None)
+        self.start = start
+        self.end = end
+
+
+class NautilusEvents(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "nautilus_events"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # Spark's options are case-insensitive: looked up here in lower case.
+        return EventsReader({key.lower(): value for key, value in self.options.items()})
+
+
+class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.address = options.get("relay", "127.0.0.1:7883")
+        self.consumer = options.get("name", "spark")
+        self.secret = options.get("secret")
+        self.starting = options.get("startingoffsets", "earliest")
+        self.per_partition = int(options.get("eventsperpartition", "50000"))
+        limit = options.get("maxeventspertrigger")
+        self.max_events = int(limit) if limit else None
+        self.until: int | None = None  # Trigger.AvailableNow: what was there when it began
+        self._relay: RelayConnection | None = None
+
+    # -- the driver's side ------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        info = self._info()
+        if self.starting == "earliest":
+            seq = info["first_seq"]
+        elif self.starting == "latest":
+            seq = info["next_seq"]
+        else:
+            seq = int(self.starting)
+        return {"epoch": info["epoch"], "seq": seq}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable() if self.max_events is None else ReadMaxRows(self.max_events)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.until = self._info()["next_seq"]
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        info = self._info()
+        if start["epoch"] != info["epoch"]:
+            raise EventsGone(
+                f"the relay at {self.address} started a new log (epoch {info['epoch']}, "
+                f"the query's is {start['epoch']}): its sequence numbers start again, so "
+                "this query cannot go on; start a new one (a new checkpoint)"
+            )
+        end = info["next_seq"]
+        if self.until is not None:
+            end = min(end, self.until)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, start["seq"] + limit.max_rows)
+        return {"epoch": start["epoch"], "seq": max(end, start["seq"])}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        step = self.per_partition
+        return [
+            RangePartition(a, min(a + step, end["seq"]))
+            for a in range(start["seq"], end["seq"], step)
+        ]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._connection().commit(end["seq"])
+
+    def stop(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+
+    def _info(self) -> dict[str, Any]:
+        return self._connection().info()
+
+    def _connection(self) -> RelayConnection:
+        if self._relay is None:
+            self._relay = RelayConnection(self.address, self.consumer, self.secret)
+        return self._relay
+
+    # -- an executor's side -------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, RangePartition)
+        relay = RelayConnection(self.address, f"{self.consumer}-reader", self.secret)
+        try:
+            node = relay.welcome["node"]
+            try:
+                events = relay.read(partition.start, partition.end)
+            except RelayError as exc:
+                if exc.code != "out_of_range":
+                    raise
+                raise EventsGone(
+                    f"events {partition.start}..{partition.end - 1} are no longer retained "
+                    f"by the relay at {self.address} (it holds "
+                    f"{exc.details.get('first_seq')}..{exc.details.get('next_seq', 1) - 1})"
+                ) from None
+        finally:
+            relay.close()
+        expected = partition.end - partition.start
+        if len(events) != expected or (events and events[0][0] != partition.start):
+            raise EventsGone(
+                f"the relay returned {len(events)} of the {expected} events "
+                f"{partition.start}..{partition.end - 1}: some are no longer retained"
+            )
+        for values in events:
+            yield _row(decode_event(values), node)
+
+
+def _row(event: dict[str, Any], node: str) -> tuple[Any, ...]:
+    peer = event.get("peer_addr")
+    return (
+        event["seq"],
+        datetime.datetime.fromtimestamp(event["ts"] / 1e9, _UTC),
+        node,
+        event["type"],
+        event["client_id"],
+        event["username"],
+        event["mountpoint"],
+        event["session_id"],
+        event.get("topic"),
+        event.get("qos"),
+        event.get("retain"),
+        event.get("payload_size"),
+        event.get("payload"),
+        event.get("acl_name"),
+        peer,
+        event.get("reason"),
+    )
