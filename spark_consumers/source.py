@@ -21,29 +21,54 @@ spark), `secret`.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from event_relay.schema import decode_event
 from spark_consumers.relay import RelayConnection, RelayError
 
-SCHEMA = (
-    "seq LONG, event_time TIMESTAMP, node STRING, event_type STRING, client_id STRING, "
-    "username STRING, mountpoint STRING, session_id STRING, topic STRING, qos INT, "
-    "retain BOOLEAN, payload_size INT, payload BINARY, acl_name STRING, peer_addr STRING, "
-    "reason STRING"
-)
-_UTC = datetime.UTC
+_COLUMNS = [
+    ("seq", LongType()),
+    ("event_time", TimestampType()),
+    ("node", StringType()),
+    ("event_type", StringType()),
+    ("client_id", StringType()),
+    ("username", StringType()),
+    ("mountpoint", StringType()),
+    ("session_id", StringType()),
+    ("topic", StringType()),
+    ("qos", IntegerType()),
+    ("retain", BooleanType()),
+    ("payload_size", IntegerType()),
+    ("payload", BinaryType()),
+    ("acl_name", StringType()),
+    ("peer_addr", StringType()),
+    ("reason", StringType()),
+]
+SCHEMA = StructType([StructField(name, kind) for name, kind in _COLUMNS])
+# The Arrow schema the batches must match exactly (Spark checks it).
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+ARROW_ROWS = 10_000  # rows per record batch
 
 
 class EventsGone(Exception):
@@ -64,7 +89,7 @@ class NautilusEvents(DataSource):
     def name(cls) -> str:
         return "nautilus_events"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -142,7 +167,7 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- an executor's side -------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         relay = RelayConnection(self.address, f"{self.consumer}-reader", self.secret)
         try:
@@ -165,27 +190,19 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"the relay returned {len(events)} of the {expected} events "
                 f"{partition.start}..{partition.end - 1}: some are no longer retained"
             )
-        for values in events:
-            yield _row(decode_event(values), node)
+        for first in range(0, len(events), ARROW_ROWS):
+            yield _record_batch(events[first : first + ARROW_ROWS], node)
 
 
-def _row(event: dict[str, Any], node: str) -> tuple[Any, ...]:
-    peer = event.get("peer_addr")
-    return (
-        event["seq"],
-        datetime.datetime.fromtimestamp(event["ts"] / 1e9, _UTC),
-        node,
-        event["type"],
-        event["client_id"],
-        event["username"],
-        event["mountpoint"],
-        event["session_id"],
-        event.get("topic"),
-        event.get("qos"),
-        event.get("retain"),
-        event.get("payload_size"),
-        event.get("payload"),
-        event.get("acl_name"),
-        peer,
-        event.get("reason"),
-    )
+def _record_batch(events: list[list[Any]], node: str) -> pa.RecordBatch:
+    """Events as one Arrow record batch, built column by column (Spark takes Arrow from
+    a Python source several times faster than rows)."""
+    columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+    for values in events:
+        event = decode_event(values)
+        event["event_time"] = event["ts"] // 1000  # ns -> the column's µs
+        event["event_type"] = event["type"]
+        event["node"] = node
+        for name, column in columns.items():
+            column.append(event.get(name))
+    return pa.RecordBatch.from_pydict(columns, schema=ARROW_SCHEMA)
