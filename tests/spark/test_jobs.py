@@ -1,0 +1,77 @@
+"""The built-in jobs in real Spark over a real broker's relay, on known traffic: their
+totals over all windows are exact (the windows themselves depend on the wall clock)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from event_relay.schema import CODES
+from spark_consumers import jobs
+
+from .test_source import relay_of
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def count(relay, hook: str) -> int:
+    """How many `hook` events the relay's log holds (run it on the broker's loop)."""
+    events, _ = relay.log.read(relay.log.first_seq, 1_000_000)
+    return sum(1 for data in events if msgpack.unpackb(data)[2] == CODES[hook])
+
+
+def totals(spark, address: str, job, tmp_path, name: str) -> list:
+    events = spark.readStream.format("nautilus_events").option("relay", address).load()
+    query = (
+        job(events)
+        .writeStream.format("memory")
+        .queryName(name)
+        .outputMode("complete")
+        .option("checkpointLocation", str(tmp_path / name))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return spark.table(name).collect()
+
+
+def test_the_jobs_count_known_traffic(spark, start_broker, paho_client, tmp_path):
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    relay, address = relay_of(server)
+    subscriber = paho_client(server, 4)
+    subscriber.subscribe("jobs/#", 1)
+    publisher = paho_client(server, 4)
+    for i in range(10):
+        publisher.publish("jobs/a", f"a{i:02}".encode(), qos=1)  # 3 bytes each
+    for i in range(5):
+        publisher.publish("jobs/b", f"b{i}".encode(), qos=1)  # 2 bytes each
+    for _ in range(4):
+        publisher.publish("nowhere/x", b"x", qos=1)  # nobody subscribes
+    for _ in range(15):
+        subscriber.expect_message()
+    # The subscriber's acknowledgements are in.
+    server.wait_for(lambda: count(relay, "on_delivery_complete") == 15)
+
+    traffic = totals(spark, address, jobs.topic_traffic, tmp_path, "traffic")
+    by_topic: dict[str, list[int]] = {}
+    for row in traffic:
+        messages, size = by_topic.setdefault(row.topic, [0, 0])
+        by_topic[row.topic] = [messages + row.messages, size + row.bytes]
+    assert by_topic == {"jobs/a": [10, 30], "jobs/b": [5, 10], "nowhere/x": [4, 4]}
+
+    health = totals(spark, address, jobs.delivery_health, tmp_path, "health")
+    summed = {
+        key: sum(getattr(row, key) for row in health)
+        for key in ("publishes", "deliveries", "completed", "offline", "unrouted")
+    }
+    assert summed == {
+        "publishes": 19,
+        "deliveries": 15,
+        "completed": 15,
+        "offline": 0,
+        "unrouted": 4,
+    }
+
+    activity = totals(spark, address, jobs.client_activity, tmp_path, "activity")
+    connects = sum(row.events for row in activity if row.event_type == "on_register")
+    assert connects == 2
