@@ -9,9 +9,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_consumers.session import local_session
-from tests.broker.helpers import paho_client
+from tests.broker.helpers import paho_client, raw_client
+from tests.event_relay.conftest import fleet_files
 
-__all__ = ["paho_client"]
+__all__ = ["fleet_files", "paho_client", "raw_client"]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import pytest
 
 from event_relay.schema import CODES
 from spark_consumers import jobs
+from tests.event_relay.conftest import PASSWORDS
 
 from .test_source import relay_of
 
@@ -75,3 +76,27 @@ def test_the_jobs_count_known_traffic(spark, start_broker, paho_client, tmp_path
     activity = totals(spark, address, jobs.client_activity, tmp_path, "activity")
     connects = sum(row.events for row in activity if row.event_type == "on_register")
     assert connects == 2
+
+
+def test_auth_failures_by_reason_and_peer(spark, start_broker, raw_client, fleet_files, tmp_path):
+    files = fleet_files
+    server = start_broker(
+        broker={"allow_anonymous": False},
+        plugins={"passwd": {"enabled": True, "password_file": files["passwd"]}},
+        event_relay={"enabled": True, "address": "127.0.0.1:0"},
+    )
+    relay, address = relay_of(server)
+    for attempt in range(3):
+        intruder = raw_client(server, 4)
+        bad = b"guess-" + str(attempt).encode()
+        intruder.connect(f"intruder{attempt}", expect_code=4, username="bob", password=bad)
+    friend = raw_client(server, 4)
+    friend.connect("friend", username="bob", password=PASSWORDS["bob"].encode())
+    server.wait_for(lambda: count(relay, "on_register") == 1)
+
+    rows = totals(spark, address, jobs.auth_failures, tmp_path, "failures")
+    by_reason: dict[tuple[str, str], int] = {}
+    for row in rows:
+        key = (row.reason, row.peer_addr)
+        by_reason[key] = by_reason.get(key, 0) + row.failures
+    assert by_reason == {("invalid_credentials", "127.0.0.1"): 3}
