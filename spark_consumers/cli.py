@@ -1,0 +1,87 @@
+"""`nautilus-spark`: run a built-in job, or a streaming SQL query, over a relay.
+
+    nautilus-spark JOB --relay HOST:PORT --sink console|parquet:DIR|mqtt:HOST:PORT
+                   --checkpoint DIR [--trigger available-now|'10 seconds']
+    nautilus-spark sql "SELECT ... FROM events ..." [the same options]
+
+JOB is topic-traffic, client-activity, auth-failures or delivery-health (docs/spark.md).
+In `sql`, the events are the streaming view `events`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_consumers.jobs import JOBS
+from spark_consumers.session import JavaMissing, local_session
+from spark_consumers.sinks import SinkError, writer
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="nautilus-spark", description="Spark Structured Streaming over a Nautilus relay."
+    )
+    parser.add_argument("job", choices=[*JOBS, "sql"], help="a built-in job, or sql")
+    parser.add_argument("query", nargs="?", help="with sql: the query over the view `events`")
+    parser.add_argument("--relay", default="127.0.0.1:7883", metavar="HOST:PORT")
+    parser.add_argument("--sink", default="console", help="console, parquet:DIR, mqtt:HOST:PORT")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR")
+    parser.add_argument(
+        "--trigger", default="10 seconds", help="available-now, or an interval ('10 seconds')"
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--starting-offsets", default="earliest", help="for a new query")
+    args = parser.parse_args(argv)
+    if args.job == "sql" and not args.query:
+        parser.error('sql needs a query, e.g. "SELECT topic, count(*) FROM events GROUP BY topic"')
+    return args
+
+
+def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
+    events = (
+        spark.readStream.format("nautilus_events")
+        .option("relay", args.relay)
+        .option("startingOffsets", args.starting_offsets)
+        .load()
+    )
+    if args.job == "sql":
+        events.createOrReplaceTempView("events")
+        return spark.sql(args.query)
+    job: Callable[[DataFrame], DataFrame] = JOBS[args.job]
+    return job(events)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        spark = local_session(args.master)
+    except JavaMissing as exc:
+        print(f"nautilus-spark: {exc}", file=sys.stderr)
+        return 1
+    name = args.job.replace("-", "_")
+    try:
+        stream = writer(results(spark, args), args.sink, name)
+    except SinkError as exc:
+        print(f"nautilus-spark: {exc}", file=sys.stderr)
+        return 2
+    stream = stream.option("checkpointLocation", args.checkpoint)
+    if args.trigger == "available-now":
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=args.trigger)
+    query = stream.start()
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

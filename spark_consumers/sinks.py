@@ -1,0 +1,96 @@
+"""Where a job's results go: `console`, `parquet:DIR`, `memory:NAME` (tests) or
+`mqtt:HOST:PORT`, which publishes each result row back into the broker as a retained
+message under `<prefix>/<job>/<key>` (for example `$analytics/topic_traffic/sensors/t1`;
+for a SQL query the row's text columns make the key), so any MQTT dashboard can
+subscribe to live analytics.
+
+The MQTT sink is idempotent per batch: a row's topic is fixed by its key, and a retained
+message replaces the one before, so a batch Spark runs again after a restart publishes
+the same values to the same topics. Each row's payload is the row as JSON (times in ISO
+8601, UTC: the session's time zone).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from pyspark.sql import DataFrame, Row
+from pyspark.sql.streaming import DataStreamWriter
+
+PREFIX = "$analytics"
+# The columns that make a job's row key (its MQTT topic below the job's name).
+KEYS = {
+    "topic_traffic": ["topic"],
+    "client_activity": ["event_type", "reason"],
+    "auth_failures": ["reason", "peer_addr"],
+    "delivery_health": [],
+}
+
+
+class SinkError(ValueError):
+    """A sink given on the command line that does not exist."""
+
+
+def writer(results: DataFrame, sink: str, job: str, prefix: str = PREFIX) -> DataStreamWriter:
+    """A stream writer of `results` to `sink` (output mode chosen for the sink)."""
+    kind, _, where = sink.partition(":")
+    stream = results.writeStream
+    if kind == "console":
+        return stream.format("console").outputMode("update").option("truncate", "false")
+    if kind == "parquet" and where:
+        # Files are written once: a window goes out when the watermark has passed it.
+        return stream.format("parquet").outputMode("append").option("path", where)
+    if kind == "memory" and where:
+        return stream.format("memory").queryName(where).outputMode("complete")
+    if kind == "mqtt" and where:
+        host, _, port = where.rpartition(":")
+        publish = MqttPublisher(host or "127.0.0.1", int(port or 1883), f"{prefix}/{job}", job)
+        return stream.outputMode("update").foreachBatch(publish)
+    raise SinkError(
+        f"unknown sink {sink!r}: expected console, parquet:DIR, memory:NAME or mqtt:HOST:PORT"
+    )
+
+
+class MqttPublisher:
+    """foreachBatch: each row of a batch as a retained QoS 1 message."""
+
+    def __init__(self, host: str, port: int, base: str, job: str) -> None:
+        self.host, self.port, self.base = host, port, base
+        self.keys = KEYS.get(job)  # None (a SQL query): the row's text columns
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = batch.collect()
+        if not rows:
+            return
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        client.connect(self.host, self.port)
+        client.loop_start()
+        try:
+            for row in rows:
+                info = client.publish(self.topic(row), _json(row), qos=1, retain=True)
+                info.wait_for_publish(30)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+
+    def topic(self, row: Row) -> str:
+        keys = self.keys
+        if keys is None:
+            keys = [name for name, value in row.asDict().items() if isinstance(value, str)]
+        parts = [str(row[key]) or "-" for key in keys] or ["all"]
+        return "/".join([self.base, *parts])
+
+
+def _json(row: Row) -> bytes:
+    return json.dumps(row.asDict(recursive=True), default=_plain, sort_keys=True).encode()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):  # naive, in the session's time zone: UTC
+        return value.isoformat() + ("Z" if value.tzinfo is None else "")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON")
