@@ -108,7 +108,7 @@ def _versions(brokers: list[BrokerSpec]) -> dict[str, str]:
 # webhooks.py; bench/store_throughput.py, store_startup.py; bench/relay/) start at one of
 # these headings and are kept, from the first of them on, when the comparison rewrites the
 # page.
-KEPT_SECTIONS = ("## Plugins", "## Store", "## Event relay")
+KEPT_SECTIONS = ("## Plugins", "## Store", "## Event relay", "## Spark")
 
 
 def _kept_sections(path: Path) -> str:
