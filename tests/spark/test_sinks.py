@@ -112,3 +112,36 @@ def test_an_unknown_sink_is_one_line_and_exit_2(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("nautilus-spark: unknown sink 'kafka:x'")
+
+
+def test_the_mqtt_sink_across_a_restart_counts_every_publish_once(
+    spark, start_broker, paho_client, tmp_path
+):
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    host, port = server.host, server.port
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run() -> None:
+        events = spark.readStream.format("nautilus_events").option("relay", address).load()
+        query = (
+            writer(jobs.topic_traffic(events, window="1 day"), f"mqtt:{host}:{port}", "t")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    traffic(server, paho_client)
+    run()
+    assert (
+        retained(server, paho_client, "$analytics/t/dash/a", 1)["$analytics/t/dash/a"]["messages"]
+        == 6
+    )
+    traffic(server, paho_client)  # while the query is stopped
+    run()  # the same checkpoint: only what is new, added to the window's state
+    got = retained(server, paho_client, "$analytics/t/#", 2)
+    assert {topic: row["messages"] for topic, row in got.items()} == {
+        "$analytics/t/dash/a": 12,
+        "$analytics/t/dash/b": 4,
+    }
