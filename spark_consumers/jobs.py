@@ -14,6 +14,18 @@ from pyspark.sql import functions as F
 
 WINDOW = "10 seconds"
 WATERMARK = "30 seconds"
+SINK_CLIENTS = "nautilus-spark-"  # the client ids of the MQTT sink (spark_consumers.sinks)
+
+
+def broker_traffic(events: DataFrame) -> DataFrame:
+    """The events of the clients' own traffic: not those of `$` topics (the broker's and
+    the analytics', e.g. $analytics/...) nor of the MQTT sink's client. Without this, the
+    results a job publishes back into the broker would be counted by the job, and
+    publish again, in a loop."""
+    topic = F.col("topic")
+    return events.where(
+        (topic.isNull() | ~topic.startswith("$")) & ~F.col("client_id").startswith(SINK_CLIENTS)
+    )
 
 
 def _count(condition: Column) -> Column:
@@ -23,7 +35,8 @@ def _count(condition: Column) -> Column:
 def topic_traffic(events: DataFrame, window: str = WINDOW, watermark: str = WATERMARK) -> DataFrame:
     """Messages and payload bytes published per topic per window."""
     return (
-        events.where(F.col("event_type") == "on_publish")
+        broker_traffic(events)
+        .where(F.col("event_type") == "on_publish")
         .withWatermark("event_time", watermark)
         .groupBy(F.window("event_time", window).alias("window"), "topic")
         .agg(F.count("*").alias("messages"), F.sum("payload_size").alias("bytes"))
@@ -37,7 +50,8 @@ def client_activity(
     window."""
     kinds = ["on_register", "on_client_offline", "on_client_gone"]
     return (
-        events.where(F.col("event_type").isin(kinds))
+        broker_traffic(events)
+        .where(F.col("event_type").isin(kinds))
         .withWatermark("event_time", watermark)
         .groupBy(
             F.window("event_time", window).alias("window"),
@@ -52,7 +66,8 @@ def auth_failures(events: DataFrame, window: str = WINDOW, watermark: str = WATE
     """Refused connects per reason and peer address per window (brute force shows as
     one peer with many)."""
     return (
-        events.where(F.col("event_type") == "on_register_failed")
+        broker_traffic(events)
+        .where(F.col("event_type") == "on_register_failed")
         .withWatermark("event_time", watermark)
         .groupBy(F.window("event_time", window).alias("window"), "reason", "peer_addr")
         .agg(
@@ -68,7 +83,8 @@ def delivery_health(
     """Publishes against deliveries, drops and offline messages per window."""
     kind = F.col("event_type")
     return (
-        events.withWatermark("event_time", watermark)
+        broker_traffic(events)
+        .withWatermark("event_time", watermark)
         .groupBy(F.window("event_time", window).alias("window"))
         .agg(
             _count(kind == "on_publish").alias("publishes"),

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from typing import Any
+from uuid import uuid4
 
 import paho.mqtt.client as mqtt
 from pyspark.sql import DataFrame, Row
 from pyspark.sql.streaming import DataStreamWriter
 
+from spark_consumers.jobs import SINK_CLIENTS
+
 PREFIX = "$analytics"
+CONNECT_TIMEOUT = 30.0  # seconds the MQTT sink waits for the broker's CONNACK
 # The columns that make a job's row key (its MQTT topic below the job's name).
 KEYS = {
     "topic_traffic": ["topic"],
@@ -65,10 +70,22 @@ class MqttPublisher:
         rows = batch.collect()
         if not rows:
             return
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{SINK_CLIENTS}{uuid4()}")
+        answered = threading.Event()
+        refused: list[str] = []
+
+        def on_connect(_client: Any, _data: Any, _flags: Any, reason: Any, _props: Any) -> None:
+            if reason.is_failure:
+                refused.append(str(reason))
+            answered.set()
+
+        client.on_connect = on_connect
         client.connect(self.host, self.port)
         client.loop_start()
         try:
+            if not answered.wait(CONNECT_TIMEOUT) or refused:
+                why = refused[0] if refused else "no CONNACK"
+                raise ConnectionError(f"MQTT sink {self.host}:{self.port}: {why}")
             for row in rows:
                 info = client.publish(self.topic(row), _json(row), qos=1, retain=True)
                 info.wait_for_publish(30)
