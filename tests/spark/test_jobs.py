@@ -54,6 +54,8 @@ def test_the_jobs_count_known_traffic(spark, start_broker, paho_client, tmp_path
         subscriber.expect_message()
     # The subscriber's acknowledgements are in.
     server.wait_for(lambda: count(relay, "on_delivery_complete") == 15)
+    publisher.disconnect()  # a clean session ends: on_client_gone, normal_disconnect
+    server.wait_for(lambda: count(relay, "on_client_gone") == 1)
 
     traffic = totals(spark, address, jobs.topic_traffic, tmp_path, "traffic")
     by_topic: dict[str, list[int]] = {}
@@ -76,8 +78,14 @@ def test_the_jobs_count_known_traffic(spark, start_broker, paho_client, tmp_path
     }
 
     activity = totals(spark, address, jobs.client_activity, tmp_path, "activity")
-    connects = sum(row.events for row in activity if row.event_type == "on_register")
-    assert connects == 2
+    summed_activity: dict[tuple[str, str], int] = {}
+    for row in activity:
+        key = (row.event_type, row.reason)
+        summed_activity[key] = summed_activity.get(key, 0) + row.events
+    assert summed_activity == {
+        ("on_register", ""): 2,
+        ("on_client_gone", "normal_disconnect"): 1,
+    }
 
 
 def test_auth_failures_by_reason_and_peer(spark, start_broker, raw_client, fleet_files, tmp_path):
