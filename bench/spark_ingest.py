@@ -12,8 +12,6 @@ pays Spark's cold start (its first streaming query), the later ones show the ste
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +19,7 @@ import time
 from spark_consumers import jobs
 from spark_consumers.session import local_session
 
-from .brokers import HOST, free_port
+from .brokers import HOST, BrokerSpec, RunningBroker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,64 +27,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    port = free_port()
-    relay = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.relay.logserver",
-            "--port",
-            str(port),
-            "--events",
-            str(args.events),
-        ]
+    relay = BrokerSpec(
+        "relay-log",
+        "relay log server",
+        lambda workdir, port: [
+            *(sys.executable, "-m", "bench.relay.logserver"),
+            *("--port", str(port), "--events", str(args.events)),
+        ],
+        lambda: "-",
     )
-    try:
-        _wait_for(port)
+    with RunningBroker(relay) as server, tempfile.TemporaryDirectory() as work:
         spark = local_session("local[2]")
-        with tempfile.TemporaryDirectory(prefix="bench-spark-") as work:
-            for run in range(args.runs):
-                started = time.perf_counter()
-                events = (
-                    spark.readStream.format("nautilus_events")
-                    .option("relay", f"{HOST}:{port}")
-                    .option("eventsPerPartition", "100000")
-                    .load()
-                )
-                query = (
-                    jobs.topic_traffic(events, window="1 day")
-                    .writeStream.format("memory")
-                    .queryName(f"run{run}")
-                    .outputMode("complete")
-                    .option("checkpointLocation", f"{work}/checkpoint{run}")
-                    .trigger(availableNow=True)
-                    .start()
-                )
-                query.awaitTermination()
-                seconds = time.perf_counter() - started
-                counted = sum(row.messages for row in spark.table(f"run{run}").collect())
-                print(
-                    f"run {run + 1}: {args.events:,} events in {seconds:.1f} s = "
-                    f"{args.events / seconds:,.0f} events/s ({counted:,} publishes counted)"
-                )
+        for run in range(args.runs):
+            started = time.perf_counter()
+            events = (
+                spark.readStream.format("nautilus_events")
+                .option("relay", f"{HOST}:{server.target.port}")
+                .option("eventsPerPartition", "100000")
+                .load()
+            )
+            query = (
+                jobs.topic_traffic(events, window="1 day")
+                .writeStream.format("memory")
+                .queryName(f"run{run}")
+                .outputMode("complete")
+                .option("checkpointLocation", f"{work}/checkpoint{run}")
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            seconds = time.perf_counter() - started
+            counted = sum(row.messages for row in spark.table(f"run{run}").collect())
+            print(
+                f"run {run + 1}: {args.events:,} events in {seconds:.1f} s = "
+                f"{args.events / seconds:,.0f} events/s ({counted:,} publishes counted)"
+            )
         spark.stop()
-    finally:
-        relay.terminate()
-        relay.wait()
     return 0
-
-
-def _wait_for(port: int) -> None:
-    """Until the relay listens (it fills its log first)."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            socket.create_connection((HOST, port), 1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 if __name__ == "__main__":

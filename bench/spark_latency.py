@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import queue
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +24,7 @@ from spark_consumers import jobs
 from spark_consumers.session import local_session
 from spark_consumers.sinks import writer
 
-from .brokers import HOST, free_port
-from .spark_ingest import _wait_for
+from .brokers import HOST, BrokerSpec, RunningBroker, free_port
 
 WARMUP = 3
 
@@ -36,22 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--trigger", default="0 seconds", help="the query's processing time")
     args = parser.parse_args(argv)
-    mqtt_port, relay_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-spark-latency-") as work:
-        config = Path(work) / "nautilus.toml"
+    relay_port = free_port()
+
+    def command(workdir: Path, port: int) -> list[str]:
+        config = workdir / "nautilus.toml"
         config.write_text(
-            f'[[listeners]]\naddress = "{HOST}:{mqtt_port}"\n[store]\nbackend = "memory"\n'
+            f'[[listeners]]\naddress = "{HOST}:{port}"\n[store]\nbackend = "memory"\n'
             f'[event_relay]\nenabled = true\naddress = "{HOST}:{relay_port}"\n'
             'hooks = ["on_publish"]\n'
         )
-        broker = subprocess.Popen([sys.executable, "-m", "broker", "--config", str(config)])
-        try:
-            _wait_for(mqtt_port)
-            _wait_for(relay_port)
-            latencies = measure(args, mqtt_port, relay_port, f"{work}/checkpoint")
-        finally:
-            broker.terminate()
-            broker.wait()
+        return [sys.executable, "-m", "broker", "--config", str(config)]
+
+    spec = BrokerSpec("nautilus-relay", "Nautilus, relay on", command, lambda: "-")
+    with RunningBroker(spec) as broker, tempfile.TemporaryDirectory() as work:
+        # The relay listens before MQTT does (plugins start first): MQTT up, relay up.
+        latencies = measure(args, broker.target.port, relay_port, f"{work}/checkpoint")
     kept = latencies[WARMUP:]
     print(
         f"{len(kept)} samples, trigger {args.trigger!r}: median "

@@ -103,7 +103,7 @@ class RelayClient:
         kind, body = received[0]
         if kind == frames.ERROR:
             writer.close()
-            raise _error(body)
+            raise relay_error(body)
         if kind != frames.WELCOME:
             writer.close()
             raise RelayError("bad_frame", f"expected WELCOME, got {kind!r}")
@@ -212,7 +212,7 @@ class RelayClient:
                 self._taken.clear()
                 await self._taken.wait()
         elif kind == frames.ERROR:
-            raise _error(body)
+            raise relay_error(body)
         else:
             waiting = self._replies.get(kind)
             if not waiting:
@@ -261,7 +261,8 @@ async def _first_frames(
             return received
 
 
-def _error(body: Any) -> RelayError:
+def relay_error(body: Any) -> RelayError:
+    """The exception for an ERROR frame's body (OutOfRange for `out_of_range`)."""
     if not isinstance(body, dict):
         return RelayError("bad_frame", repr(body))
     details = {k: v for k, v in body.items() if k not in ("code", "message")}

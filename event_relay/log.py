@@ -77,9 +77,9 @@ class EventLog:
         self.spool = spool
         self.loop = loop
         self.next_seq = spool.next_seq if spool is not None else 1
-        self._head = self._tail = _Segment(self.next_seq)
+        self._tail = _Segment(self.next_seq)
         self._trim_at = self.next_seq + memory_events  # the seq that makes one too many
-        self._segments: deque[_Segment] = deque([self._head])
+        self._segments: deque[_Segment] = deque([self._tail])
         self._held_bytes = 0  # of the full segments (the one being written: its .size)
         # (seq, code, event) not yet in the spool; None: there is no spool.
         self._unflushed: list[tuple[int, int, bytes]] | None = None if spool is None else []
@@ -124,11 +124,7 @@ class EventLog:
         self._held_bytes += self._tail.size
         self._tail = _Segment(self.next_seq)
         self._segments.append(self._tail)
-        if (
-            self._held_bytes > self.memory_bytes
-            or self.next_seq - self._head.first_seq > self.memory_events
-        ):
-            self._trim_memory()
+        self._trim_memory()
         self._end_of_turn()
 
     def _end_of_turn(self) -> None:
@@ -154,8 +150,7 @@ class EventLog:
             if self._unflushed and not self.flush():  # memory lets go: on disk first
                 self._lose(segments[0])
             self._held_bytes -= segments.popleft().size
-        self._head = segments[0]
-        self._trim_at = self._head.first_seq + self.memory_events
+        self._trim_at = segments[0].first_seq + self.memory_events
 
     def _lose(self, segment: _Segment) -> None:
         """The spool cannot write (a full disk) and memory keeps its bound: the segment's

@@ -34,15 +34,17 @@ from hooks import (
     UnsubscribeContext,
 )
 
-_ON_PUBLISH = CODES["on_publish"]
 _ON_OFFLINE_MESSAGE = CODES["on_offline_message"]
 _ON_MESSAGE_DROP = CODES["on_message_drop"]
 _time_ns = time.time_ns
 
 
-def _delivery_hook(hook: str) -> Callable[[EventRelay, PublishContext], None]:
-    """The relay's on_deliver or on_delivery_complete (they carry the same fields)."""
+def _message_hook(hook: str) -> Callable[[EventRelay, PublishContext], None]:
+    """The relay's on_publish, on_deliver or on_delivery_complete: one per message or
+    per delivery, so written flat. They carry the same fields but the last: the ACL
+    pattern of a publish, or whether a delivery was persisted."""
     code = CODES[hook]
+    publish = hook == "on_publish"
 
     def record(self: EventRelay, ctx: PublishContext) -> None:
         if self._sample and self._sampled_out(hook, ctx):
@@ -65,7 +67,7 @@ def _delivery_hook(hook: str) -> Callable[[EventRelay, PublishContext], None]:
                 len(payload) if self._sizes else None,
                 payload if self._full else None,
                 "" if matched is None else matched.name,
-                ctx.persisted,
+                ("" if matched is None else matched.pattern) if publish else ctx.persisted,
             ],
         )
 
@@ -92,6 +94,11 @@ class EventRelay:
             sync=self.acknowledged,
         )
         self._append = self.log.append
+        if self.acknowledged:
+            # The broker calls it before any PUBACK / PUBREC: the turn's events go to the
+            # spool first (fsynced: the log writes with sync in this mode). Without
+            # acknowledged durability there is no such method, and no call per flush.
+            self.before_ack = self.log.flush
         self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
         self.server = RelayServer(self.log, config, self.epoch) if config.serve else None
         self.sidecar = None
@@ -121,13 +128,6 @@ class EventRelay:
         if self.server is not None:
             await self.server.stop()
         self.log.close()
-
-    def before_ack(self) -> bool:
-        """The broker is about to acknowledge messages: with acknowledged durability,
-        their events go to disk first. False: they could not be written."""
-        if not self.acknowledged:
-            return True
-        return self.log.flush()  # fsynced: the log writes with sync in this mode
 
     def _sampled_out(self, hook: str, ctx: PublishContext) -> bool:
         """Courier's rule: events whose ACL label has a rule are relayed with that
@@ -167,34 +167,8 @@ class EventRelay:
             last,
         ]
 
-    def on_publish(self, ctx: PublishContext) -> None:
-        if self._sample and self._sampled_out("on_publish", ctx):
-            return
-        payload = ctx.payload
-        matched = ctx.matched_acl
-        self._append(
-            _ON_PUBLISH,
-            [
-                0,
-                _time_ns(),
-                0,
-                ctx.client_id,
-                ctx.mountpoint,
-                ctx.username,
-                ctx.session_id,
-                ctx.topic,
-                ctx.qos,
-                ctx.retain,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                "" if matched is None else matched.name,
-                "" if matched is None else matched.pattern,
-            ],
-        )
-
-    # on_deliver (a deciding hook: the relay has no say, None is NEXT, it only records)
-    # and on_delivery_complete have the same fields; made by _delivery_hook below, which
-    # keeps each a single call per delivery.
+    # on_publish, on_deliver (a deciding hook: the relay has no say, None is NEXT, it
+    # only records) and on_delivery_complete are made by _message_hook, below.
 
     def on_offline_message(self, ctx: PublishContext) -> None:
         self._append(_ON_OFFLINE_MESSAGE, self._message(ctx))
@@ -249,8 +223,9 @@ class EventRelay:
     def on_session_expired(self, ctx: ClientContext) -> None:
         self._append(CODES["on_session_expired"], self._client(ctx))
 
-    on_deliver = _delivery_hook("on_deliver")
-    on_delivery_complete = _delivery_hook("on_delivery_complete")
+    on_publish = _message_hook("on_publish")
+    on_deliver = _message_hook("on_deliver")
+    on_delivery_complete = _message_hook("on_delivery_complete")
 
     @staticmethod
     def _client(ctx: ClientContext) -> list[Any]:

@@ -3,7 +3,8 @@
 Spark calls a data source's methods in plain (not asyncio) Python processes: the driver's
 streaming runner asks for offsets and commits, executors read ranges. Each opens one of
 these: a HELLO without a start (no streaming), then QUERY, READ and COMMIT as requests
-(docs/event-relay.md, "Range reads and queries").
+(docs/event-relay.md, "Range reads and queries"). Errors are the asyncio client's
+(event_relay.client: RelayError, OutOfRange).
 """
 
 from __future__ import annotations
@@ -12,24 +13,16 @@ import socket
 from typing import Any
 
 from event_relay import frames
+from event_relay.client import RelayError, relay_error
+from event_relay.config import host_port
 
 TIMEOUT = 30.0  # seconds a request may take before the relay is called unreachable
 
 
-class RelayError(Exception):
-    """The relay refused a request, or is unreachable; `code` says which."""
-
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.details = details or {}
-
-
 class RelayConnection:
     def __init__(self, address: str, name: str, secret: str | None = None) -> None:
-        host, _, port = address.rpartition(":")
         try:
-            self._socket = socket.create_connection((host.strip("[]"), int(port)), TIMEOUT)
+            self._socket = socket.create_connection(host_port(address, "relay"), TIMEOUT)
         except (OSError, ValueError) as exc:
             raise RelayError("unreachable", f"cannot reach the relay at {address}: {exc}") from None
         self._reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
@@ -83,6 +76,5 @@ class RelayConnection:
             self._frames = self._reader.feed(data)
         kind, body = self._frames.pop(0)
         if kind == frames.ERROR:
-            details = {k: v for k, v in body.items() if k not in ("code", "message")}
-            raise RelayError(str(body.get("code")), str(body.get("message")), details)
+            raise relay_error(body)
         return kind, body

@@ -44,8 +44,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from event_relay.client import OutOfRange
 from event_relay.schema import decode_event
-from spark_consumers.relay import RelayConnection, RelayError
+from spark_consumers.relay import RelayConnection
 
 _COLUMNS = [
     ("seq", LongType()),
@@ -174,9 +175,7 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             node = relay.welcome["node"]
             try:
                 events = relay.read(partition.start, partition.end)
-            except RelayError as exc:
-                if exc.code != "out_of_range":
-                    raise
+            except OutOfRange as exc:
                 raise EventsGone(
                     f"events {partition.start}..{partition.end - 1} are no longer retained "
                     f"by the relay at {self.address} (it holds "
