@@ -112,8 +112,13 @@ class EventRelay:
         self.sampled_out = 0  # events not relayed by a sampling rule
         # The log holds what the relay server or the sidecar wants (both read it).
         relayed = set(config.hooks) | (set(config.sidecar.hooks) if self.sidecar else set())
+        # The sessions connected now (session id -> its connect's ts): a disconnect's event
+        # says when its session began and how many clients are still online.
+        self._connected: dict[str, int] = {}
+        self._relay_register = "on_register" in relayed
+        tracked = {"on_client_offline", "on_client_gone"} & relayed
         for hook in CODES:
-            if hook not in relayed:
+            if hook not in relayed and not (hook == "on_register" and tracked):
                 setattr(self, hook, None)  # hidden: the broker skips it entirely
 
     async def start(self) -> None:
@@ -144,17 +149,24 @@ class EventRelay:
     # -- the hooks (the message ones run per publish and per delivery: kept flat) ------
 
     def on_register(self, ctx: RegisterContext) -> None:
-        self._append(CODES["on_register"], self._register(ctx, _user_properties(ctx)))
+        ts = _time_ns()
+        self._connected[ctx.session_id] = ts
+        if self._relay_register:
+            values = self._register(ctx, ts)
+            values += (_user_properties(ctx), len(self._connected))
+            self._append(CODES["on_register"], values)
 
     def on_register_failed(self, ctx: RegisterContext) -> None:
-        self._append(CODES["on_register_failed"], self._register(ctx, ctx.reason))
+        values = self._register(ctx, _time_ns())
+        values.append(ctx.reason)
+        self._append(CODES["on_register_failed"], values)
 
     @staticmethod
-    def _register(ctx: RegisterContext, last: Any) -> list[Any]:
+    def _register(ctx: RegisterContext, ts: int) -> list[Any]:
         peer_addr, peer_port = ctx.peer
         return [
             0,
-            _time_ns(),
+            ts,
             0,
             ctx.client_id,
             ctx.mountpoint,
@@ -164,7 +176,6 @@ class EventRelay:
             peer_port,
             ctx.clean_start,
             ctx.protocol_level,
-            last,
         ]
 
     # on_publish, on_deliver (a deciding hook: the relay has no say, None is NEXT, it
@@ -215,10 +226,17 @@ class EventRelay:
         self._append(CODES["on_client_wakeup"], self._client(ctx))
 
     def on_client_offline(self, ctx: ClientContext) -> None:
-        self._append(CODES["on_client_offline"], [*self._client(ctx), ctx.reason])
+        self._append(CODES["on_client_offline"], self._disconnect(ctx))
 
     def on_client_gone(self, ctx: ClientContext) -> None:
-        self._append(CODES["on_client_gone"], [*self._client(ctx), ctx.reason])
+        self._append(CODES["on_client_gone"], self._disconnect(ctx))
+
+    def _disconnect(self, ctx: ClientContext) -> list[Any]:
+        # A session connected before this relay started has no connect time (None).
+        connected_ts = self._connected.pop(ctx.session_id, None)
+        values = self._client(ctx)
+        values += (ctx.reason, connected_ts, len(self._connected))
+        return values
 
     def on_session_expired(self, ctx: ClientContext) -> None:
         self._append(CODES["on_session_expired"], self._client(ctx))

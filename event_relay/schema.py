@@ -14,13 +14,15 @@ from typing import Any
 COMMON = ("seq", "ts", "type", "client_id", "mountpoint", "username", "session_id")
 
 _MESSAGE = ("topic", "qos", "retain", "payload_size", "payload")
-_CONNECT = ("peer_addr", "peer_port", "clean_start", "protocol_level")
+# `online`: the clients connected just after this event; `connected_ts`: when the
+# session that ended connected (None if before the broker started).
+_DISCONNECT = ("reason", "connected_ts", "online")
 
 # type code -> (hook name, its own fields). Codes are fixed forever; new types get new ones.
 TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
     1: (
         "on_register",
-        ("peer_addr", "peer_port", "clean_start", "protocol_level", "user_properties"),
+        ("peer_addr", "peer_port", "clean_start", "protocol_level", "user_properties", "online"),
     ),
     2: (
         "on_register_failed",
@@ -34,8 +36,8 @@ TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
     8: ("on_offline_message", _MESSAGE),
     9: ("on_message_drop", (*_MESSAGE, "reason", "acl_name")),
     10: ("on_client_wakeup", ()),
-    11: ("on_client_offline", ("reason",)),
-    12: ("on_client_gone", ("reason",)),
+    11: ("on_client_offline", _DISCONNECT),
+    12: ("on_client_gone", _DISCONNECT),
     13: ("on_session_expired", ()),
 }
 

@@ -5,7 +5,9 @@
     nautilus-spark sql "SELECT ... FROM events ..." [the same options]
 
 JOB is topic-traffic, client-activity, auth-failures or delivery-health (docs/spark.md).
-In `sql`, the events are the streaming view `events`.
+In `sql`, the events are the streaming view `events`. Runs on `local[*]`, or `--master`;
+run by spark-submit (`spark-submit .../spark_consumers/cli.py JOB ...`), on the cluster
+spark-submit was given.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumers.jobs import JOBS
-from spark_consumers.session import JavaMissing, local_session
+from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
 from spark_consumers.sinks import SinkError, writer
 
 
@@ -33,7 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--trigger", default="10 seconds", help="available-now, or an interval ('10 seconds')"
     )
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument(
+        "--master", help="a local Spark master (default local[*]; under spark-submit: its own)"
+    )
     parser.add_argument("--starting-offsets", default="earliest", help="for a new query")
     args = parser.parse_args(argv)
     if args.job == "sql" and not args.query:
@@ -58,7 +62,10 @@ def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        spark = local_session(args.master)
+        if args.master is None and submitted():
+            spark = submitted_session()
+        else:
+            spark = local_session(args.master or "local[*]")
     except JavaMissing as exc:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 1

@@ -47,7 +47,8 @@ def client_activity(
     events: DataFrame, window: str = WINDOW, watermark: str = WATERMARK
 ) -> DataFrame:
     """Connects, and disconnects by reason (sessions kept: offline; ended: gone), per
-    window."""
+    window: how many, by how many clients, the clients online just after the row's last
+    event, and how long the ended sessions lasted."""
     kinds = ["on_register", "on_client_offline", "on_client_gone"]
     return (
         broker_traffic(events)
@@ -58,7 +59,13 @@ def client_activity(
             "event_type",
             F.coalesce(F.col("reason"), F.lit("")).alias("reason"),
         )
-        .agg(F.count("*").alias("events"), F.approx_count_distinct("client_id").alias("clients"))
+        .agg(
+            F.count("*").alias("events"),
+            F.approx_count_distinct("client_id").alias("clients"),
+            F.max_by("online", "seq").alias("online"),
+            F.avg("session_seconds").alias("avg_session_seconds"),
+            F.max("session_seconds").alias("max_session_seconds"),
+        )
     )
 
 

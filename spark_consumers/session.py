@@ -1,4 +1,5 @@
-"""A SparkSession set up the way the relay's data source needs, on `local[*]` by default.
+"""A SparkSession set up the way the relay's data source needs: on `local[*]` by default,
+or on the cluster spark-submit names.
 
 The pitfalls it handles (../shared/reference/spark-python-source.md): Spark's Python
 workers must be this interpreter (PYSPARK_PYTHON; another one lacks pyarrow and fails as
@@ -19,6 +20,23 @@ from spark_consumers.source import NautilusEvents
 
 class JavaMissing(RuntimeError):
     """Spark needs a Java runtime and there is none."""
+
+
+def submitted() -> bool:
+    """Launched by spark-submit: its JVM, with the master and conf its command line gave,
+    is already running (pyspark then connects to it through this variable)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def submitted_session(app: str = "nautilus-spark") -> SparkSession:
+    """The session of a spark-submit run: master, executors and their Python are
+    spark-submit's (`--master`, `--conf spark.pyspark.python=...`); only what the source
+    and the jobs need is set here."""
+    session = (
+        SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    )
+    session.dataSource.register(NautilusEvents)
+    return session
 
 
 def local_session(master: str = "local[*]", app: str = "nautilus-spark") -> SparkSession:

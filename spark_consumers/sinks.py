@@ -19,7 +19,8 @@ from typing import Any
 from uuid import uuid4
 
 import paho.mqtt.client as mqtt
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from spark_consumers.jobs import SINK_CLIENTS
@@ -35,6 +36,9 @@ KEYS = {
 }
 
 
+PARTITION = "date"  # the Parquet sink's directories: date=YYYY-MM-DD
+
+
 class SinkError(ValueError):
     """A sink given on the command line that does not exist."""
 
@@ -47,6 +51,9 @@ def writer(results: DataFrame, sink: str, job: str, prefix: str = PREFIX) -> Dat
         return stream.format("console").outputMode("update").option("truncate", "false")
     if kind == "parquet" and where:
         # Files are written once: a window goes out when the watermark has passed it.
+        day = _day(results)
+        if day is not None:
+            stream = results.withColumn(PARTITION, day).writeStream.partitionBy(PARTITION)
         return stream.format("parquet").outputMode("append").option("path", where)
     if kind == "memory" and where:
         return stream.format("memory").queryName(where).outputMode("complete")
@@ -57,6 +64,18 @@ def writer(results: DataFrame, sink: str, job: str, prefix: str = PREFIX) -> Dat
     raise SinkError(
         f"unknown sink {sink!r}: expected console, parquet:DIR, memory:NAME or mqtt:HOST:PORT"
     )
+
+
+def _day(results: DataFrame) -> Column | None:
+    """The day a Parquet row belongs to: its window's start, or its event's time (UTC,
+    the session's time zone); None when the rows have neither."""
+    if PARTITION in results.columns:
+        return F.col(PARTITION)
+    if "window" in results.columns:
+        return F.to_date(F.col("window.start"))
+    if "event_time" in results.columns:
+        return F.to_date(F.col("event_time"))
+    return None
 
 
 class MqttPublisher:

@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
+    DoubleType,
     IntegerType,
     LongType,
     StringType,
@@ -65,6 +66,10 @@ _COLUMNS = [
     ("acl_name", StringType()),
     ("peer_addr", StringType()),
     ("reason", StringType()),
+    # Connects and disconnects: the clients online just after; disconnects: how long the
+    # session lasted (null if it connected before the broker started).
+    ("online", IntegerType()),
+    ("session_seconds", DoubleType()),
 ]
 SCHEMA = StructType([StructField(name, kind) for name, kind in _COLUMNS])
 # The Arrow schema the batches must match exactly (Spark checks it).
@@ -202,6 +207,9 @@ def _record_batch(events: list[list[Any]], node: str) -> pa.RecordBatch:
         event["event_time"] = event["ts"] // 1000  # ns -> the column's µs
         event["event_type"] = event["type"]
         event["node"] = node
+        connected = event.get("connected_ts")
+        if connected is not None:
+            event["session_seconds"] = (event["ts"] - connected) / 1e9
         for name, column in columns.items():
             column.append(event.get(name))
     return pa.RecordBatch.from_pydict(columns, schema=ARROW_SCHEMA)

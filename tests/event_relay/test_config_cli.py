@@ -140,9 +140,11 @@ def test_a_good_section_loads_the_relay_first(tmp_path):
     relay = plugins[0][1]
     assert relay.config.node_name == "edge-1"
     assert relay.config.serve is True
-    # Hooks not listed are hidden from the broker.
+    # Hooks not listed are hidden from the broker, but on_register: on_client_gone's
+    # events say when their session connected.
     hidden = [hook for hook in HOOK_NAMES if getattr(relay, hook) is None]
-    assert sorted(hidden) == sorted(set(HOOK_NAMES) - {"on_publish", "on_client_gone"})
+    kept = {"on_publish", "on_client_gone", "on_register"}
+    assert sorted(hidden) == sorted(set(HOOK_NAMES) - kept)
 
 
 def test_no_relay_unless_enabled():

@@ -102,9 +102,10 @@ def test_connect_subscribe_publish_deliver_unsubscribe_disconnect_fields(fleet, 
                 "clean_start": True,
                 "protocol_level": 4,
                 "user_properties": [],
+                "online": 1,
             }
             assert fields(wakeup) == common("on_client_wakeup", "sub-311", "alice")
-            sub_session = register["session_id"]
+            sub_session, sub_connected = register["session_id"], register["ts"]
             assert UUID4.match(sub_session), sub_session
             assert wakeup["session_id"] == sub_session
 
@@ -124,9 +125,10 @@ def test_connect_subscribe_publish_deliver_unsubscribe_disconnect_fields(fleet, 
                 "clean_start": True,
                 "protocol_level": 5,
                 "user_properties": [["origin", "test"], ["fleet", "north"]],
+                "online": 2,
             }
             assert fields(wakeup) == common("on_client_wakeup", "pub-5", "bob")
-            pub_session = register["session_id"]
+            pub_session, pub_connected = register["session_id"], register["ts"]
             assert UUID4.match(pub_session) and pub_session != sub_session
             assert wakeup["session_id"] == pub_session
 
@@ -217,6 +219,8 @@ def test_connect_subscribe_publish_deliver_unsubscribe_disconnect_fields(fleet, 
             assert fields(gone) == {
                 **common("on_client_gone", "sub-311", "alice"),
                 "reason": "normal_disconnect",
+                "connected_ts": sub_connected,  # how long the session lasted
+                "online": 1,
             }
             assert gone["session_id"] == sub_session
             await to_thread(pub.disconnect)
@@ -224,6 +228,8 @@ def test_connect_subscribe_publish_deliver_unsubscribe_disconnect_fields(fleet, 
             assert fields(gone) == {
                 **common("on_client_gone", "pub-5", "bob"),
                 "reason": "normal_disconnect",
+                "connected_ts": pub_connected,
+                "online": 0,
             }
             assert gone["session_id"] == pub_session
 
@@ -259,8 +265,9 @@ def test_persistent_session_offline_message_wakeup_queue_full_and_tcp_closed(fle
                     "clean_start": False,
                     "protocol_level": 4,
                     "user_properties": [],
+                    "online": 1,
                 }
-                first_session = register["session_id"]
+                first_session, first_connected = register["session_id"], register["ts"]
                 assert await to_thread(keeper.subscribe, ("ev/keep", 1)) == [1]
                 (subscribe,) = await expect(1)
                 assert subscribe["topics"] == [["ev/keep", 1, "fleet", "ev/#"]]
@@ -269,6 +276,8 @@ def test_persistent_session_offline_message_wakeup_queue_full_and_tcp_closed(fle
                 assert fields(offline) == {
                     **common("on_client_offline", "keeper", "alice"),
                     "reason": "normal_disconnect",
+                    "connected_ts": first_connected,
+                    "online": 0,
                 }
                 assert offline["session_id"] == first_session
             finally:
@@ -311,8 +320,9 @@ def test_persistent_session_offline_message_wakeup_queue_full_and_tcp_closed(fle
                     "clean_start": False,
                     "protocol_level": 4,
                     "user_properties": [],
+                    "online": 2,  # pub-311 too
                 }
-                second_session = register["session_id"]
+                second_session, second_connected = register["session_id"], register["ts"]
                 assert UUID4.match(second_session) and second_session != first_session
                 assert wakeup["type"] == "on_client_wakeup"
                 assert wakeup["session_id"] == second_session
@@ -334,6 +344,8 @@ def test_persistent_session_offline_message_wakeup_queue_full_and_tcp_closed(fle
             assert fields(offline) == {
                 **common("on_client_offline", "keeper", "alice"),
                 "reason": "tcp_closed",
+                "connected_ts": second_connected,
+                "online": 1,
             }
             assert offline["session_id"] == second_session
             assert_gap_free(seen, first=client.start)
@@ -350,7 +362,7 @@ def test_session_taken_over(fleet, paho_client, version):
                 paho_client, fleet, version, "twin", username="bob", password="bob-pw"
             )
             register, _ = await stream.take(2)
-            old_session = register["session_id"]
+            old_session, old_connected = register["session_id"], register["ts"]
             await to_thread(paho_client, fleet, version, "twin", username="bob", password="bob-pw")
             if version == V5:
                 await to_thread(first.expect_disconnected)
@@ -358,6 +370,8 @@ def test_session_taken_over(fleet, paho_client, version):
             assert fields(gone) == {
                 **common("on_client_gone", "twin", "bob"),
                 "reason": "session_taken_over",
+                "connected_ts": old_connected,
+                "online": 0,  # the new connection registers next
             }
             assert gone["session_id"] == old_session
             assert (register["type"], wakeup["type"]) == ("on_register", "on_client_wakeup")
@@ -420,6 +434,8 @@ def test_session_expiry_gives_on_session_expired(fleet, paho_client):
             assert fields(offline) == {
                 **common("on_client_offline", "mortal", "alice"),
                 "reason": "normal_disconnect",
+                "connected_ts": register["ts"],
+                "online": 0,
             }
             await to_thread(fleet.server.advance, 31)
             clock_end = time.time_ns()

@@ -11,9 +11,12 @@ import msgpack
 import pytest
 
 from event_relay import frames
+from event_relay.config import RelayConfig
 from event_relay.log import SEGMENT, EventLog, OutOfRange
+from event_relay.plugin import EventRelay
 from event_relay.schema import CODES, COMMON, HOOK_NAMES, TYPES, decode_event
 from event_relay.spool import Spool
+from hooks import ClientContext, RegisterContext
 
 BIG = 1 << 40
 
@@ -315,3 +318,19 @@ def test_decode_event_of_an_unknown_type_keeps_its_values():
         "values": ["a", 2],
     }
     assert list(decode_event([1, 2, 1, "c", "", None, "s"])) == list(COMMON)  # no own fields
+
+
+def test_disconnects_say_when_their_session_connected_and_who_is_online():
+    relay = EventRelay(RelayConfig(hooks=["on_client_offline", "on_client_gone"]))
+    assert relay.on_register is not None  # not relayed, but kept: it records connect times
+    relay.on_register(RegisterContext(client_id="a", session_id="sa"))
+    relay.on_register(RegisterContext(client_id="b", session_id="sb"))
+    relay.on_client_offline(ClientContext(client_id="a", session_id="sa", reason="tcp_closed"))
+    # A session that connected before the relay started has no connect time.
+    relay.on_client_gone(ClientContext(client_id="old", session_id="s0", reason="tcp_closed"))
+    events, _ = relay.log.read(relay.log.first_seq, 10)
+    offline, gone = (decode_event(msgpack.unpackb(data)) for data in events)
+    assert offline["type"] == "on_client_offline"  # no on_register event: not relayed
+    assert offline["ts"] >= offline["connected_ts"] > 0
+    assert offline["online"] == 1  # b
+    assert (gone["connected_ts"], gone["online"]) == (None, 1)

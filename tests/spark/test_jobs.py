@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from event_relay.schema import CODES
+from event_relay.schema import decode_event
 from spark_consumers import jobs
 from tests.event_relay.conftest import PASSWORDS
 
@@ -15,10 +15,15 @@ from .test_source import relay_of
 pytestmark = pytest.mark.timeout(240)
 
 
-def count(relay, hook: str) -> int:
-    """How many `hook` events the relay's log holds (run it on the broker's loop)."""
+def events_of(relay, hook: str) -> list[dict]:
+    """The `hook` events the relay's log holds."""
     events, _ = relay.log.read(relay.log.first_seq, 1_000_000)
-    return sum(1 for data in events if msgpack.unpackb(data)[2] == CODES[hook])
+    decoded = (decode_event(msgpack.unpackb(data)) for data in events)
+    return [event for event in decoded if event["type"] == hook]
+
+
+def count(relay, hook: str) -> int:
+    return len(events_of(relay, hook))
 
 
 def totals(spark, address: str, job, tmp_path, name: str) -> list:
@@ -86,6 +91,15 @@ def test_the_jobs_count_known_traffic(spark, start_broker, paho_client, tmp_path
         ("on_register", ""): 2,
         ("on_client_gone", "normal_disconnect"): 1,
     }
+    # Online after the connects: 1, then 2 (a window boundary may split them); after the
+    # publisher left: 1. Its session lasted from its on_register to its on_client_gone.
+    assert max(row.online for row in activity if row.event_type == "on_register") == 2
+    (gone,) = (row for row in activity if row.event_type == "on_client_gone")
+    assert gone.online == 1
+    (event,) = events_of(relay, "on_client_gone")
+    lasted = (event["ts"] - event["connected_ts"]) / 1e9
+    assert gone.avg_session_seconds == gone.max_session_seconds == pytest.approx(lasted)
+    assert 0 < lasted < 60
 
 
 def test_auth_failures_by_reason_and_peer(spark, start_broker, raw_client, fleet_files, tmp_path):
