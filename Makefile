@@ -32,7 +32,8 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: $(STAMP) lint typecheck
-	bash scripts/system-packages.sh openjdk-17-jre-headless  # Java, for Spark's tests
+	# Java for Spark's tests, Chromium for the status page's
+	bash scripts/system-packages.sh openjdk-17-jre-headless chromium
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

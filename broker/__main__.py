@@ -10,7 +10,7 @@ import signal
 import sys
 from importlib.metadata import entry_points
 
-from broker import __version__
+from broker import __version__, logs
 from broker.config import ConfigError, load_config
 from broker.plugins import configured_plugins
 from broker.store import StoreError
@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="nautilus passwd [-c | -D] FILE USER: manage a password file "
         "(see nautilus passwd --help). nautilus store stats|check|compact --path DIR: "
         "look into a LevelDB store. nautilus events tail [--relay HOST:PORT]: print an "
-        "event relay's events (see nautilus events tail --help).",
+        "event relay's events (see nautilus events tail --help). nautilus api-key "
+        "add|list|delete: the admin API's keys. nautilus admin COMMAND: ask a running "
+        "broker (see nautilus admin --help).",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
     parser.add_argument("--version", action="version", version=f"nautilus {__version__}")
@@ -40,6 +42,7 @@ async def serve(config, plugins) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
     try:
         await broker.start()
         await stop.wait()
@@ -63,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         from broker.store.tool import main as store_tool
 
         return store_tool(argv[1:])
+    if argv and argv[0] == "api-key":  # nautilus api-key add|list|delete
+        from broker.http.api_keys import main as api_key_tool
+
+        return api_key_tool(argv[1:])
+    if argv and argv[0] == "admin":  # nautilus admin sessions|client|disconnect|...
+        from broker.http.admin_cli import main as admin_tool
+
+        return admin_tool(argv[1:])
     command = _subcommand(argv[0]) if argv and not argv[0].startswith("-") else None
     if command is not None:
         return command(argv[1:])
@@ -72,10 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nautilus: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
+        logs.configure(config.log)
         plugins = configured_plugins(config)
     except ConfigError as exc:
         print(f"nautilus: {exc}", file=sys.stderr)
@@ -88,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     try:
         runner(serve(config, plugins))
+    except ConfigError as exc:  # e.g. a TLS listener's certificate that will not load
+        print(f"nautilus: {exc}", file=sys.stderr)
+        return 2
     except StoreError as exc:  # locked, corrupt, or from an older version
         print(f"nautilus: {exc}", file=sys.stderr)
         return 1

@@ -72,21 +72,39 @@ class BrokerSettings:
 
 @dataclass(slots=True)
 class ListenerSettings:
-    type: Literal["tcp"] = "tcp"
+    type: Literal["tcp", "ssl", "ws", "wss"] = "tcp"
     address: str = "127.0.0.1:1883"
     max_connections: int = 10000
+    # A PROXY protocol v1/v2 header comes first (a load balancer's): the peer it names is
+    # the client's address for hooks, logs and ACLs.
+    proxy_protocol: bool = False
+    path: str = "/mqtt"  # ws / wss: where the WebSocket upgrade is accepted
+    # ssl (VerneMQ's names): the server's certificate chain and key (PEM), the CA that
+    # client certificates must chain to, and what the listener asks of clients.
+    certfile: str = ""
+    keyfile: str = ""
+    keypasswd: str = ""
+    cafile: str = ""
+    require_certificate: bool = False
+    use_identity_as_username: bool = False  # the client certificate's CN is the username
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = "tlsv1.2"  # the lowest accepted
+    ciphers: str = ""  # an OpenSSL cipher list (TLS 1.2); "" keeps OpenSSL's defaults
 
     @property
     def host_port(self) -> tuple[str, int]:
-        """("127.0.0.1", 1883) from "127.0.0.1:1883"; IPv6 hosts in brackets: "[::1]:1883"."""
-        host, _, port = self.address.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        elif ":" in host:
-            raise ValueError("IPv6 hosts need brackets")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError("expected host:port")
-        return host, int(port)
+        return host_port(self.address)
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """("127.0.0.1", 1883) from "127.0.0.1:1883"; IPv6 hosts in brackets: "[::1]:1883"."""
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("IPv6 hosts need brackets")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError("expected host:port")
+    return host, int(port)
 
 
 @dataclass(slots=True)
@@ -99,6 +117,22 @@ class StoreSettings:
 @dataclass(slots=True)
 class LogSettings:
     level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"  # json: one JSON object per line
+    console: bool = True  # to stderr
+    file: str = ""  # a path: also to this file, rotated by size
+    file_max_bytes: int = 10 * 1024 * 1024
+    file_backups: int = 5  # rotated files kept (file.1 ... file.N)
+    syslog: str = ""  # "/dev/log", or "host:port" (UDP): also to syslog
+
+
+@dataclass(slots=True)
+class HttpSettings:
+    enabled: bool = True
+    address: str = "127.0.0.1:8888"
+    # Prefix of every /metrics name (VerneMQ's prometheus_namespace): "" keeps the
+    # metric names as they are in $SYS and VerneMQ's dashboards.
+    prometheus_namespace: str = ""
+    api_keys_file: str = "./data/api-keys"  # `nautilus api-key add|list|delete` edits it
 
 
 @dataclass(slots=True)
@@ -107,6 +141,7 @@ class Config:
     listeners: list[ListenerSettings] = field(default_factory=lambda: [ListenerSettings()])
     store: StoreSettings = field(default_factory=StoreSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
     # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     # [event_relay]: the relay validates its own keys (event_relay/config.py).
@@ -123,7 +158,10 @@ _NON_NEGATIVE = {
     "max_message_rate",
     "max_subscriptions_per_client",
     "max_connections",
+    "file_max_bytes",
+    "file_backups",
 }
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
 
 
@@ -291,6 +329,60 @@ def validate(config: Config) -> Config:
                 f"listeners[{i}].address: expected 'host:port' (IPv6: '[::1]:port'), "
                 f"got {listener.address!r}"
             ) from None
+        if listener.type in ("ssl", "wss"):
+            check_tls(listener, f"listeners[{i}]")
+        else:
+            for key in TLS_KEYS:
+                if getattr(listener, key) != getattr(_PLAIN, key):
+                    raise ConfigError(
+                        f'listeners[{i}].{key}: TLS settings need type = "ssl" or "wss"'
+                    )
+        if listener.proxy_protocol and listener.type != "tcp":
+            raise ConfigError(
+                f"listeners[{i}].proxy_protocol: only on tcp listeners for now (terminate "
+                "TLS and WebSockets at the load balancer, or do without the header)"
+            )
+        if listener.type in ("ws", "wss") and not listener.path.startswith("/"):
+            raise ConfigError(f'listeners[{i}].path: expected a path such as "/mqtt"')
     if not config.listeners:
         raise ConfigError("listeners: at least one listener is needed")
+    namespace = config.http.prometheus_namespace
+    if namespace and not _METRIC_NAME.fullmatch(namespace):
+        raise ConfigError(
+            f"http.prometheus_namespace: {namespace!r} cannot start a Prometheus metric name "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    try:
+        host_port(config.http.address)
+    except ValueError:
+        raise ConfigError(
+            f"http.address: expected 'host:port' (IPv6: '[::1]:port'), got {config.http.address!r}"
+        ) from None
     return config
+
+
+TLS_KEYS = (
+    "certfile",
+    "keyfile",
+    "keypasswd",
+    "cafile",
+    "require_certificate",
+    "use_identity_as_username",
+    "tls_version",
+    "ciphers",
+)
+_PLAIN = ListenerSettings()  # a listener's defaults: what a tcp / ws listener must keep
+
+
+def check_tls(listener: ListenerSettings, where: str) -> None:
+    """What a TLS listener needs besides its files (broker/tls.py loads those)."""
+    for key in ("certfile", "keyfile"):
+        if not getattr(listener, key):
+            raise ConfigError(f'{where}.{key}: a listener of type "{listener.type}" needs one')
+    if listener.require_certificate and not listener.cafile:
+        raise ConfigError(f"{where}.cafile: require_certificate needs the CA to check against")
+    if listener.use_identity_as_username and not listener.require_certificate:
+        raise ConfigError(
+            f"{where}.use_identity_as_username: needs require_certificate = true "
+            "(the username comes from the client's certificate)"
+        )

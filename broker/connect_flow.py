@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.authorization import (
     ack_properties,
@@ -67,7 +67,12 @@ def on_connect(conn: Connection, packet: Connect) -> None:
     if packet.will is not None and not valid_topic_name(packet.will.topic):
         return refuse(conn, ReasonCode.TOPIC_NAME_INVALID)
     conn.client.client_id = client_id
-    conn.client.username = packet.username
+    # use_identity_as_username: the certificate's CN, whatever CONNECT says; a certificate
+    # without one is refused (as Mosquitto does), not let through to a password check.
+    listener = conn.broker.config.listeners[conn.listener]
+    if listener.use_identity_as_username and not conn.client.identity:
+        return refuse(conn, ReasonCode.NOT_AUTHORIZED)
+    conn.client.username = conn.client.identity or packet.username
     conn.client.problem_info = packet.properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
     settings = conn.broker.settings
     if settings.server_reference:
@@ -94,7 +99,9 @@ def _authenticate(
     level = conn.client.protocol_level
     v5 = level == MQTT5
     register = None
-    if not conn.broker.settings.allow_anonymous:  # then auth_on_register is skipped
+    # Anonymous access, or a client the certificate authenticated (use_identity_as_username):
+    # then auth_on_register is skipped.
+    if not (conn.broker.settings.allow_anonymous or conn.client.identity):
         register = chains.auth_on_register[v5]
     will_check = None
     if packet.will is not None:
@@ -103,7 +110,7 @@ def _authenticate(
         return _accept(conn, packet, assigned, {}, auth_props)
     context = RegisterContext(
         client_id=conn.client.client_id,
-        username=packet.username,
+        username=conn.client.username,
         attributes=conn.client.attributes,
         session_id=conn.client.session_id,
         peer=conn.client.peer[:2],
@@ -111,6 +118,7 @@ def _authenticate(
         clean_start=packet.clean_start,
         protocol_level=level,
         properties=packet.properties,
+        **_listener_fields(conn),
     )
     if register is None:
         return _check_will(conn, packet, assigned, context, {}, will_check, auth_props)
@@ -285,7 +293,23 @@ def _register_event(conn: Connection, packet: Connect) -> RegisterContext:
         clean_start=packet.clean_start,
         protocol_level=conn.client.protocol_level,
         properties=packet.properties,
+        **_listener_fields(conn),
     )
+
+
+# VerneMQ's names of the listener types, as hooks and webhooks see them.
+LISTENER_TYPES = {"tcp": "mqtt", "ssl": "mqtts", "ws": "mqttws", "wss": "mqttwss"}
+
+
+def _listener_fields(conn: Connection) -> dict[str, Any]:
+    host, port = conn.broker.listening[conn.listener]
+    kind = conn.broker.config.listeners[conn.listener].type
+    return {
+        "listener_type": LISTENER_TYPES[kind],
+        "listener_addr": host,
+        "listener_port": port,
+        "client_cert": conn.client.certificate,
+    }
 
 
 def on_auth(conn: Connection, packet: Auth) -> None:

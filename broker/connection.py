@@ -50,6 +50,7 @@ from broker.protocol import (
     UnsupportedProtocolVersion,
     encode,
 )
+from broker.tls import common_name
 from hooks import Chain, ClientContext, PublishContext
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.client.peer = transport.get_extra_info("peername") or ("?", 0)
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None:
+            self._tls_client(tls)
         self.broker.metrics.socket_open += 1
         if not self.broker.admit(self):
             self.client.advance(CLOSING)  # over the listener's max_connections: not read
@@ -143,6 +147,12 @@ class Connection(asyncio.Protocol):
             return
         self.broker.connections.add(self)
         self._timer = self.loop.call_later(self.broker.settings.connect_timeout, self._no_connect)
+
+    def _tls_client(self, tls: Any) -> None:
+        """The client certificate, if it showed one (the handshake verified it)."""
+        self.client.certificate = tls.getpeercert(binary_form=True)
+        if self.broker.config.listeners[self.listener].use_identity_as_username:
+            self.client.identity = common_name(tls.getpeercert() or {})
 
     def data_received(self, data: bytes) -> None:
         if self.client.phase == CLOSING:

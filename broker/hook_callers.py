@@ -39,6 +39,11 @@ class HookCallers:
 
     def __init__(self, hooks: Hooks) -> None:
         self.tasks: set[asyncio.Task[Any]] = hooks.tasks  # async event hooks in progress
+        self.load(hooks)
+
+    def load(self, hooks: Hooks) -> None:
+        """(Re)resolve every chain from `hooks`: in place, so that whoever holds this
+        object (every session does) sees a plugin enabled or disabled at run time."""
         pair = hooks.versions
         self.auth_on_register: Pair = pair("auth_on_register")
         self.auth_on_publish: Pair = pair("auth_on_publish")

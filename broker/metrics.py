@@ -69,6 +69,11 @@ class Metrics:
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
 
+    def reset(self) -> None:
+        """Every counter back to 0 (the admin API's metrics reset)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, 0)
+
 
 _CONNACK_COUNTERS = (
     "mqtt_connack_accepted_sent",

@@ -10,24 +10,29 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from broker.config import Config
+from broker.config import Config, ConfigError
 from broker.connection import Connection
 from broker.flow import FlowControl, Subscriber
 from broker.hook_callers import HookCallers
+from broker.http.app import HttpServer
 from broker.message import Delivery, Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
 from broker.plugins import call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
+from broker.proxy_protocol import ProxyHeaderReader
 from broker.registry import Registry
 from broker.retain import RetainedMessages
 from broker.router import Router, SharedGroup, SubOptions
 from broker.session import Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
-from hooks import Hooks
+from broker.tls import TlsListener
+from broker.websocket import WebSocketProtocol
+from hooks import HOOKS, Hooks
 
 log = logging.getLogger("nautilus")
 
@@ -51,21 +56,30 @@ class Broker:
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
         self.registry = Registry(self)
         self.plugins = configured_plugins(config) if plugins is None else plugins
+        self.disabled_plugins: set[str] = set()  # by the admin API: their hooks are not called
         self.hooks = Hooks(self.plugins)
         # Plugins that keep something before the broker acknowledges a message.
-        self.before_ack = [
-            plugin.before_ack
-            for _, plugin in self.plugins
-            if callable(getattr(plugin, "before_ack", None))
-        ]
+        self.before_ack: list[Callable[[], bool]] = []
         self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
+        self._load_hooks()
+        self.started_at = time.time()
+        self.stopping = False
+        self.http = HttpServer(self) if config.http.enabled else None
         self.connections: set[Connection] = set()
+        # proxy_protocol listeners' connections before their header (then a Connection).
+        self.awaiting_header: set[ProxyHeaderReader] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
         self.listening: list[tuple[str, int]] = []
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self._servers: list[asyncio.Server] = []
+        # TLS listeners' contexts, by listener index (a file that will not load: ConfigError).
+        self.tls = {
+            index: TlsListener(listener, f"listeners[{index}]")
+            for index, listener in enumerate(config.listeners)
+            if listener.type in ("ssl", "wss")
+        }
         self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
 
     def _connack_properties(self) -> dict:
@@ -84,23 +98,77 @@ class Broker:
         self._restore()
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
+            connection = functools.partial(Connection, self, index)
+            factory: Callable[[], asyncio.Protocol] = connection
+            if listener.proxy_protocol:
+                factory = functools.partial(ProxyHeaderReader, self, connection)
+            elif listener.type in ("ws", "wss"):
+                factory = functools.partial(WebSocketProtocol, self, connection, listener.path)
             server = await self.loop.create_server(
-                functools.partial(Connection, self, index),
+                factory,
                 host,
                 port,
                 reuse_address=True,
                 backlog=4096,
+                ssl=self.tls[index].server if index in self.tls else None,
+                # A handshake that does not finish in time is dropped like a silent client.
+                ssl_handshake_timeout=self.settings.connect_timeout if index in self.tls else None,
             )
             self._servers.append(server)
             address = server.sockets[0].getsockname()[:2]
             self.listening.append(address)
             log.info("listening for MQTT on %s:%s (%s)", *address, listener.type)
+        if self.http is not None:
+            await self.http.start()
         self.systree.start()
 
+    def _load_hooks(self) -> None:
+        enabled = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]
+        hooks = Hooks(enabled)
+        hooks.tasks = self.tasks  # the same set: tasks of a plugin disabled meanwhile end too
+        self.hooks = hooks
+        self.chains.load(hooks)
+        self.before_ack[:] = [
+            plugin.before_ack
+            for _, plugin in enabled
+            if callable(getattr(plugin, "before_ack", None))
+        ]
+
+    def set_plugin_enabled(self, name: str, enabled: bool) -> None:
+        """Stop or start calling a plugin's hooks (its own servers, e.g. the relay's, run
+        on: only its say in the broker's decisions and events changes)."""
+        if enabled:
+            self.disabled_plugins.discard(name)
+        else:
+            self.disabled_plugins.add(name)
+        self._load_hooks()
+        log.info("plugin %s %s", name, "enabled" if enabled else "disabled")
+
+    def plugin_hooks(self) -> dict[str, list[str]]:
+        """Each loaded plugin's hooks, in the order plugins are called."""
+        return {
+            name: [hook for hook in HOOKS if getattr(plugin, hook, None) is not None]
+            for name, plugin in self.plugins
+        }
+
+    def reload_tls(self) -> None:
+        """SIGHUP: TLS listeners load their certificate files again, for new connections
+        (established ones keep theirs). A listener whose files fail keeps the old ones."""
+        for tls in self.tls.values():
+            try:
+                tls.reload()
+            except ConfigError as exc:
+                log.error("TLS reload failed, keeping the previous certificates: %s", exc)
+            else:
+                log.info("%s: TLS certificates reloaded", tls.where)
+
     async def stop(self) -> None:
+        self.stopping = True  # /health says 503 from now on, while connections close
         self.systree.stop()
         for server in self._servers:
             server.close()
+        for reader in list(self.awaiting_header):
+            reader.refuse("the broker is shutting down")
         for connection in list(self.connections):
             connection.close(ReasonCode.SERVER_SHUTTING_DOWN)  # its session goes offline
             if connection.transport is not None:
@@ -111,6 +179,8 @@ class Broker:
         for task in list(self.tasks):
             task.cancel()
         await call_all(self.plugins, "stop")
+        if self.http is not None:
+            await self.http.stop()
         self.store.close()
 
     def _restore(self) -> None:

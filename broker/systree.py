@@ -33,10 +33,16 @@ def gauges(broker: Broker) -> dict[str, int]:
     """Values read from the broker's state, under VerneMQ's names where it has one."""
     sessions = broker.registry.sessions
     online = sum(1 for session in sessions.values() if session.online)
-    connected = sum(1 for connection in broker.connections if connection.session is not None)
+    listeners = broker.config.listeners
+    connected = websocket = 0
+    for connection in broker.connections:
+        if connection.session is not None:  # past CONNECT
+            connected += 1
+            websocket += listeners[connection.listener].type in ("ws", "wss")
     return {
-        "active_mqtt_connections": connected,  # connections past CONNECT
-        "total_active_connections": connected,  # the same until WebSocket listeners exist
+        "active_mqtt_connections": connected - websocket,  # tcp and ssl listeners
+        "active_mqttws_connections": websocket,  # ws and wss listeners
+        "total_active_connections": connected,
         "queue_processes": len(sessions),  # sessions, online and offline (one queue each)
         "sessions_offline": len(sessions) - online,
         "router_subscriptions": broker.router.subscription_count,

@@ -28,6 +28,7 @@ from event_relay.server import RelayServer
 from event_relay.spool import Spool, SpoolError
 from hooks import (
     ClientContext,
+    Metric,
     PublishContext,
     RegisterContext,
     SubscribeContext,
@@ -133,6 +134,29 @@ class EventRelay:
         if self.server is not None:
             await self.server.stop()
         self.log.close()
+
+    def metrics(self) -> list[Metric]:
+        """For /metrics (hooks.Metric): the log, its consumers and the sidecar."""
+        log = self.log
+        found = [
+            Metric("event_relay_events", log.next_seq - 1, help="events appended (last seq)"),
+            Metric("event_relay_events_retained", log.next_seq - log.first_seq, "gauge"),
+            Metric("event_relay_events_lost", log.lost, help="let go of unspooled"),
+            Metric("event_relay_sampled_out", self.sampled_out),
+        ]
+        if self.server is not None:
+            found += [
+                Metric("event_relay_consumers", len(self.server.consumers), "gauge"),
+                Metric("event_relay_events_sent", self.server.events_sent),
+            ]
+        if self.sidecar is not None:
+            found += [
+                Metric("event_relay_sidecar_sent", self.sidecar.sent),
+                Metric("event_relay_sidecar_dropped", self.sidecar.dropped),
+                Metric("event_relay_sidecar_errors", self.sidecar.errors),
+                Metric("event_relay_sidecar_connections", self.sidecar.connected, "gauge"),
+            ]
+        return found
 
     def _sampled_out(self, hook: str, ctx: PublishContext) -> bool:
         """Courier's rule: events whose ACL label has a rule are relayed with that

@@ -28,6 +28,19 @@ Properties = dict[int, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Metric:
+    """One figure a plugin reports (its optional `metrics()` method returns them): served
+    on /metrics as `name{node="...",<labels>} value`. Names follow Prometheus' rules
+    (`[a-z_][a-z0-9_]*`), starting with the plugin's own prefix (`webhooks_`, `acl_`)."""
+
+    name: str
+    value: float
+    kind: Literal["counter", "gauge"] = "counter"
+    labels: tuple[tuple[str, str], ...] = ()
+    help: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class MatchedAcl:
     """The ACL rule that allowed a publish or a subscription (Courier's MatchedACL): its
     label (`label <name>` in the ACL file; "" without one) and its topic pattern with the
@@ -56,13 +69,21 @@ class ClientContext:
 
 @dataclass(slots=True, kw_only=True)
 class RegisterContext(ClientContext):
-    """auth_on_register(_m5), on_register(_m5), on_register_failed."""
+    """auth_on_register(_m5), on_register(_m5), on_register_failed. `listener_*`: the
+    listener the client came through (type "mqtt", "mqtts", "mqttws" or "mqttwss", as
+    VerneMQ names them);
+    `client_cert`: the certificate (DER) a TLS client showed, verified against the
+    listener's CA."""
 
     peer: tuple[str, int] = ("", 0)
     password: bytes | None = None
     clean_start: bool = True
     protocol_level: int = 4
     properties: Properties = field(default_factory=dict)
+    listener_type: str = "mqtt"
+    listener_addr: str = ""
+    listener_port: int = 0
+    client_cert: bytes | None = None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -115,6 +115,7 @@ class BrokerThread:
     def __init__(self, sections: dict[str, Any]) -> None:
         sections.setdefault("listeners", [{"type": "tcp", "address": "127.0.0.1:0"}])
         sections.setdefault("store", {"backend": "memory"})
+        sections.setdefault("http", {"address": "127.0.0.1:0"})  # not 8888: brokers would clash
         self.config = config_from_dict(sections)
         self.loop = ClockLoop()
         self.broker = Broker(self.config, loop=self.loop)

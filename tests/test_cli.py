@@ -33,9 +33,11 @@ LISTENING = re.compile(r"listening for MQTT on 127\.0\.0\.1:(\d+)\b")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without NAUTILUS_* overrides, plus `extra`."""
+    """The test's environment without NAUTILUS_* overrides, plus `extra`. HTTP binds a
+    free port (the default, 8888, would collide between brokers)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NAUTILUS_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["NAUTILUS_HTTP__ADDRESS"] = "127.0.0.1:0"
     env.update(extra)
     return env
 

@@ -345,7 +345,11 @@ def test_invalid_toml(tmp_path, text):
         ({"listeners": [{"port": 1883}]}, "listeners[0].port"),
         ({"listeners": [{}, {"adress": "127.0.0.1:1"}]}, "listeners[1].adress"),
         ({"store": {"backend": "memory", "fsync": True}}, "store.fsync"),
-        ({"log": {"file": "x.log"}}, "log.file"),
+        ({"log": {"path": "x.log"}}, "log.path"),
+        ({"http": {"port": 8888}}, "http.port"),
+        ({"http": {"address": "8888"}}, "http.address"),
+        ({"log": {"format": "xml"}}, "log.format"),
+        ({"log": {"file_backups": -1}}, "log.file_backups"),
         # wrong types
         ({"broker": {"allow_anonymous": "yes"}}, "broker.allow_anonymous"),
         ({"broker": {"allow_anonymous": 1}}, "broker.allow_anonymous"),

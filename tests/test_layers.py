@@ -5,13 +5,15 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
 
   0 protocol       the sans-I/O codec
   1 foundations    topics, clock, metrics, config, router (the trie only matches),
-                   authorization, enhanced_auth, hook_callers
+                   authorization, enhanced_auth, hook_callers, tls (listeners' contexts),
+                   logs
   2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
   3 store          the message stores
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
   5 registry       client id -> session
-  6 connection     the asyncio shell and the packet flows over it, plugins, systree
-  7 broker         server (the Broker), __main__
+  6 connection     the asyncio shell and the packet flows over it, proxy_protocol (the
+                   header before it), websocket (the framing around it), plugins, systree
+  7 broker         server (the Broker), __main__, admin (operations), http (the server)
 
 Type-only imports (under `if TYPE_CHECKING:`) of an owner's class are the one exception:
 a part may name the type of what owns it (the registry its Broker, a flow the
@@ -37,6 +39,8 @@ LAYERS = {
     "broker.authorization": 1,
     "broker.enhanced_auth": 1,
     "broker.hook_callers": 1,
+    "broker.logs": 1,
+    "broker.tls": 1,
     "broker.message": 2,
     "broker.client": 2,
     "broker.outlet": 2,
@@ -52,7 +56,11 @@ LAYERS = {
     "broker.subscriptions": 6,
     "broker.plugins": 6,
     "broker.systree": 6,
+    "broker.proxy_protocol": 6,
+    "broker.websocket": 6,
     "broker.server": 7,
+    "broker.admin": 7,
+    "broker.http": 7,
     "broker.__main__": 7,
     "broker": 7,  # broker/__init__.py
 }

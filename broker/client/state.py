@@ -47,8 +47,10 @@ class ClientState:
         "aliases_in",
         "aliases_out",
         "attributes",
+        "certificate",
         "client_id",
         "disconnect_reason",
+        "identity",
         "keepalive",
         "max_message_rate",
         "max_packet_out",
@@ -70,6 +72,10 @@ class ClientState:
         self.client_id = ""  # until CONNECT (or the one the broker assigned)
         self.username: str | None = None
         self.attributes: dict[str, Any] = {}  # shared by the plugins for this client
+        # TLS: the client's certificate (DER) and, with use_identity_as_username, its CN:
+        # the username, authenticated by the certificate.
+        self.certificate: bytes | None = None
+        self.identity: str | None = None
         # Names this connection in events (a reconnect is a new session id), as Courier's.
         self.session_id = str(uuid.uuid4())
         # Why the connection ended, in Courier's words (the first reason given wins).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from broker.message import Delivery, Message
 from broker.router import SubOptions
@@ -48,6 +49,9 @@ class StoredEntry:
     share: str | None  # the `$share/<group>/<filter>` it came through, if any
 
 
+Kind = Literal["counter", "gauge"]
+
+
 class MessageStore:
     """The interface; this base keeps nothing (the memory backend)."""
 
@@ -58,6 +62,10 @@ class MessageStore:
         """Write what this loop turn buffered (called before any socket write)."""
 
     def close(self) -> None: ...
+
+    def figures(self) -> dict[str, tuple[int, Kind]]:
+        """For /metrics: name -> (value, "counter" or "gauge"); none without a disk."""
+        return {}
 
     # -- retained ----------------------------------------------------------------------
 

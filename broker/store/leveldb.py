@@ -35,7 +35,7 @@ import plyvel
 
 from broker.message import Delivery, Message
 from broker.store import records
-from broker.store.base import MessageStore, SessionRecord, StoredEntry, StoreError
+from broker.store.base import Kind, MessageStore, SessionRecord, StoredEntry, StoreError
 
 if TYPE_CHECKING:
     from asyncio import AbstractEventLoop
@@ -113,6 +113,8 @@ class LevelDBStore(MessageStore):
         self._next_body = self._last_body_id() + 1
         self._idents: dict[str, bytes] = {}
         self.failed = False  # the last commit failed (a full disk): connections close
+        self.commits = 0  # batches written
+        self.write_failures = 0  # batches that could not be written (kept, tried again)
 
     def _ident(self, client_id: str) -> bytes:
         """The client id as it appears in keys (made once per client)."""
@@ -179,6 +181,7 @@ class LevelDBStore(MessageStore):
         try:
             batch.write()
         except (plyvel.IOError, plyvel.Error) as exc:
+            self.write_failures += 1
             if not self.failed:
                 log.error("store write failed, clients are disconnected until it works: %s", exc)
             self.failed = True
@@ -187,6 +190,16 @@ class LevelDBStore(MessageStore):
             log.warning("store writes work again")
         self.failed = False
         self._batch = None
+        self.commits += 1
+
+    def figures(self) -> dict[str, tuple[int, Kind]]:
+        return {
+            "store_commits": (self.commits, "counter"),
+            "store_write_failures": (self.write_failures, "counter"),
+            "store_failed": (int(self.failed), "gauge"),
+            # Messages queued on disk for persistent sessions.
+            "store_queued_messages": (sum(c[0] for c in self._counters.values()), "gauge"),
+        }
 
     def _encode_pending(self) -> None:
         """Encode this turn's queue entries and the in-flight records that carry theirs; a

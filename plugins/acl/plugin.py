@@ -21,7 +21,16 @@ from time import monotonic
 
 from broker.config import ConfigError
 from broker.protocol import ReasonCode
-from hooks import NEXT, Error, MatchedAcl, Ok, PublishContext, Result, SubscribeContext
+from hooks import (
+    NEXT,
+    Error,
+    MatchedAcl,
+    Metric,
+    Ok,
+    PublishContext,
+    Result,
+    SubscribeContext,
+)
 from plugins.acl.reloader import Reloader, describe, load
 from plugins.acl.rules import ClientView, RuleSet
 from plugins.acl.schema import Config as AclConfig
@@ -140,6 +149,13 @@ class AclPlugin:
         matched = None if rule is None else MatchedAcl(rule.label or "", view.pattern(rule))
         _remember(self._reads, key, matched)
         return matched
+
+    def metrics(self) -> list[Metric]:
+        """For /metrics (hooks.Metric)."""
+        return [
+            Metric("acl_rate_limited", self.rate_limited, help="publishes refused by a rate limit"),
+            Metric("acl_rules", len(self.rules), "gauge", help="rules loaded from acl_file"),
+        ]
 
     def _admit(self, label: str) -> bool:
         """Count one message for `label`; False once over its limit in this second."""

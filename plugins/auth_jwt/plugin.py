@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.config import ConfigError, Duration
-from hooks import NEXT, Error, Ok, RegisterContext, Result
+from hooks import NEXT, Error, Metric, Ok, RegisterContext, Result
 from plugins.auth_jwt.claims import (
     HMAC,
     INVALID_SIGNATURE,
@@ -81,6 +81,8 @@ class AuthJwtPlugin:
 
     def __init__(self, config: AuthJwtConfig) -> None:
         self.config = config
+        self.failures: dict[str, int] = {}  # refused tokens by reason
+        self.accepted = 0
         chosen = [name for name in SOURCES if getattr(config, name)]
         if len(chosen) != 1:
             got = " and ".join(chosen) if chosen else "none"
@@ -136,6 +138,7 @@ class AuthJwtPlugin:
         except Refused as refused:
             return self._refuse(ctx, refused)
         ctx.attributes["jwt_claims"] = claims
+        self.accepted += 1
         return OK
 
     async def _auth_on_register_jwks(self, ctx: RegisterContext) -> Result:
@@ -156,6 +159,7 @@ class AuthJwtPlugin:
         except Refused as refused:
             return self._refuse(ctx, refused)
         ctx.attributes["jwt_claims"] = claims
+        self.accepted += 1
         return OK
 
     def _verify(self, token: bytes, username: str | None) -> dict[str, Any]:
@@ -171,7 +175,19 @@ class AuthJwtPlugin:
         check_username(claims, self.rules, username)
         return claims
 
+    def metrics(self) -> list[Metric]:
+        """For /metrics (hooks.Metric): refusals by reason, key set fetches."""
+        found = [
+            Metric("auth_jwt_failures", count, labels=(("reason", reason),))
+            for reason, count in sorted(self.failures.items())
+        ]
+        found.append(Metric("auth_jwt_accepted", self.accepted))
+        if isinstance(self.keys, JwksKeys):
+            found.append(Metric("auth_jwt_jwks_fetches", self.keys.fetches))
+        return found
+
     def _refuse(self, ctx: RegisterContext, refused: Refused) -> Error:
+        self.failures[refused.reason] = self.failures.get(refused.reason, 0) + 1
         log.info(
             "client %r (username %r): %s: %s",
             ctx.client_id,

@@ -209,7 +209,13 @@ def _register(ctx: Any, m5: bool, opts: tuple[bool, bool]) -> dict[str, Any]:
         "client_id": ctx.client_id,
         "username": ctx.username,
         "password": _text(ctx.password),
+        # VerneMQ's connection metadata: the listener, and a TLS client's certificate.
+        "listener_addr": ctx.listener_addr,
+        "listener_port": ctx.listener_port,
+        "listener_type": ctx.listener_type,
     }
+    if ctx.client_cert is not None:
+        body["client_cert"] = base64.b64encode(ctx.client_cert).decode("ascii")  # DER
     if m5:
         body["clean_start"] = ctx.clean_start
         body["properties"] = encode_properties(ctx.properties)

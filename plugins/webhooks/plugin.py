@@ -30,7 +30,7 @@ import aiohttp
 from yarl import URL
 
 from broker.config import ConfigError
-from hooks import HOOKS, NEXT, Error, Ok, Result
+from hooks import HOOKS, NEXT, Error, Metric, Ok, Result
 from plugins.webhooks import payloads
 from plugins.webhooks.cache import ResultCache, request_key
 from plugins.webhooks.client import Endpoint, Pools
@@ -62,7 +62,7 @@ class WebhooksConfig:
 
 
 @dataclass(slots=True)
-class Metrics:
+class Counters:
     requests: int = 0  # HTTP calls made
     errors: int = 0  # calls that failed: transport, timeout, status, invalid answer
     timeouts: int = 0  # of which timeouts
@@ -79,7 +79,7 @@ class WebhooksPlugin:
         _check_limits(config)
         self.endpoints = [_endpoint(i, e, config) for i, e in enumerate(config.endpoints)]
         _check_unique(self.endpoints)
-        self.metrics = Metrics()
+        self.counters = Counters()
         self.cache = ResultCache(config.cache_max_entries)
         self._pools = Pools(config.pool_max_connections, config.pool_timeout / 1000)
         self._events: set[asyncio.Task] = set()
@@ -114,6 +114,20 @@ class WebhooksPlugin:
         await asyncio.gather(*late, return_exceptions=True)
         await self._pools.close(self.endpoints)
 
+    def metrics(self) -> list[Metric]:
+        """For /metrics (hooks.Metric)."""
+        counters, cache = self.counters, self.cache
+        return [
+            Metric("webhooks_requests", counters.requests, help="HTTP calls made"),
+            Metric("webhooks_errors", counters.errors, help="calls that failed"),
+            Metric("webhooks_timeouts", counters.timeouts),
+            Metric("webhooks_events_dropped", counters.events_dropped),
+            Metric("webhooks_cache_hits", cache.hits),
+            Metric("webhooks_cache_misses", cache.misses),
+            Metric("webhooks_cache_evictions", cache.evictions),
+            Metric("webhooks_cache_entries", len(cache), "gauge"),
+        ]
+
     # -- deciding hooks ------------------------------------------------------------------
 
     async def call(self, endpoint: Endpoint, context: Any) -> Result:
@@ -131,11 +145,11 @@ class WebhooksPlugin:
             cached = self.cache.get(key)
             if cached is not None:
                 return Ok(cached)
-        self.metrics.requests += 1
+        self.counters.requests += 1
         try:
             status, data, cache_control = await endpoint.post(payloads.encode_body(body))
         except TimeoutError:
-            self.metrics.timeouts += 1
+            self.counters.timeouts += 1
             return self._failed(endpoint, "timeout", f"no answer in {endpoint.timeout_ms} ms")
         except (aiohttp.ClientError, OSError) as exc:
             return self._failed(endpoint, "request_failed", str(exc) or type(exc).__name__)
@@ -156,7 +170,7 @@ class WebhooksPlugin:
         return result
 
     def _failed(self, endpoint: Endpoint, reason: str, detail: str) -> Error:
-        self.metrics.errors += 1
+        self.counters.errors += 1
         endpoint.failed(reason, detail)
         return Error(reason)
 
@@ -165,7 +179,7 @@ class WebhooksPlugin:
     def post_event(self, endpoint: Endpoint, context: Any) -> None:
         """Post one event without waiting for it, unless too many are in flight."""
         if len(self._events) >= self._max_pending:
-            self.metrics.events_dropped += 1
+            self.counters.events_dropped += 1
             endpoint.failed("event_dropped", f"{self._max_pending} events already in flight")
             return
         body = payloads.request_body(endpoint.hook, context, base64_payload=endpoint.base64_payload)
@@ -176,11 +190,11 @@ class WebhooksPlugin:
         task.add_done_callback(self._events.discard)
 
     async def _deliver_event(self, endpoint: Endpoint, data: bytes) -> None:
-        self.metrics.requests += 1
+        self.counters.requests += 1
         try:
             status, _, _ = await endpoint.post(data)
         except TimeoutError:
-            self.metrics.timeouts += 1
+            self.counters.timeouts += 1
             self._failed(endpoint, "timeout", f"no answer in {endpoint.timeout_ms} ms")
         except Exception as exc:  # an event never breaks anything: count it, go on
             self._failed(endpoint, "request_failed", str(exc) or type(exc).__name__)

@@ -24,6 +24,7 @@ from .helpers import TIMEOUT, V5
 
 GAUGES = [
     "active_mqtt_connections",
+    "active_mqttws_connections",
     "total_active_connections",
     "queue_processes",
     "sessions_offline",
@@ -101,6 +102,7 @@ def test_values_are_the_broker_counters_and_state(broker, paho_client):
             "mqtt_publish_received": 3,
             "mqtt_connect_received": 3,
             "active_mqtt_connections": 2,
+            "active_mqttws_connections": 0,
             "total_active_connections": 2,
             "queue_processes": 3,
             "sessions_offline": 1,

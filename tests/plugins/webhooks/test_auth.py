@@ -47,6 +47,10 @@ def test_register_body_and_ok(hook_server, webhooks_broker, paho_client):
         "username": "alice",
         "password": "s3cret",
         "clean_session": True,
+        # VerneMQ's connection metadata: the listener (no client certificate over TCP).
+        "listener_addr": "127.0.0.1",
+        "listener_port": server.port,
+        "listener_type": "mqtt",
     }
     client.disconnect()
 
@@ -71,6 +75,9 @@ def test_register_m5_body(hook_server, webhooks_broker, paho_client):
         "client_id": "dev-5",
         "username": "alice",
         "password": None,
+        "listener_addr": "127.0.0.1",
+        "listener_port": server.port,
+        "listener_type": "mqtt",
         "clean_start": False,
         "properties": {
             "p_session_expiry_interval": 30,
@@ -151,7 +158,7 @@ def test_deny_on_timeout(hook_server, webhooks_broker, raw_client):
     plugin = deny_case(
         hook_server, webhooks_broker, raw_client, {"url": url, "response_timeout": 200}, "/slow"
     )
-    assert plugin.metrics.timeouts == 1
+    assert plugin.counters.timeouts == 1
 
 
 def test_deny_on_http_500(hook_server, webhooks_broker, raw_client):
@@ -171,7 +178,7 @@ def test_deny_on_invalid_modifiers(hook_server, webhooks_broker, raw_client):
 
 def test_deny_on_connection_refused(hook_server, webhooks_broker, raw_client):
     plugin = deny_case(hook_server, webhooks_broker, raw_client, {"url": refused_url()}, None)
-    assert plugin.metrics.errors == 1
+    assert plugin.counters.errors == 1
 
 
 def test_client_gone_while_register_is_pending(
@@ -189,7 +196,7 @@ def test_client_gone_while_register_is_pending(
             await asyncio.wait(set(server.broker.tasks))
 
     server.call(flows_done)
-    assert plugin_of(server).metrics.timeouts == 1
+    assert plugin_of(server).counters.timeouts == 1
     hook_server.answer("/slow", {"result": "ok"})
     paho_client(server, username="u").disconnect()  # the broker goes on
 

@@ -146,7 +146,7 @@ def test_failing_event_endpoint_does_not_hold_up_clients(hook_server, webhooks_b
         hook_server.expect("/on_publish")
     settle_events(server)
     plugin = plugin_of(server)
-    assert server.call(lambda: (plugin.metrics.requests, plugin.metrics.errors)) == (3, 3)
+    assert server.call(lambda: (plugin.counters.requests, plugin.counters.errors)) == (3, 3)
 
 
 def test_events_beyond_the_bound_are_dropped_and_counted(hook_server, webhooks_broker, paho_client):
@@ -160,5 +160,5 @@ def test_events_beyond_the_bound_are_dropped_and_counted(hook_server, webhooks_b
     hook_server.expect("/on_publish")
     hook_server.expect("/on_publish")
     plugin = plugin_of(server)
-    assert server.call(lambda: (len(plugin._events), plugin.metrics.events_dropped)) == (2, 3)
+    assert server.call(lambda: (len(plugin._events), plugin.counters.events_dropped)) == (2, 3)
     hook_server.expect_none("/on_publish")

@@ -49,6 +49,8 @@ def publish(**kw) -> PublishContext:
 
 def test_auth_on_register_body():
     ctx = register(username="alice", password=b"secret", clean_start=False)
+    ctx.listener_type, ctx.listener_addr, ctx.listener_port = "mqtts", "10.0.0.1", 8883
+    ctx.client_cert = b"\x30\x82 DER"
     assert request_body("auth_on_register", ctx) == {
         "peer_addr": "192.168.1.7",
         "peer_port": 50123,
@@ -56,6 +58,10 @@ def test_auth_on_register_body():
         "client_id": "c1",
         "username": "alice",
         "password": "secret",
+        "listener_addr": "10.0.0.1",
+        "listener_port": 8883,
+        "listener_type": "mqtts",
+        "client_cert": b64(b"\x30\x82 DER"),
         "clean_session": False,
     }
 
@@ -90,6 +96,9 @@ def test_auth_on_register_m5_body():
         "client_id": "c1",
         "username": "alice",
         "password": "pw",
+        "listener_addr": "",
+        "listener_port": 0,
+        "listener_type": "mqtt",
         "clean_start": True,
         "properties": {
             "p_session_expiry_interval": 60,

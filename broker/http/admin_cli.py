@@ -1,0 +1,155 @@
+"""`nautilus admin ...`: the admin API from the command line (in the spirit of vmq-admin),
+talking to a running broker's HTTP server.
+
+    nautilus admin [--url URL] [--key KEY] [--json] COMMAND ...
+      sessions [--client-id TEXT] [--online | --offline]
+      client CLIENT_ID                       subscriptions and queue
+      disconnect CLIENT_ID [--cleanup]       --cleanup: delete the session too
+      retained [--topic FILTER] [--limit N]
+      retained-delete TOPIC
+      metrics [--reset]
+      plugins
+      plugin-enable NAME | plugin-disable NAME
+
+The key comes from --key or NAUTILUS_API_KEY (make one with `nautilus api-key add`).
+Rows print as aligned columns, or as the API's JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8888"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="nautilus admin", description="Ask a running broker through its admin API."
+    )
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the broker's HTTP ({DEFAULT_URL})")
+    parser.add_argument("--key", help="an API key (default: $NAUTILUS_API_KEY)")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sessions = commands.add_parser("sessions", help="sessions, online and offline")
+    sessions.add_argument("--client-id", default="", help="client ids containing this")
+    online = sessions.add_mutually_exclusive_group()
+    online.add_argument("--online", action="store_const", const="true", dest="online")
+    online.add_argument("--offline", action="store_const", const="false", dest="online")
+    commands.add_parser("client", help="one client's subscriptions and queue").add_argument(
+        "client_id"
+    )
+    disconnect = commands.add_parser("disconnect", help="close a client's connection")
+    disconnect.add_argument("client_id")
+    disconnect.add_argument("--cleanup", action="store_true", help="delete its session too")
+    retained = commands.add_parser("retained", help="retained messages")
+    retained.add_argument("--topic", default="#", help="a topic filter (default #)")
+    retained.add_argument("--limit", type=int, default=1000)
+    commands.add_parser("retained-delete", help="clear a retained message").add_argument("topic")
+    metrics = commands.add_parser("metrics", help="counters and gauges")
+    metrics.add_argument("--reset", action="store_true", help="counters back to 0")
+    commands.add_parser("plugins", help="plugins and whether their hooks are called")
+    commands.add_parser("plugin-enable").add_argument("name")
+    commands.add_parser("plugin-disable").add_argument("name")
+    return parser.parse_args(argv)
+
+
+def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The API path and query of a command."""
+    match args.command:
+        case "sessions":
+            query = {"client_id": args.client_id} if args.client_id else {}
+            if args.online is not None:
+                query["online"] = args.online
+            return "session/show", query
+        case "client":
+            return "session/client", {"client_id": args.client_id}
+        case "disconnect":
+            query = {"client_id": args.client_id}
+            if args.cleanup:
+                query["cleanup"] = "true"
+            return "session/disconnect", query
+        case "retained":
+            return "retain/show", {"topic": args.topic, "limit": str(args.limit)}
+        case "retained-delete":
+            return "retain/delete", {"topic": args.topic}
+        case "metrics":
+            return ("metrics/reset" if args.reset else "metrics/show"), {}
+        case "plugins":
+            return "plugin/show", {}
+        case "plugin-enable" | "plugin-disable":
+            return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if urllib.parse.urlsplit(args.url).scheme not in ("http", "https"):
+        print(
+            f"nautilus admin: --url: expected http://HOST:PORT, got {args.url!r}", file=sys.stderr
+        )
+        return 2
+    key = args.key or os.environ.get("NAUTILUS_API_KEY", "")
+    path, query = request_of(args)
+    url = f"{args.url.rstrip('/')}/api/v1/{path}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    token = base64.b64encode(f"{key}:".encode()).decode("ascii")
+    request = urllib.request.Request(
+        url, method="POST", headers={"Authorization": f"Basic {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.load(exc).get("error", exc.reason)
+        except ValueError:
+            reason = exc.reason
+        print(f"nautilus admin: {exc.code}: {reason}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"nautilus admin: cannot reach {args.url}: {reason}", file=sys.stderr)
+        return 1
+    rows = answer.get("table", [])
+    if args.json:
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+    elif args.command in ("client", "metrics") and rows:
+        print_record(rows[0])
+    else:
+        print_table(rows)
+    return 0
+
+
+def print_record(row: dict[str, Any]) -> None:
+    """One object (a client, the metrics): a `key  value` line per field."""
+    width = max(len(key) for key in row)
+    for key, value in row.items():
+        print(f"{key:<{width}}  {_cell(value)}".rstrip())
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Rows as aligned columns, a header first (the same shape for one row or many)."""
+    if not rows:
+        print("(none)")
+        return
+    columns = list(rows[0])
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else str(value)

@@ -1,0 +1,206 @@
+"""The HTTP server: routes to /metrics, /health, /status(.json) and the admin API.
+
+Handlers only translate: the figures come from broker/http/prometheus.py and
+broker/http/status.py, the operations from broker/admin.py. The admin API follows
+VerneMQ's `/api/v1/<command path>?<arguments>`, answering `{"type": "table", "table":
+[...]}`; its API key travels as the HTTP basic-auth username (empty password, as
+VerneMQ's) or in an `x-api-key` header, and a request without a valid key gets 401.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker import admin
+from broker.config import host_port
+from broker.http import prometheus, status
+from broker.http.api_keys import ApiKeys, KeysFileError
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+log = logging.getLogger("nautilus.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ADMIN = "/api/v1/"
+
+
+class HttpServer:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.settings = broker.config.http
+        self.keys = ApiKeys(self.settings.api_keys_file)
+        self.address: tuple[str, int] | None = None  # bound (host, port), once started
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(middlewares=[self._authenticate])
+        routes: list[tuple[str, Handler]] = [
+            ("/metrics", self.metrics),
+            ("/health", self.health),
+            ("/health/ping", self.ping),
+            ("/status", self.status_page),
+            ("/status.json", self.status_json),
+        ]
+        for path, handler in routes:
+            self.app.router.add_get(path, handler)
+        for command, handler in self._admin_commands().items():
+            self.app.router.add_route("*", ADMIN + command, handler)
+
+    async def start(self) -> None:
+        host, port = host_port(self.settings.address)
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+        bound = self._runner.addresses[0]  # the port chosen for port 0
+        self.address = (bound[0], bound[1])
+        log.info("HTTP on %s:%s (/metrics, /health, /status, /api/v1)", *self.address)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- open to anyone who can reach the port ------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = prometheus.render(
+            prometheus.collect(self.broker),
+            self.broker.settings.node_name,
+            self.settings.prometheus_namespace,
+        )
+        return web.Response(body=body.encode(), headers={"Content-Type": prometheus.CONTENT_TYPE})
+
+    async def health(self, request: web.Request) -> web.Response:
+        problems = status.problems(self.broker)
+        if problems:
+            return web.json_response({"status": "not ready", "reasons": problems}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(text="pong")
+
+    async def status_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=status.PAGE, content_type="text/html")
+
+    async def status_json(self, request: web.Request) -> web.Response:
+        return web.json_response(status.nodes(self.broker))
+
+    # -- the admin API --------------------------------------------------------------------
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith(ADMIN):
+            return await handler(request)
+        try:
+            allowed = self.keys.check(_api_key(request))
+        except KeysFileError as exc:  # refused, and said once per request in the log
+            log.error("admin API refused: %s", exc)
+            return web.json_response({"type": "error", "error": str(exc)}, status=503)
+        if not allowed:
+            return web.json_response(
+                {"type": "error", "error": "an API key is needed (basic-auth username)"},
+                status=401,
+                headers={"WWW-Authenticate": 'Basic realm="nautilus"'},
+            )
+        return await handler(request)
+
+    def _admin_commands(self) -> dict[str, Handler]:
+        broker = self.broker
+        table = _table
+        commands: dict[str, Callable[[Arguments], Any]] = {
+            "session/show": lambda a: admin.sessions(
+                broker, a.text("client_id"), a.flag("online", default=None)
+            ),
+            "session/client": lambda a: [admin.client(broker, a.required("client_id"))],
+            "session/disconnect": lambda a: [
+                admin.disconnect(broker, a.required("client_id"), bool(a.flag("cleanup")))
+            ],
+            "retain/show": lambda a: admin.retained(
+                broker, a.text("topic") or "#", a.number("limit", 1000)
+            ),
+            "retain/delete": lambda a: [admin.delete_retained(broker, a.required("topic"))],
+            "metrics/show": lambda a: [admin.metrics(broker)],
+            "metrics/reset": lambda a: [admin.reset_metrics(broker)],
+            "plugin/show": lambda a: admin.plugins(broker),
+            "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
+            "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
+        }
+        commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
+        commands["plugins"] = commands["plugin/show"]
+        return {path: table(command) for path, command in commands.items()}
+
+
+class Arguments:
+    """A command's arguments: `key=value` query parameters (`client-id` and `client_id`
+    alike) and VerneMQ's flags (`--cleanup`, or `cleanup=true`)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.values = {
+            key.lstrip("-").replace("-", "_"): value for key, value in request.query.items()
+        }
+
+    def text(self, name: str) -> str:
+        return self.values.get(name, "")
+
+    def required(self, name: str) -> str:
+        value = self.values.get(name)
+        if not value:
+            raise ValueError(f"{name} is required")
+        return value
+
+    def number(self, name: str, default: int) -> int:
+        value = self.values.get(name)
+        if value is None:
+            return default
+        if not value.isdigit():
+            raise ValueError(f"{name}: expected a number, got {value!r}")
+        return int(value)
+
+    def flag(self, name: str, default: bool | None = False) -> bool | None:
+        if name not in self.values:
+            return default
+        value = self.values[name].lower()
+        if value in ("", "true", "1", "yes", "on"):
+            return True
+        if value in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def _table(command: Callable[[Arguments], Any]) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        try:
+            rows = command(Arguments(request))
+        except admin.NotFound as exc:
+            return web.json_response({"type": "error", "error": str(exc)}, status=404)
+        except ValueError as exc:
+            return web.json_response({"type": "error", "error": str(exc)}, status=400)
+        return web.json_response({"type": "table", "table": rows}, dumps=_dumps)
+
+    return handle
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _api_key(request: web.Request) -> str:
+    header = request.headers.get("x-api-key")
+    if header:
+        return header
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[0]
