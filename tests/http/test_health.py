@@ -4,16 +4,14 @@ store, as tests/broker/test_store_full_disk.py makes it), which needs root to mo
 
 from __future__ import annotations
 
-import os
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.broker.helpers import PUBACK, V5, publish_packet, unique_id
+from tests.broker.test_store_full_disk import small_disk
 
 from .conftest import get, scrape
+
+__all__ = ["small_disk"]  # a fixture: a 1 MB tmpfs
 
 STORE_FAILED = "the store cannot write (QoS 1/2 publishes are refused)"
 
@@ -36,21 +34,6 @@ def test_unknown_path_is_404_and_health_takes_no_post(start_broker):
     server = start_broker()
     assert get(server, "/nothing-here").status == 404
     assert get(server, "/health", method="POST").status == 405
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    path = tmp_path / "disk"
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True
-    )
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield path
-    subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_not_ready_while_the_store_cannot_write_and_ready_again_after(
