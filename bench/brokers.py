@@ -304,6 +304,8 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *others])
+    # No HTTP server: benchmarks measure MQTT, and brokers run side by side (port 8888).
+    env.setdefault("NAUTILUS_HTTP__ENABLED", "false")
     return env
 
 

@@ -19,10 +19,14 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker.protocol import PacketType, PubAck, encode
 
 from . import packets
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 _WRITE_HIGH_WATER = 256 * 1024
 
@@ -224,13 +228,19 @@ async def open_client(
     latencies: list[int] | None = None,
     timeout: float = 10.0,
     clean_session: bool = True,
+    transport: Transport | None = None,
 ) -> MqttClient:
-    """Connect, send CONNECT and wait for a successful CONNACK."""
-    loop = asyncio.get_running_loop()
-    transport, client = await asyncio.wait_for(
-        loop.create_connection(lambda: MqttClient(uniform, latencies), host, port), timeout
-    )
-    transport.write(packets.connect(client_id, clean_session=clean_session))
+    """Connect, send CONNECT and wait for a successful CONNACK. `transport`: TLS or
+    WebSockets (bench/transport.py) instead of plain TCP."""
+    if transport is None:
+        loop = asyncio.get_running_loop()
+        _, client = await asyncio.wait_for(
+            loop.create_connection(lambda: MqttClient(uniform, latencies), host, port), timeout
+        )
+    else:
+        client = MqttClient(uniform, latencies)
+        await asyncio.wait_for(transport.connect(client, host, port), timeout)
+    client.transport.write(packets.connect(client_id, clean_session=clean_session))
     try:
         code = await asyncio.wait_for(client.connack, timeout)
     except BaseException:

@@ -104,11 +104,17 @@ def _versions(brokers: list[BrokerSpec]) -> dict[str, str]:
     return {f"{product} version": version() for version, product in products.items()}
 
 
-# Sections of the page that other benchmarks own (bench/acl.py, jwt_connect.py,
-# webhooks.py; bench/store_throughput.py, store_startup.py; bench/relay/) start at one of
-# these headings and are kept, from the first of them on, when the comparison rewrites the
-# page.
-KEPT_SECTIONS = ("## Plugins", "## Store", "## Event relay", "## Spark")
+# Sections of the page that other benchmarks own (bench/transports.py; bench/acl.py,
+# jwt_connect.py, webhooks.py; bench/store_throughput.py, store_startup.py; bench/relay/)
+# start at one of these headings and are kept, from the first of them on, when the
+# comparison rewrites the page.
+KEPT_SECTIONS = (
+    "## Transports: TLS and WebSockets",
+    "## Plugins",
+    "## Store",
+    "## Event relay",
+    "## Spark",
+)
 
 
 def _kept_sections(path: Path) -> str:

@@ -16,8 +16,12 @@ import asyncio
 import bisect
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .client import MqttClient, open_client, subscribe
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 _ROUND_GAP = 0.5  # seconds: values closer than this to a round's first topic belong to it
 _GRACE = 0.1  # seconds allowed for the rest of a round after its first topic arrived
@@ -100,9 +104,11 @@ class DropMonitor:
         self._arrived.set()
 
 
-async def open_monitor(host: str, port: int, client_id: str, counter: SysCounter) -> DropMonitor:
+async def open_monitor(
+    host: str, port: int, client_id: str, counter: SysCounter, transport: Transport | None = None
+) -> DropMonitor:
     """Connect and subscribe to the counter (and to its round topic, if it has one)."""
-    client = await open_client(host, port, client_id)
+    client = await open_client(host, port, client_id, transport=transport)
     monitor = DropMonitor(client, counter)
     try:
         await subscribe(client, counter.topic, 0)

@@ -6,10 +6,22 @@
 # scenario against it measures what the generator itself can send and count. It is only
 # correct with a single publisher: chunks from several would interleave mid-packet.
 # A subscriber whose write buffer fills pauses reading from the publishers (back-pressure).
+# For the transports benchmark (bench/transports.py) it also listens over TLS (--certfile,
+# --keyfile) and WebSockets (--websocket: websockets' sans-I/O server for the upgrade and
+# the client's masked frames; each chunk forwarded as one binary frame, as Nautilus frames
+# a loop turn's writes), so the generator's own capacity is measured over each transport.
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
+from typing import Any
+
+from websockets.frames import OP_BINARY, OP_CONT, Frame
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 CONNACK = b"\x20\x02\x00\x00"
 SUBACK_HEAD = b"\x90\x03"
@@ -70,10 +82,75 @@ class _Connection(asyncio.Protocol):
             del buf[:end]
 
 
-async def _serve(host: str, port: int) -> None:
+class _WebSocket(asyncio.Protocol):
+    """A WebSocket connection: the upgrade, then each data frame's payload to the pipe."""
+
+    def __init__(self, inner: _Connection):
+        self._inner = inner
+        self._websocket = ServerProtocol(subprotocols=[Subprotocol("mqtt")], max_size=None)
+        self._socket: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._socket = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        websocket = self._websocket
+        websocket.receive_data(data)
+        for event in websocket.events_received():
+            if isinstance(event, Request):
+                websocket.send_response(websocket.accept(event))
+                if websocket.state is State.OPEN:
+                    self._inner.connection_made(_Frames(self._socket))
+            elif isinstance(event, Frame) and event.opcode in (OP_BINARY, OP_CONT):
+                self._inner.data_received(bytes(event.data))
+        for chunk in websocket.data_to_send():
+            if chunk:
+                self._socket.write(chunk)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class _Frames(asyncio.Transport):
+    """The pipe's side of a WebSocket: every write one (unmasked) binary frame."""
+
+    def __init__(self, socket: asyncio.Transport):
+        super().__init__()
+        self._socket = socket
+
+    def write(self, data: Any) -> None:
+        length = len(data)
+        if length < 126:
+            head = bytes((0x82, length))
+        elif length < 1 << 16:
+            head = b"\x82\x7e" + length.to_bytes(2, "big")
+        else:
+            head = b"\x82\x7f" + length.to_bytes(8, "big")
+        self._socket.writelines([head, data])
+
+    def pause_reading(self) -> None:
+        self._socket.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._socket.resume_reading()
+
+
+async def _serve(
+    host: str, port: int, context: ssl.SSLContext | None = None, websocket: bool = False
+) -> None:
     pipes = _Pipes()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Connection(pipes), host, port)
+
+    def connection() -> asyncio.Protocol:
+        return _WebSocket(_Connection(pipes)) if websocket else _Connection(pipes)
+
+    server = await loop.create_server(connection, host, port, ssl=context)
     await server.serve_forever()
 
 
@@ -81,13 +158,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="byte-pipe MQTT stand-in for calibration")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=1883)
+    parser.add_argument("--certfile", help="TLS: the certificate chain (PEM)")
+    parser.add_argument("--keyfile", help="TLS: its key (PEM)")
+    parser.add_argument("--websocket", action="store_true", help="MQTT over WebSockets")
     args = parser.parse_args()
+    context = None
+    if args.certfile:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.certfile, args.keyfile)
+    serve = _serve(args.host, args.port, context, args.websocket)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(args.host, args.port))
+        asyncio.run(serve)
     else:
-        uvloop.run(_serve(args.host, args.port))
+        uvloop.run(serve)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import packets
 from .client import MqttClient, Uniform, open_client, subscribe
 from .drops import DropMonitor, SysCounter, open_monitor
 from .loadgen import Backlog, Flood, Paced, Windowed
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 _READ_LOW_WATER = 16 * 1024  # QoS 0 subscribers: bytes waiting before a read
 _CONNECT_CONCURRENCY = 100  # idle scenario: CONNECTs in progress at once
@@ -125,6 +130,7 @@ class Target:
     # known, taken as the publishers' window)
     inflight: int | None = None
     drops: SysCounter | None = None  # its queue drop counter, if it has one
+    transport: Transport | None = None  # TLS or WebSockets (bench/transport.py); None: TCP
 
 
 NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve
@@ -142,6 +148,13 @@ class Measurement:
     connect_rate: float | None = None  # CONNACKs per second
     kib_per_connection: float | None = None
     error: str | None = None
+    # With Settings.settle: QoS 1 messages acknowledged to the publishers and never
+    # delivered, counted over the whole run once the load stopped and deliveries settled.
+    lost: float | None = None
+    # CPU used during the measured seconds, in cores: the load generator's process, and
+    # the broker's process (when its pid is known).
+    loadgen_cpu: float | None = None
+    broker_cpu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +166,10 @@ class Settings:
     backlog: int = 20_000  # deliveries owed before publishers wait (0: no bound)
     idle_connections: int = 10_000
     idle_timeout: float = 60.0  # seconds allowed for opening the idle connections
+    # Throughput, QoS 1: after the load, wait until deliveries stop (this long without
+    # one, at most 10 s) and count what was acknowledged and never delivered (`lost`).
+    # 0: not counted.
+    settle: float = 0.0
 
 
 async def measure(scenario: Scenario, target: Target, settings: Settings) -> Measurement:
@@ -181,7 +198,7 @@ def _filter(scenario: Scenario, topic: str) -> str:
 async def _subscribers(
     scenario: Scenario, target: Target, filters: list[str], payload: bytes, settings: Settings
 ) -> list[MqttClient]:
-    size = Uniform.publish(filters[0], payload, scenario.qos).size
+    size = Uniform.publish(filters[0], payload, scenario.qos).size + _overhead(target)
     low_water = _subscriber_low_water(scenario, target, settings, size, len(filters))
     # Persistent sessions of this measurement only: never one a store kept from before.
     run = f"-{secrets.token_hex(4)}" if scenario.persistent else ""
@@ -194,12 +211,19 @@ async def _subscribers(
             f"{scenario.base}-sub{i}{run}",
             uniform=uniform,
             clean_session=not scenario.persistent,
+            transport=target.transport,
         )
         await subscribe(client, _filter(scenario, topic), scenario.qos)
         client.read_in_bulk(low_water)
         return client
 
     return list(await asyncio.gather(*(one(i, topic) for i, topic in enumerate(filters))))
+
+
+def _overhead(target: Target) -> int:
+    """Bytes on the wire around each packet from a broker that encrypts or frames every
+    packet on its own (0 over TCP): the read marks count what the socket receives."""
+    return 0 if target.transport is None else target.transport.packet_overhead
 
 
 def _subscriber_low_water(
@@ -222,13 +246,19 @@ async def _publishers(scenario: Scenario, target: Target) -> list[MqttClient]:
     uniform = Uniform.puback() if scenario.qos else None
     pubs = await asyncio.gather(
         *(
-            open_client(target.host, target.port, f"{scenario.base}-pub{i}", uniform=uniform)
+            open_client(
+                target.host,
+                target.port,
+                f"{scenario.base}-pub{i}",
+                uniform=uniform,
+                transport=target.transport,
+            )
             for i in range(scenario.publishers)
         )
     )
     if uniform is not None:  # PUBACKs for an eighth of the window per wake-up
         for pub in pubs:
-            pub.read_in_bulk(scenario.window * uniform.size // 8)
+            pub.read_in_bulk(scenario.window * (uniform.size + _overhead(target)) // 8)
     return list(pubs)
 
 
@@ -246,20 +276,30 @@ async def _throughput(scenario: Scenario, target: Target, settings: Settings) ->
             monitor.start(time.perf_counter())
         await asyncio.sleep(settings.warmup)
         received0, accepted0, t0 = _total(subs), backlog.accepted(), time.perf_counter()
+        cpu0 = time.process_time(), cpu_seconds(target.pid)
         await asyncio.sleep(settings.duration)
         received1, accepted1, t1 = _total(subs), backlog.accepted(), time.perf_counter()
+        cpu1 = time.process_time(), cpu_seconds(target.pid)
         # Under the same load, until the drop counter has been published after t1.
         counted = monitor is None or await monitor.until_round_after(t1)
         for publisher in backlog.publishers:
             publisher.stop()
+        lost = None
+        if settings.settle and scenario.qos:
+            lost = await _lost(subs, pubs, scenario.fanout, settings.settle)
     finally:
         _close(subs + pubs)
         if monitor is not None:
             monitor.close()
     elapsed = t1 - t0
     result = Measurement(
-        delivered=(received1 - received0) / elapsed, accepted=(accepted1 - accepted0) / elapsed
+        delivered=(received1 - received0) / elapsed,
+        accepted=(accepted1 - accepted0) / elapsed,
+        lost=lost,
+        loadgen_cpu=(cpu1[0] - cpu0[0]) / elapsed,
     )
+    if cpu0[1] is not None and cpu1[1] is not None:
+        result.broker_cpu = (cpu1[1] - cpu0[1]) / elapsed
     if monitor is not None and counted:
         result.drops = monitor.between(t0, t1)
     elif monitor is not None:  # the end of the interval is unknown: no figure at all
@@ -271,7 +311,9 @@ async def _drop_monitor(scenario: Scenario, target: Target) -> DropMonitor | Non
     """A client following the broker's queue drop counter, in flood mode."""
     if scenario.bounded or target.drops is None:
         return None
-    return await open_monitor(target.host, target.port, f"{scenario.base}-sys", target.drops)
+    return await open_monitor(
+        target.host, target.port, f"{scenario.base}-sys", target.drops, target.transport
+    )
 
 
 def _start_publishing(
@@ -359,6 +401,24 @@ async def _idle(target: Target, count: int, timeout: float) -> Measurement:
     return result
 
 
+async def _lost(subs: list[MqttClient], pubs: list[MqttClient], fanout: int, quiet: float) -> float:
+    """Once the publishers have stopped: deliveries owed for every PUBACK received that
+    never arrived, after `quiet` seconds without a delivery or an ack (10 s at most)."""
+    for client in subs + pubs:  # the last few packets may be fewer bytes than the mark
+        if not client.transport.is_closing():
+            client.read_in_bulk(1)
+    deadline = time.perf_counter() + 10.0
+    last = -1, -1
+    while time.perf_counter() < deadline:
+        now = _total(subs), sum(pub.acked for pub in pubs)
+        if now == last:
+            break
+        last = now
+        await asyncio.sleep(quiet)
+    owed = sum(pub.acked for pub in pubs) * fanout
+    return float(max(0, owed - _total(subs)))
+
+
 def _backlog_limit(scenario: Scenario, settings: Settings) -> int:
     return settings.backlog if scenario.bounded else 0
 
@@ -375,6 +435,18 @@ def _close(clients: list[MqttClient]) -> None:
 
 def _percentile(ordered: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system) a process has used, from /proc/<pid>/stat (Linux)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def rss_kib(pid: int | None) -> int | None:

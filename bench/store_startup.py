@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.brokers import free_port
+from bench.brokers import child_env, free_port
 from bench.scenarios import rss_kib
 from broker.message import Delivery, Message
 from broker.router import SubOptions
@@ -104,6 +104,7 @@ def measure(path: str, drain: int) -> dict[str, float]:
         [sys.executable, "-m", "broker", "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=child_env(),
     )
     try:
         while True:

@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         "_rate_count",
         "_rate_window_end",
         "_timer",
+        "_tls",
         "_transport_paused",
         "_write_paused",
         "auth_exchange",
@@ -127,6 +128,7 @@ class Connection(asyncio.Protocol):
         # A PUBLISH held back by flow control, routed first when released (postpone()).
         self._postponed: tuple[Publish, Message, PublishContext | None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._tls = False  # the transport encrypts (see _flush)
 
     @property
     def closing(self) -> bool:
@@ -139,6 +141,7 @@ class Connection(asyncio.Protocol):
         self.client.peer = transport.get_extra_info("peername") or ("?", 0)
         tls = transport.get_extra_info("ssl_object")
         if tls is not None:
+            self._tls = True
             self._tls_client(tls)
         self.broker.metrics.socket_open += 1
         if not self.broker.admit(self):
@@ -312,7 +315,12 @@ class Connection(asyncio.Protocol):
                 self._out_bytes = 0
                 self.transport.abort()
                 return
-            self.transport.writelines(out)
+            if self._tls:
+                # One TLS record for the turn's packets: the TLS transport would make a
+                # record (and an encryption call) of each item of a list.
+                self.transport.write(b"".join(out))
+            else:
+                self.transport.writelines(out)  # one writev
             self.broker.metrics.bytes_sent += self._out_bytes
         self._out = []
         self._out_bytes = 0

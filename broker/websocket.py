@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from broker.server import Broker
 
 log = logging.getLogger("nautilus.connection")
+# The library's own log ("connection open" per client at INFO): only its warnings.
+_protocol_log = logging.getLogger("nautilus.websocket")
+_protocol_log.setLevel(logging.WARNING)
 
 SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
 MIN_FRAME = 1024 * 1024  # the largest frame accepted is at least this (a packet, or several)
@@ -100,7 +103,9 @@ class WebSocketProtocol(asyncio.Protocol):
         self.make_connection = make_connection
         self.path = path
         max_frame = max(broker.max_packet_size + 5, MIN_FRAME)
-        self.websocket = ServerProtocol(subprotocols=SUBPROTOCOLS, max_size=max_frame)
+        self.websocket = ServerProtocol(
+            subprotocols=SUBPROTOCOLS, max_size=max_frame, logger=_protocol_log
+        )
         self.socket: asyncio.Transport | None = None
         self.connection: Connection | None = None
         self.timer: asyncio.TimerHandle | None = None
