@@ -6,9 +6,16 @@ in binary frames.
 The WebSocket protocol is the `websockets` library's sans-I/O `ServerProtocol`; this module
 only moves bytes. `WebSocketProtocol` is the socket's asyncio protocol: it completes the
 handshake, then unwraps each data frame into the MQTT `Connection`, which sees a
-`WebSocketTransport`: its writes go out as one binary frame per flush, and reading,
-pausing and the write buffer's flow control are the socket's own. So a WebSocket client
-has the TCP listener's hot path and flow control, plus the framing.
+`WebSocketTransport`: its writes go out as one binary frame per flush, and the write
+buffer's flow control is the socket's own. So a WebSocket client has the TCP listener's
+hot path and flow control, plus the framing.
+
+Reading: a frame arrives whole (the library yields complete frames), and a client may put
+thousands of packets in one. It is handed to the Connection at most MAX_FEED bytes per
+loop turn, as a TCP read would bring them, so that one turn does not route so much that
+subscribers' deliveries pass their unflushed high-water mark and go through their queues.
+While bytes wait, or while the Connection holds its reading (flow control), the socket is
+not read.
 """
 
 from __future__ import annotations
@@ -36,15 +43,17 @@ _protocol_log.setLevel(logging.WARNING)
 
 SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
 MIN_FRAME = 1024 * 1024  # the largest frame accepted is at least this (a packet, or several)
+MAX_FEED = 64 * 1024  # bytes of MQTT handed to the Connection per loop turn
 
 
 class WebSocketTransport(asyncio.Transport):
     """What the MQTT Connection writes to: MQTT bytes in, binary frames out."""
 
-    def __init__(self, socket: asyncio.Transport, websocket: ServerProtocol) -> None:
+    def __init__(self, protocol: WebSocketProtocol, socket: asyncio.Transport) -> None:
         super().__init__()
+        self.protocol = protocol
         self.socket = socket
-        self.websocket = websocket
+        self.websocket = protocol.websocket
         self._closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -78,13 +87,13 @@ class WebSocketTransport(asyncio.Transport):
         return self._closing or self.socket.is_closing()
 
     def pause_reading(self) -> None:
-        self.socket.pause_reading()
+        self.protocol.hold(True)
 
     def resume_reading(self) -> None:
-        self.socket.resume_reading()
+        self.protocol.hold(False)
 
     def is_reading(self) -> bool:
-        return self.socket.is_reading()
+        return not self.protocol.held
 
     def get_write_buffer_size(self) -> int:
         return self.socket.get_write_buffer_size()
@@ -109,6 +118,10 @@ class WebSocketProtocol(asyncio.Protocol):
         self.socket: asyncio.Transport | None = None
         self.connection: Connection | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.held = False  # the Connection paused its reading (flow control)
+        self._unread = bytearray()  # MQTT bytes of frames not handed over yet
+        self._feed_due = False
+        self._socket_reading = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.socket = transport  # type: ignore[assignment]
@@ -127,6 +140,8 @@ class WebSocketProtocol(asyncio.Protocol):
         _send(self.socket, websocket)
         if websocket.close_expected():  # a refused handshake, or a closing handshake
             self.socket.close()
+        elif self._unread and not self._feed_due:
+            self._feed()
 
     def _handshake(self, request: Request) -> None:
         self._stop_timer()
@@ -143,19 +158,49 @@ class WebSocketProtocol(asyncio.Protocol):
             return
         assert self.socket is not None
         self.connection = self.make_connection()
-        self.connection.connection_made(WebSocketTransport(self.socket, websocket))
+        self.connection.connection_made(WebSocketTransport(self, self.socket))
 
     def _frame(self, frame: Frame) -> None:
         connection = self.connection
         if connection is None:
             return
         if frame.opcode in (OP_BINARY, OP_CONT):
-            if frame.data:
-                connection.data_received(bytes(frame.data))
+            self._unread += frame.data  # handed over by _feed
         elif frame.opcode == OP_TEXT:  # MQTT travels in binary frames only [MQTT-6.0.0-1]
             log.info("%s: a text frame; closing", connection.client.name())
             self.websocket.fail(CloseCode.UNSUPPORTED_DATA, "MQTT needs binary frames")
         # Ping, pong and close frames are answered by the protocol itself.
+
+    def _feed(self) -> None:
+        """Hand the Connection the next MAX_FEED bytes; the rest next turn."""
+        self._feed_due = False
+        connection = self.connection
+        if connection is not None and self._unread and not self.held:
+            chunk = bytes(self._unread[:MAX_FEED])
+            del self._unread[:MAX_FEED]
+            connection.data_received(chunk)
+            if self._unread and not self.held:
+                self._feed_due = True
+                self.broker.loop.call_soon(self._feed)
+        self._update_reading()
+
+    def hold(self, held: bool) -> None:
+        """The Connection pauses or resumes its reading."""
+        self.held = held
+        if not held and self._unread and not self._feed_due:
+            self._feed_due = True
+            self.broker.loop.call_soon(self._feed)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """The socket is read while nothing waits to be handed over and nothing is held."""
+        wanted = not self.held and not self._unread
+        if wanted != self._socket_reading and self.socket is not None:
+            self._socket_reading = wanted
+            if wanted:
+                self.socket.resume_reading()
+            else:
+                self.socket.pause_reading()
 
     def eof_received(self) -> bool | None:
         self.websocket.receive_eof()
@@ -163,6 +208,7 @@ class WebSocketProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        self._unread.clear()
         if self.connection is not None:
             self.connection.connection_lost(exc)
 

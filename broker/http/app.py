@@ -112,7 +112,6 @@ class HttpServer:
 
     def _admin_commands(self) -> dict[str, Handler]:
         broker = self.broker
-        table = _table
         commands: dict[str, Callable[[Arguments], Any]] = {
             "session/show": lambda a: admin.sessions(
                 broker, a.text("client_id"), a.flag("online", default=None)
@@ -133,7 +132,7 @@ class HttpServer:
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]
-        return {path: table(command) for path, command in commands.items()}
+        return {path: _table(command) for path, command in commands.items()}
 
 
 class Arguments:

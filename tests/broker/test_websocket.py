@@ -253,3 +253,39 @@ def test_a_closing_handshake_ends_the_mqtt_connection(ws_broker):
     client.ws.close()  # our close frame; the broker answers it and closes the socket
     assert client.ws.close_code == CloseCode.NORMAL_CLOSURE  # the broker's answer
     ws_broker.wait_for(lambda: not ws_broker.broker.connections)
+
+
+def test_a_frame_of_thousands_of_packets_is_routed_as_a_tcp_read_would_be(start_broker):
+    """One frame carrying 20,000 publishes (360 KB) is handed to MQTT 64 KB per loop turn:
+    each turn's deliveries stay under the subscriber's unflushed high-water mark, so they
+    go out directly, none through its queue, and in order."""
+    server = start_broker(listeners=[{"type": "tcp", "address": "127.0.0.1:0"}, WS])
+    subscriber = RawClient(server.host, server.port)
+    subscriber.connect(unique_id("sub"))
+    subscriber.subscribe(("big/frame", 0))
+    count = 20_000
+    packets = [publish_packet("big/frame", b"%05d" % i) for i in range(count)]
+    received = bytearray()
+    size = sum(len(packet) for packet in packets)  # QoS 0: forwarded in the same form
+    reading = threading.Thread(target=_read, args=(subscriber, received, size), daemon=True)
+    reading.start()  # the subscriber's socket never fills: only the frame's size matters
+    publisher = WsRawClient(f"ws://{server.host}:{server.broker.listening[1][1]}/mqtt")
+    publisher.connect(unique_id("pub"))
+    before = server.call(server.broker.metrics.snapshot)["queue_message_in"]
+    publisher.send(b"".join(packets))  # one frame
+    reading.join(TIMEOUT)
+    subscriber._buf = received  # parse what was read
+    payloads = [subscriber.read_packet().payload for _ in range(count)]
+    assert payloads == [b"%05d" % i for i in range(count)]
+    assert server.call(server.broker.metrics.snapshot)["queue_message_in"] == before
+    publisher.close()
+    subscriber.close()
+
+
+def _read(client: RawClient, into: bytearray, size: int) -> None:
+    client.sock.settimeout(TIMEOUT)
+    while len(into) < size:
+        chunk = client.sock.recv(1 << 20)
+        if not chunk:
+            return
+        into += chunk
