@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from broker.protocol import Property
 from tests.broker.helpers import PUBACK, V5, V311, connect_packet, publish_packet, unique_id
 
 from .conftest import NEXT, Answer, b64, plugin_of, refused_url
@@ -377,3 +378,32 @@ def test_cached_publish_ignores_payload(hook_server, webhooks_broker, paho_clien
     assert hook_server.count("/pub") == 1
     client.publish("t/2", b"three", qos=1)
     assert hook_server.count("/pub") == 2
+
+
+# -- on_auth_m5 (MQTT 5 enhanced authentication) ------------------------------------------
+
+
+def test_on_auth_m5_end_to_end(hook_server, webhooks_broker, raw_client):
+    """A real MQTT 5 CONNECT with an Authentication Method: the endpoint gets VerneMQ's
+    body, its answer's data goes back in the CONNACK; a refusal refuses the connection."""
+    method = Property.AUTHENTICATION_METHOD
+    data = Property.AUTHENTICATION_DATA
+    welcome = {"p_authentication_method": "TOKEN", "p_authentication_data": b64(b"welcome")}
+    url = hook_server.answer(
+        "/auth", {"result": "ok", "modifiers": {"reason_code": "success", "properties": welcome}}
+    )
+    server = webhooks_broker({"hook": "on_auth_m5", "url": url}, anonymous=True)
+    client = raw_client(server, V5)
+    connack = client.connect("dev-a", properties={method: "TOKEN", data: b"secret"}, expect_code=0)
+    body = check_request(hook_server.expect("/auth"), "on_auth_m5")
+    assert body == {
+        "username": None,
+        "mountpoint": "",
+        "client_id": "dev-a",
+        "properties": {"p_authentication_method": "TOKEN", "p_authentication_data": b64(b"secret")},
+    }
+    assert (connack.properties[method], connack.properties[data]) == ("TOKEN", b"welcome")
+
+    hook_server.answer("/auth", {"result": {"error": "not_authorized"}})
+    code = refused(raw_client, server, V5, properties={method: "TOKEN", data: b"wrong"})
+    assert code == NOT_AUTHORIZED_V5
