@@ -337,11 +337,6 @@ def validate(config: Config) -> Config:
                     raise ConfigError(
                         f'listeners[{i}].{key}: TLS settings need type = "ssl" or "wss"'
                     )
-        if listener.proxy_protocol and listener.type != "tcp":
-            raise ConfigError(
-                f"listeners[{i}].proxy_protocol: only on tcp listeners for now (terminate "
-                "TLS and WebSockets at the load balancer, or do without the header)"
-            )
         if listener.type in ("ws", "wss") and not listener.path.startswith("/"):
             raise ConfigError(f'listeners[{i}].path: expected a path such as "/mqtt"')
     if not config.listeners:

@@ -157,6 +157,10 @@ class Connection(asyncio.Protocol):
         if self.broker.config.listeners[self.listener].use_identity_as_username:
             self.client.identity = common_name(tls.getpeercert() or {})
 
+    def use_peer(self, peer: tuple[str, int]) -> None:
+        """The client's address as a PROXY header gave it (broker/proxy_protocol.py)."""
+        self.client.peer = peer
+
     def data_received(self, data: bytes) -> None:
         if self.client.phase == CLOSING:
             return  # lingering: read and discard (see close)

@@ -3,9 +3,10 @@ front of the broker sends one header before the client's first byte, naming the 
 
 A `ProxyHeaderReader` owns a new connection until its header is complete: it frames the
 header (a v1 line, or v2's 16 bytes and their length), has the proxy-protocol library
-parse it, then hands the transport to an MQTT `Connection` with the client's address as
-its peer and passes on the bytes that followed. So the MQTT hot path never looks for a
-header. A missing or malformed header closes that connection only; a LOCAL (v2) or
+parse it, then hands the transport to the listener's next protocol (the MQTT `Connection`,
+the WebSocket protocol, or TLS first: broker/tls_stream.py), tells it the client's address
+(`use_peer`) and passes on the bytes that followed. So the MQTT hot path never looks for
+a header. A missing or malformed header closes that connection only; a LOCAL (v2) or
 UNKNOWN (v1) header, a load balancer's own health check, keeps the socket's address.
 """
 
@@ -18,8 +19,6 @@ from typing import TYPE_CHECKING
 
 from proxyprotocol import ProxyProtocolIncompleteError
 from proxyprotocol.detect import ProxyProtocolDetect
-
-from broker.connection import Connection
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -60,9 +59,9 @@ def header_length(data: bytes | bytearray) -> int | None:
 class ProxyHeaderReader(asyncio.Protocol):
     """A connection's first owner on a proxy_protocol listener (see the module doc)."""
 
-    def __init__(self, broker: Broker, make_connection: Callable[[], Connection]) -> None:
+    def __init__(self, broker: Broker, make_next: Callable[[], asyncio.Protocol]) -> None:
         self.broker = broker
-        self.make_connection = make_connection
+        self.make_next = make_next
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -85,16 +84,16 @@ class ProxyHeaderReader(asyncio.Protocol):
         self._done()
         transport = self.transport
         assert transport is not None
-        connection = self.make_connection()
-        transport.set_protocol(connection)
-        connection.connection_made(transport)
+        protocol = self.make_next()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
         peer = result.peername if result.proxied else None
         if isinstance(peer, tuple):  # IPv4 / IPv6; a LOCAL or UNKNOWN header: the socket's
-            connection.client.peer = (str(peer[0]), int(peer[1]))
+            protocol.use_peer((str(peer[0]), int(peer[1])))  # type: ignore[attr-defined]
         rest = bytes(self.buffer[length:])
         self.buffer.clear()
         if rest:
-            connection.data_received(rest)
+            protocol.data_received(rest)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done()

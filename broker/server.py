@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from broker.session import Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
+from broker.tls_stream import TlsStream
 from broker.websocket import WebSocketProtocol
 from hooks import HOOKS, Hooks
 
@@ -98,21 +100,16 @@ class Broker:
         self._restore()
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
-            connection = functools.partial(Connection, self, index)
-            factory: Callable[[], asyncio.Protocol] = connection
-            if listener.proxy_protocol:
-                factory = functools.partial(ProxyHeaderReader, self, connection)
-            elif listener.type in ("ws", "wss"):
-                factory = functools.partial(WebSocketProtocol, self, connection, listener.path)
+            factory, tls = self._protocols(index)
             server = await self.loop.create_server(
                 factory,
                 host,
                 port,
                 reuse_address=True,
                 backlog=4096,
-                ssl=self.tls[index].server if index in self.tls else None,
+                ssl=tls,
                 # A handshake that does not finish in time is dropped like a silent client.
-                ssl_handshake_timeout=self.settings.connect_timeout if index in self.tls else None,
+                ssl_handshake_timeout=self.settings.connect_timeout if tls else None,
             )
             self._servers.append(server)
             address = server.sockets[0].getsockname()[:2]
@@ -121,6 +118,25 @@ class Broker:
         if self.http is not None:
             await self.http.start()
         self.systree.start()
+
+    def _protocols(
+        self, index: int
+    ) -> tuple[Callable[[], asyncio.Protocol], ssl.SSLContext | None]:
+        """A listener's protocol factory, and the context for asyncio's own TLS, if it is
+        the one to use: the layers are PROXY header, TLS, WebSocket, then MQTT, each there
+        if the listener has it."""
+        listener = self.config.listeners[index]
+        connection = functools.partial(Connection, self, index)
+        factory: Callable[[], asyncio.Protocol] = connection
+        if listener.type in ("ws", "wss"):
+            factory = functools.partial(WebSocketProtocol, self, connection, listener.path)
+        context = self.tls[index].server if index in self.tls else None
+        if not listener.proxy_protocol:
+            return factory, context
+        if context is not None:  # TLS after the header: ours, over memory BIOs
+            timeout = self.settings.connect_timeout
+            factory = functools.partial(TlsStream, context, factory, self.loop, timeout)
+        return functools.partial(ProxyHeaderReader, self, factory), None
 
     def _load_hooks(self) -> None:
         enabled = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]

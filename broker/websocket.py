@@ -118,10 +118,14 @@ class WebSocketProtocol(asyncio.Protocol):
         self.socket: asyncio.Transport | None = None
         self.connection: Connection | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.peer: tuple[str, int] | None = None  # a PROXY header's client
         self.held = False  # the Connection paused its reading (flow control)
         self._unread = bytearray()  # MQTT bytes of frames not handed over yet
         self._feed_due = False
         self._socket_reading = True
+
+    def use_peer(self, peer: tuple[str, int]) -> None:
+        self.peer = peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.socket = transport  # type: ignore[assignment]
@@ -159,6 +163,8 @@ class WebSocketProtocol(asyncio.Protocol):
         assert self.socket is not None
         self.connection = self.make_connection()
         self.connection.connection_made(WebSocketTransport(self, self.socket))
+        if self.peer is not None:
+            self.connection.use_peer(self.peer)
 
     def _frame(self, frame: Frame) -> None:
         connection = self.connection

@@ -12,7 +12,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
   5 registry       client id -> session
   6 connection     the asyncio shell and the packet flows over it, proxy_protocol (the
-                   header before it), websocket (the framing around it), plugins, systree
+                   header before it), tls_stream (TLS after that header), websocket (the
+                   framing around it), plugins, systree
   7 broker         server (the Broker), __main__, admin (operations), http (the server)
 
 Type-only imports (under `if TYPE_CHECKING:`) of an owner's class are the one exception:
@@ -58,6 +59,7 @@ LAYERS = {
     "broker.systree": 6,
     "broker.proxy_protocol": 6,
     "broker.websocket": 6,
+    "broker.tls_stream": 6,
     "broker.server": 7,
     "broker.admin": 7,
     "broker.http": 7,

@@ -5,19 +5,23 @@ connection."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
+import ssl
 
 import msgpack
 import pytest
+import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 from proxyprotocol.result import ProxyResultIPv4, ProxyResultIPv6, ProxyResultLocal
 from proxyprotocol.v2 import ProxyProtocolV2
+from websockets.sync.client import connect as ws_connect
 
-from broker.config import ConfigError, config_from_dict
 from broker.proxy_protocol import BadHeader, header_length
 from event_relay.schema import decode_event
-from tests.broker.helpers import CONNACK, RawClient, connect_packet
+from tests.broker.helpers import CONNACK, TIMEOUT, RawClient, connect_packet
 
 V1 = b"PROXY TCP4 203.0.113.7 10.0.0.1 51234 1883\r\n"
 V1_IPV6 = b"PROXY TCP6 2001:db8::7 2001:db8::1 40000 1883\r\n"
@@ -152,10 +156,81 @@ def test_header_length_refuses_what_is_no_header(data):
         header_length(data)
 
 
-def test_proxy_protocol_on_an_ssl_listener_is_a_config_error(tmp_path):
-    listener = {"type": "ssl", "address": "127.0.0.1:0", "proxy_protocol": True}
-    listener |= {"certfile": "server.crt", "keyfile": "server.key"}
-    with pytest.raises(
-        ConfigError, match=r"^listeners\[0\]\.proxy_protocol: only on tcp listeners"
-    ):
-        config_from_dict({"listeners": [listener]})
+# ----------------------------------------------------------- with TLS and WebSockets
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A CA, the server's certificate for 127.0.0.1, a client certificate; as files."""
+    ca = trustme.CA()
+    files = {"cafile": tmp_path / "ca.pem", "certfile": tmp_path / "s.crt"}
+    files |= {"keyfile": tmp_path / "s.key"}
+    ca.cert_pem.write_to_path(str(files["cafile"]))
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(files["certfile"]))
+    server.private_key_pem.write_to_path(str(files["keyfile"]))
+    return ca, {key: str(path) for key, path in files.items()}
+
+
+def proxied_over(start_broker, kind: str, tls: dict):
+    listener = {"type": kind, "address": "127.0.0.1:0", "proxy_protocol": True, **tls}
+    return start_broker(
+        listeners=[listener], event_relay={"enabled": True, "address": "127.0.0.1:0"}
+    )
+
+
+def tls_after_header(port: int, header: bytes, context: ssl.SSLContext) -> bytes:
+    """The header and the ClientHello in one write (as a load balancer may send them),
+    the rest of the handshake, then CONNECT: the CONNACK's bytes."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+        with contextlib.suppress(ssl.SSLWantReadError):
+            tls.do_handshake()
+        sock.sendall(header + outgoing.read())
+        while True:
+            incoming.write(sock.recv(65536))
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+        sock.sendall(outgoing.read())
+        tls.write(connect_packet("behind-tls"))
+        sock.sendall(outgoing.read())
+        answer = b""
+        while len(answer) < 4:
+            chunk = sock.recv(65536)
+            assert chunk, "closed before the CONNACK"
+            incoming.write(chunk)
+            with contextlib.suppress(ssl.SSLWantReadError):
+                answer += tls.read(65536)
+        return answer
+
+
+def test_the_header_comes_before_tls_with_a_client_certificate(start_broker, pki):
+    ca, files = pki
+    server = proxied_over(start_broker, "ssl", {**files, "require_certificate": True})
+    context = ssl.create_default_context(cafile=files["cafile"])
+    ca.issue_cert("device-9").configure_cert(context)
+    assert tls_after_header(server.port, V1, context) == b"\x20\x02\x00\x00"
+    assert registered_peers(server) == [("203.0.113.7", 51234)]
+    # Without a certificate the handshake fails: no MQTT at all.
+    with pytest.raises((ssl.SSLError, ConnectionError, AssertionError)):
+        tls_after_header(server.port, V1, ssl.create_default_context(cafile=files["cafile"]))
+
+
+@pytest.mark.parametrize("kind", ["ws", "wss"])
+def test_the_header_comes_before_the_websocket_upgrade(start_broker, pki, kind):
+    _, files = pki
+    server = proxied_over(start_broker, kind, files if kind == "wss" else {})
+    sock = socket.create_connection((server.host, server.port), timeout=TIMEOUT)
+    sock.sendall(V2_IPV4)
+    scheme = "wss" if kind == "wss" else "ws"
+    context = ssl.create_default_context(cafile=files["cafile"]) if kind == "wss" else None
+    with ws_connect(
+        f"{scheme}://127.0.0.1:{server.port}/mqtt", sock=sock, ssl=context, subprotocols=["mqtt"]
+    ) as client:
+        client.send(connect_packet("behind-ws"))
+        assert client.recv(timeout=TIMEOUT) == b"\x20\x02\x00\x00"
+    assert registered_peers(server) == [("198.51.100.9", 4000)]

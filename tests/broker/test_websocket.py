@@ -236,7 +236,6 @@ def test_a_flood_over_websockets_loses_nothing_it_acknowledged(ws_broker):
 @pytest.mark.parametrize(
     ("listener", "key"),
     [
-        ({"type": "ws", "proxy_protocol": True}, "listeners[0].proxy_protocol"),
         ({"type": "wss"}, "listeners[0].certfile"),
         ({"type": "ws", "path": "mqtt"}, "listeners[0].path"),
     ],
