@@ -19,42 +19,34 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
+from broker.layer import Layer, LayerTransport
+
 log = logging.getLogger("nautilus.connection")
 
 READ = 64 * 1024  # decrypted bytes read per call
 
 
-class TlsStream(asyncio.Protocol):
+class TlsStream(Layer):
+    name = "TLS"
+
     def __init__(
         self,
         context: ssl.SSLContext,
-        make_inner: Callable[[], asyncio.Protocol],
+        make_upper: Callable[[], asyncio.Protocol],
         loop: asyncio.AbstractEventLoop,
         timeout: float,
     ) -> None:
+        super().__init__(loop, timeout)
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
-        self.make_inner = make_inner
-        self.loop = loop
-        self.timeout = timeout
-        self.socket: asyncio.Transport | None = None
-        self.inner: asyncio.Protocol | None = None  # once the handshake is done
-        self.peer: tuple[str, int] | None = None  # a PROXY header's client, for the inner
-        self._timer: asyncio.TimerHandle | None = None
-
-    def use_peer(self, peer: tuple[str, int]) -> None:
-        self.peer = peer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.socket = transport  # type: ignore[assignment]
-        self._timer = self.loop.call_later(self.timeout, self._give_up)
+        self.make_upper = make_upper
 
     def data_received(self, data: bytes) -> None:
         self.incoming.write(data)
-        if self.inner is None:
+        if self.upper is None:
             self._handshake()
-        if self.inner is not None:
+        if self.upper is not None:
             self._read()
 
     def _handshake(self) -> None:
@@ -70,15 +62,11 @@ class TlsStream(asyncio.Protocol):
             self.socket.close()
             return
         self.flush()
-        self._stop_timer()
-        self.inner = self.make_inner()
-        self.inner.connection_made(TlsStreamTransport(self))
-        if self.peer is not None:
-            self.inner.use_peer(self.peer)  # type: ignore[attr-defined]
+        self.hand_up(self.make_upper(), TlsStreamTransport(self))
 
     def _read(self) -> None:
-        inner = self.inner
-        assert inner is not None and self.socket is not None
+        upper = self.upper
+        assert upper is not None and self.socket is not None
         while not self.socket.is_closing():
             try:
                 data = self.tls.read(READ)
@@ -93,61 +81,27 @@ class TlsStream(asyncio.Protocol):
                 break
             if not data:
                 break
-            inner.data_received(data)
+            upper.data_received(data)
         self.flush()  # e.g. TLS 1.3 session tickets
 
     def flush(self) -> None:
         if self.outgoing.pending and self.socket is not None and not self.socket.is_closing():
             self.socket.write(self.outgoing.read())
 
-    def eof_received(self) -> bool | None:
-        return None  # the socket closes: connection_lost follows
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_timer()
-        if self.inner is not None:
-            self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
-
-    def _give_up(self) -> None:
-        if self.socket is not None and self.inner is None:
-            log.info("%s: no TLS handshake in time", self.socket.get_extra_info("peername"))
-            self.socket.close()
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class TlsStreamTransport(asyncio.Transport):
-    """What the protocol above TLS writes to: each write one TLS record."""
+class TlsStreamTransport(LayerTransport):
+    """Each write one TLS record."""
 
     def __init__(self, stream: TlsStream) -> None:
-        super().__init__()
         assert stream.socket is not None
+        super().__init__(stream.socket)
         self.stream = stream
-        self.socket = stream.socket
-        self._closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or self.socket.is_closing():
             return
         self.stream.tls.write(data)
         self.stream.flush()
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
-    def can_write_eof(self) -> bool:
-        return False
 
     def close(self) -> None:
         """close_notify, then the socket (the client's own close_notify is not awaited)."""
@@ -159,25 +113,6 @@ class TlsStreamTransport(asyncio.Transport):
             self.stream.tls.unwrap()
         self.stream.flush()
         self.socket.close()
-
-    def abort(self) -> None:
-        self._closing = True
-        self.socket.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.socket.is_closing()
-
-    def pause_reading(self) -> None:
-        self.socket.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.socket.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self.socket.is_reading()
-
-    def get_write_buffer_size(self) -> int:
-        return self.socket.get_write_buffer_size()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "ssl_object":

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from websockets.frames import OP_BINARY, OP_CONT, OP_TEXT, CloseCode, Frame
 from websockets.http11 import Request
@@ -32,6 +32,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from broker.connection import Connection
+from broker.layer import Layer, LayerTransport
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -46,27 +47,19 @@ MIN_FRAME = 1024 * 1024  # the largest frame accepted is at least this (a packet
 MAX_FEED = 64 * 1024  # bytes of MQTT handed to the Connection per loop turn
 
 
-class WebSocketTransport(asyncio.Transport):
+class WebSocketTransport(LayerTransport):
     """What the MQTT Connection writes to: MQTT bytes in, binary frames out."""
 
     def __init__(self, protocol: WebSocketProtocol, socket: asyncio.Transport) -> None:
-        super().__init__()
+        super().__init__(socket)
         self.protocol = protocol
-        self.socket = socket
         self.websocket = protocol.websocket
-        self._closing = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or self.websocket.state is not State.OPEN:
             return  # closing (the client's close frame came): nothing more goes out
         self.websocket.send_binary(bytes(data))
         _send(self.socket, self.websocket)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))  # one frame per flush: MQTT frames need not align
-
-    def can_write_eof(self) -> bool:
-        return False  # a close frame ends the stream (see close)
 
     def close(self) -> None:
         """The closing handshake: our close frame now, the socket closed once it is out
@@ -79,13 +72,7 @@ class WebSocketTransport(asyncio.Transport):
             _send(self.socket, self.websocket)
         self.socket.close()
 
-    def abort(self) -> None:
-        self._closing = True
-        self.socket.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.socket.is_closing()
-
+    # Reading is the protocol's: it holds frames' bytes back as well as the socket.
     def pause_reading(self) -> None:
         self.protocol.hold(True)
 
@@ -95,42 +82,27 @@ class WebSocketTransport(asyncio.Transport):
     def is_reading(self) -> bool:
         return not self.protocol.held
 
-    def get_write_buffer_size(self) -> int:
-        return self.socket.get_write_buffer_size()
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.socket.get_extra_info(name, default)
-
-
-class WebSocketProtocol(asyncio.Protocol):
+class WebSocketProtocol(Layer):
     """A WebSocket listener's connection: the handshake, then frames <-> Connection."""
+
+    name = "WebSocket"
 
     def __init__(
         self, broker: Broker, make_connection: Callable[[], Connection], path: str
     ) -> None:
-        self.broker = broker
+        super().__init__(broker.loop, broker.settings.connect_timeout)
         self.make_connection = make_connection
         self.path = path
         max_frame = max(broker.max_packet_size + 5, MIN_FRAME)
         self.websocket = ServerProtocol(
             subprotocols=SUBPROTOCOLS, max_size=max_frame, logger=_protocol_log
         )
-        self.socket: asyncio.Transport | None = None
-        self.connection: Connection | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.peer: tuple[str, int] | None = None  # a PROXY header's client
+        self.connection: Connection | None = None  # the upper protocol, once upgraded
         self.held = False  # the Connection paused its reading (flow control)
         self._unread = bytearray()  # MQTT bytes of frames not handed over yet
         self._feed_due = False
         self._socket_reading = True
-
-    def use_peer(self, peer: tuple[str, int]) -> None:
-        self.peer = peer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.socket = transport  # type: ignore[assignment]
-        timeout = self.broker.settings.connect_timeout
-        self.timer = self.broker.loop.call_later(timeout, self._give_up)
 
     def data_received(self, data: bytes) -> None:
         websocket = self.websocket
@@ -148,7 +120,6 @@ class WebSocketProtocol(asyncio.Protocol):
             self._feed()
 
     def _handshake(self, request: Request) -> None:
-        self._stop_timer()
         websocket = self.websocket
         path = request.path.partition("?")[0]
         if path != self.path:
@@ -156,15 +127,14 @@ class WebSocketProtocol(asyncio.Protocol):
         else:
             response = websocket.accept(request)  # 400 without the mqtt subprotocol
         websocket.send_response(response)
+        assert self.socket is not None
         if websocket.state is not State.OPEN:
-            peer = self.socket.get_extra_info("peername") if self.socket else None
+            self._stop_timer()
+            peer = self.socket.get_extra_info("peername")
             log.info("%s: WebSocket handshake refused: %s", peer, response.status_code)
             return
-        assert self.socket is not None
         self.connection = self.make_connection()
-        self.connection.connection_made(WebSocketTransport(self, self.socket))
-        if self.peer is not None:
-            self.connection.use_peer(self.peer)
+        self.hand_up(self.connection, WebSocketTransport(self, self.socket))
 
     def _frame(self, frame: Frame) -> None:
         connection = self.connection
@@ -187,7 +157,7 @@ class WebSocketProtocol(asyncio.Protocol):
             connection.data_received(chunk)
             if self._unread and not self.held:
                 self._feed_due = True
-                self.broker.loop.call_soon(self._feed)
+                self.loop.call_soon(self._feed)
         self._update_reading()
 
     def hold(self, held: bool) -> None:
@@ -195,7 +165,7 @@ class WebSocketProtocol(asyncio.Protocol):
         self.held = held
         if not held and self._unread and not self._feed_due:
             self._feed_due = True
-            self.broker.loop.call_soon(self._feed)
+            self.loop.call_soon(self._feed)
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -210,31 +180,11 @@ class WebSocketProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self.websocket.receive_eof()
-        return None  # the socket closes: connection_lost follows
+        return super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_timer()
         self._unread.clear()
-        if self.connection is not None:
-            self.connection.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.connection is not None:
-            self.connection.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.connection is not None:
-            self.connection.resume_writing()
-
-    def _give_up(self) -> None:
-        if self.socket is not None and self.connection is None:
-            log.info("%s: no WebSocket handshake in time", self.socket.get_extra_info("peername"))
-            self.socket.close()
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        super().connection_lost(exc)
 
 
 def _send(socket: asyncio.Transport, websocket: ServerProtocol) -> None:

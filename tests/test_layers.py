@@ -60,6 +60,7 @@ LAYERS = {
     "broker.proxy_protocol": 6,
     "broker.websocket": 6,
     "broker.tls_stream": 6,
+    "broker.layer": 6,
     "broker.server": 7,
     "broker.admin": 7,
     "broker.http": 7,
