@@ -1,6 +1,7 @@
 """`nautilus-spark`: run a built-in job, or a streaming SQL query, over a relay.
 
     nautilus-spark JOB --relay HOST:PORT --sink console|parquet:DIR|mqtt:HOST:PORT
+                   [--prefix $analytics]
                    --checkpoint DIR [--trigger available-now|'10 seconds']
     nautilus-spark sql "SELECT ... FROM events ..." [the same options]
 
@@ -20,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumers.jobs import JOBS
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
-from spark_consumers.sinks import SinkError, writer
+from spark_consumers.sinks import PREFIX, SinkError, writer
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,6 +32,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("query", nargs="?", help="with sql: the query over the view `events`")
     parser.add_argument("--relay", default="127.0.0.1:7883", metavar="HOST:PORT")
     parser.add_argument("--sink", default="console", help="console, parquet:DIR, mqtt:HOST:PORT")
+    parser.add_argument(
+        "--prefix", default=PREFIX, help=f"mqtt sink: the topics' first levels ({PREFIX})"
+    )
     parser.add_argument("--checkpoint", required=True, metavar="DIR")
     parser.add_argument(
         "--trigger", default="10 seconds", help="available-now, or an interval ('10 seconds')"
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     name = args.job.replace("-", "_")
     try:
-        stream = writer(results(spark, args), args.sink, name)
+        stream = writer(results(spark, args), args.sink, name, args.prefix)
     except SinkError as exc:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 2

@@ -81,16 +81,18 @@ def test_the_command_runs_a_sql_query_into_mqtt(start_broker, paho_client, tmp_p
             "available-now",
             "--master",
             "local[2]",
+            "--prefix",
+            "dashboards/live",  # any prefix, not only $analytics
         ],
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    got = retained(server, paho_client, "$analytics/sql/#", 2)
+    got = retained(server, paho_client, "dashboards/live/sql/#", 2)
     assert {topic: row["n"] for topic, row in got.items()} == {
-        "$analytics/sql/dash/a": 6,
-        "$analytics/sql/dash/b": 2,
+        "dashboards/live/sql/dash/a": 6,
+        "dashboards/live/sql/dash/b": 2,
     }
 
 
