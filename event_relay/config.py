@@ -39,6 +39,9 @@ class RelayConfig:
     memory_events: int = 1_000_000
     memory_bytes: int = 256 * 1024 * 1024
     batch_events: int = 2000  # events per EVENTS frame at most
+    # Consumers whose commits let the log go: once each has committed, events before the
+    # lowest of their positions are let go of (whole memory segments; the spool exactly).
+    trim_committed: list[str] = field(default_factory=list)
     node_name: str = ""  # the broker's node_name unless set
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
 

@@ -164,6 +164,19 @@ class EventLog:
         self.spool.raise_floor(end)
         log.error("event spool cannot write: events before %d are lost", end)
 
+    def trim_to(self, seq: int) -> None:
+        """Let go of the events before `seq` (consumers have processed them): in the
+        spool exactly, in memory the whole segments before it (never the one written)."""
+        seq = min(seq, self.next_seq)
+        spool = self.spool
+        if spool is not None and self.flush():  # what is let go of is on disk first
+            spool.raise_floor(seq)
+            spool.write((), self.sync)  # the floor now, and the first chunk below it gone
+        segments = self._segments
+        while len(segments) > 1 and segments[1].first_seq <= seq:
+            self._held_bytes -= segments.popleft().size
+        self._trim_at = segments[0].first_seq + self.memory_events
+
     def flush(self) -> bool:
         """Write the events not yet in the spool as one batch. False if the spool could
         not write them (they are kept for the next try)."""

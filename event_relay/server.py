@@ -74,6 +74,11 @@ class RelayServer:
         self.commits[name] = position
         if self.log.spool is not None:
             self.log.spool.commit(name, position, self.log.sync)
+        trimmers = self.config.trim_committed
+        if name in trimmers:
+            positions = [self.committed(trimmer) for trimmer in trimmers]
+            if None not in positions:  # each has committed: the lowest is safe to go
+                self.log.trim_to(min(p for p in positions if p is not None))
 
 
 class Consumer(asyncio.Protocol):

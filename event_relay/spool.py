@@ -87,9 +87,9 @@ class Spool:
             batch.put(_key(seq), bytes((code,)) + data)
             last = seq
             count += 1
-        if last is None:
-            return True
-        next_seq = last + 1
+        if last is None and self._floor is None and self._stale is None:
+            return True  # nothing to write (a floor raised since is written with it)
+        next_seq = self.next_seq if last is None else last + 1
         first = max(self.first_seq, next_seq - self.max_events)
         for seq in range(self.first_seq, first):
             batch.delete(_key(seq))
@@ -119,7 +119,9 @@ class Spool:
         return True
 
     def raise_floor(self, seq: int) -> None:
-        """Events before `seq` that are not on disk were lost: serve nothing below it."""
+        """Serve nothing below `seq`: events lost to a full disk, or let go of once the
+        consumers that trim have committed them. What is on disk below it goes a chunk
+        per write."""
         if seq <= self.first_seq:
             return
         self._stale = (self.first_seq, seq) if self._stale is None else (self._stale[0], seq)

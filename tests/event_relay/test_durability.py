@@ -34,6 +34,33 @@ async def everything_and_info(address: tuple[str, int], name: str) -> tuple[list
         return events, info
 
 
+def test_trim_committed_lets_go_once_every_named_consumer_committed(start_broker, tmp_path):
+    relay = {
+        "durability": "spool",
+        "spool_path": str(tmp_path / "spool"),
+        "trim_committed": ["spark", "audit"],
+    }
+    broker = in_process(start_broker, relay)
+    end = flood(broker, 2500)  # 5,003 events: two memory segments
+
+    def spool_first() -> int:
+        return broker.server.call(lambda: broker.plugin.log.spool.first_seq)
+
+    async def commit(name: str, position: int) -> None:
+        async with await broker.connect(name=name, start=None) as client:
+            await client.commit(position)
+
+    asyncio.run(commit("spark", 4500))
+    assert spool_first() == 1  # audit has not committed: nothing goes
+    asyncio.run(commit("someone-else", 5000))
+    assert spool_first() == 1  # not a named consumer
+    asyncio.run(commit("audit", 4200))
+    assert spool_first() == 4200  # the lowest of the named consumers' positions
+    _, info = asyncio.run(everything_and_info(broker.address, "reader"))
+    # Memory let go of its first segment (4,096 events), all processed.
+    assert (info["first_seq"], info["next_seq"]) == (4097, end)
+
+
 def test_spool_keeps_events_sequence_epoch_and_commits_across_a_restart(start_broker, tmp_path):
     relay = {"durability": "spool", "spool_path": str(tmp_path / "spool")}
     first = in_process(start_broker, relay)

@@ -334,3 +334,26 @@ def test_disconnects_say_when_their_session_connected_and_who_is_online():
     assert offline["ts"] >= offline["connected_ts"] > 0
     assert offline["online"] == 1  # b
     assert (gone["connected_ts"], gone["online"]) == (None, 1)
+
+
+def test_trim_to_lets_go_of_what_was_processed(tmp_path):
+    spool = Spool(str(tmp_path / "spool"), 1_000_000)
+    log = EventLog(memory_events=BIG, memory_bytes=BIG, spool=spool)
+    log._call_soon = lambda callback: None  # no loop: the test flushes by trimming
+    for i in range(SEGMENT + 900):  # two segments in memory
+        log.append(3, values(i))
+    log.trim_to(SEGMENT + 1)  # everything of the first segment is processed
+    assert (log.first_seq, spool.first_seq) == (SEGMENT + 1, SEGMENT + 1)
+    with pytest.raises(OutOfRange):
+        log.read(SEGMENT, 10)
+    events, _ = log.read(SEGMENT + 1, 10)
+    assert msgpack.unpackb(events[0])[0] == SEGMENT + 1
+    log.trim_to(SEGMENT + 500)  # within the segment being written: the spool only
+    assert (log.memory_first_seq, spool.first_seq) == (SEGMENT + 1, SEGMENT + 500)
+    log.trim_to(10**9)  # past the end: up to the end
+    assert spool.first_seq == log.next_seq
+    end = log.next_seq
+    log.close()
+    again = Spool(str(tmp_path / "spool"), 1_000_000)  # the floor was written: it stays
+    assert (again.first_seq, again.next_seq) == (end, end)
+    again.close()
