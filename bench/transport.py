@@ -40,6 +40,8 @@ from websockets.protocol import State
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from broker.layer import LayerTransport  # the socket's reading and buffer, delegated
+
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # websockets built without its C extension
@@ -169,45 +171,7 @@ class _Tls(asyncio.Protocol):
             self.inner.resume_writing()
 
 
-class _Layer(asyncio.Transport):
-    """A transport over the socket's: reading, flow control and the write buffer are the
-    socket's; subclasses say how bytes are written."""
-
-    def __init__(self, socket: asyncio.Transport):
-        super().__init__()
-        self.socket = socket
-        self._closing = False
-
-    def abort(self) -> None:
-        self._closing = True
-        self.socket.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.socket.is_closing()
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        self.socket.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.socket.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self.socket.is_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.socket.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self.socket.get_write_buffer_size()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.socket.get_extra_info(name, default)
-
-
-class TlsTransport(_Layer):
+class TlsTransport(LayerTransport):
     """What the layer above writes to: plaintext in, encrypted at once, records out."""
 
     def __init__(self, socket: asyncio.Transport, tls: ssl.SSLObject, outgoing: ssl.MemoryBIO):
@@ -367,7 +331,7 @@ def _run(buf: bytearray, pos: int, size: int, count: int) -> bytes | None:
     return bytes(run)
 
 
-class WebSocketTransport(_Layer):
+class WebSocketTransport(LayerTransport):
     """What the MQTT client writes to: each write one masked binary frame."""
 
     def frame(self, first: int, data: bytes | bytearray | memoryview) -> None:

@@ -104,5 +104,8 @@ class LayerTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return self.socket.get_write_buffer_size()
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.socket.set_write_buffer_limits(high, low)
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.socket.get_extra_info(name, default)

@@ -59,12 +59,11 @@ class Broker:
         self.registry = Registry(self)
         self.plugins = configured_plugins(config) if plugins is None else plugins
         self.disabled_plugins: set[str] = set()  # by the admin API: their hooks are not called
-        self.hooks = Hooks(self.plugins)
-        # Plugins that keep something before the broker acknowledges a message.
-        self.before_ack: list[Callable[[], bool]] = []
-        self.tasks: set[asyncio.Task] = self.hooks.tasks  # hook flows and async events
+        self.tasks: set[asyncio.Task] = set()  # hook flows and async events
+        self.hooks = Hooks(self.plugins, self.tasks)
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
-        self._load_hooks()
+        # Plugins that keep something before the broker acknowledges a message.
+        self.before_ack = _before_ack(self.plugins)
         self.started_at = time.time()
         self.stopping = False
         self.http = HttpServer(self) if config.http.enabled else None
@@ -138,26 +137,18 @@ class Broker:
             factory = functools.partial(TlsStream, context, factory, self.loop, timeout)
         return functools.partial(ProxyHeaderReader, self, factory), None
 
-    def _load_hooks(self) -> None:
-        enabled = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]
-        hooks = Hooks(enabled)
-        hooks.tasks = self.tasks  # the same set: tasks of a plugin disabled meanwhile end too
-        self.hooks = hooks
-        self.chains.load(hooks)
-        self.before_ack[:] = [
-            plugin.before_ack
-            for _, plugin in enabled
-            if callable(getattr(plugin, "before_ack", None))
-        ]
-
     def set_plugin_enabled(self, name: str, enabled: bool) -> None:
         """Stop or start calling a plugin's hooks (its own servers, e.g. the relay's, run
-        on: only its say in the broker's decisions and events changes)."""
+        on: only its say in the broker's decisions and events changes). The chains are
+        resolved again in place: sessions hold them."""
         if enabled:
             self.disabled_plugins.discard(name)
         else:
             self.disabled_plugins.add(name)
-        self._load_hooks()
+        plugins = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]
+        self.hooks = Hooks(plugins, self.tasks)
+        self.chains.load(self.hooks)
+        self.before_ack[:] = _before_ack(plugins)  # the list connections read
         log.info("plugin %s %s", name, "enabled" if enabled else "disabled")
 
     def plugin_hooks(self) -> dict[str, list[str]]:
@@ -376,3 +367,9 @@ class Broker:
         sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
         for message in self.retained.matching(topic_filter, self.loop.time()):
             session.deliver(Delivery(message, min(message.qos, options.qos), True, sub_ids))
+
+
+def _before_ack(plugins: list[tuple[str, Any]]) -> list[Callable[[], bool]]:
+    return [
+        plugin.before_ack for _, plugin in plugins if callable(getattr(plugin, "before_ack", None))
+    ]

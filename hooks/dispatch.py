@@ -194,11 +194,14 @@ def _bare(signature: inspect.Signature) -> inspect.Signature:
 class Hooks:
     """Every hook's chain, built from plugins in call order (each checked first)."""
 
-    def __init__(self, plugins: Iterable[tuple[str, Any]] = ()) -> None:
+    def __init__(
+        self, plugins: Iterable[tuple[str, Any]] = (), tasks: set[asyncio.Task] | None = None
+    ) -> None:
         self.plugins = list(plugins)
         for name, plugin in self.plugins:
             check_plugin(name, plugin)
-        self.tasks: set[asyncio.Task] = set()  # running async event hooks
+        # Running async event hooks (a broker keeps one set across rebuilt chains).
+        self.tasks: set[asyncio.Task] = set() if tasks is None else tasks
         self._chains = {name: self._build(name) for name in HOOKS}
         self._versions = {
             spec.v4_fallback: (self._chains[spec.v4_fallback], self._chains[name])
