@@ -136,12 +136,35 @@ class HttpSettings:
 
 
 @dataclass(slots=True)
+class ClusterSettings:
+    """[cluster]: this node as one of several (docs/clustering.md). Off while `address`
+    is empty."""
+
+    node_name: str = ""  # "" keeps broker.node_name; set, it names this node everywhere
+    address: str = ""  # the cluster listener, "host:port" (port 0: any free port)
+    advertise: str = ""  # where other nodes reach it, if not `address` (NAT, proxies)
+    metadata: Literal["redis"] = "redis"  # the shared truth: plugins/redis_subs
+    secret: str = ""  # nodes must present the same one to link
+    liveness_interval: float = 0.5  # seconds between liveness refreshes
+    dead_after: float = 3.0  # a node silent this long is dead: its sessions are reaped
+    outgoing_buffer_size: int = 16 * 1024 * 1024  # bytes kept per link while it is down
+    max_frame_size: int = 64 * 1024 * 1024  # a larger frame from a peer closes its link
+    remote_enqueue_timeout: float = 5.0  # seconds a takeover or migrated chunk may take
+    # Registrations while Redis is away: refused with 0x88 server unavailable (false), or
+    # taken on this node alone and written to Redis when it returns (true).
+    allow_register_during_outage: bool = False
+    # node -> "host:port": reach these nodes there instead of at what they advertise.
+    peer_addresses: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class Config:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     listeners: list[ListenerSettings] = field(default_factory=lambda: [ListenerSettings()])
     store: StoreSettings = field(default_factory=StoreSettings)
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     # [event_relay]: the relay validates its own keys (event_relay/config.py).
@@ -160,6 +183,7 @@ _NON_NEGATIVE = {
     "max_connections",
     "file_max_bytes",
     "file_backups",
+    "outgoing_buffer_size",
 }
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
@@ -273,7 +297,10 @@ def _convert(hint: Any, value: Any, name: str) -> Any:
         return _seconds(value, name)
     if not isinstance(value, hint):
         raise ConfigError(f"{name}: expected {hint.__name__}, got {_kind(value)}")
-    if name.endswith("node_name") and (not value or any(c in value for c in "/+#\0")):
+    empty_means_default = name == "cluster.node_name"  # "" keeps broker.node_name
+    if name.endswith("node_name") and (
+        (not value and not empty_means_default) or any(c in value for c in "/+#\0")
+    ):
         raise ConfigError(f"{name}: must be one topic level, without '/', '+' or '#'")
     return value
 
@@ -347,6 +374,7 @@ def validate(config: Config) -> Config:
             f"http.prometheus_namespace: {namespace!r} cannot start a Prometheus metric name "
             "(letters, digits and _, not starting with a digit)"
         )
+    _validate_cluster(config)
     try:
         host_port(config.http.address)
     except ValueError:
@@ -354,6 +382,37 @@ def validate(config: Config) -> Config:
             f"http.address: expected 'host:port' (IPv6: '[::1]:port'), got {config.http.address!r}"
         ) from None
     return config
+
+
+def _validate_cluster(config: Config) -> None:
+    cluster = config.cluster
+    if cluster.node_name:
+        if config.broker.node_name not in ("nautilus", cluster.node_name):
+            raise ConfigError(
+                f"cluster.node_name: {cluster.node_name!r} differs from broker.node_name "
+                f"{config.broker.node_name!r}; set one of them"
+            )
+        config.broker.node_name = cluster.node_name  # the one name the node goes by
+    addresses = [("address", cluster.address), ("advertise", cluster.advertise)]
+    addresses += [(f"peer_addresses.{n}", a) for n, a in cluster.peer_addresses.items()]
+    for key, address in addresses:
+        if not address:
+            continue
+        try:
+            host_port(address)
+        except ValueError:
+            raise ConfigError(
+                f"cluster.{key}: expected 'host:port' (IPv6: '[::1]:port'), got {address!r}"
+            ) from None
+    if cluster.address:
+        if cluster.dead_after <= cluster.liveness_interval:
+            raise ConfigError(
+                f"cluster.dead_after: must be longer than liveness_interval "
+                f"({cluster.liveness_interval}s), got {cluster.dead_after}s"
+            )
+        plugin = config.plugins.get("redis_subs", {})
+        if cluster.metadata == "redis" and plugin.get("enabled") is not True:
+            raise ConfigError('cluster.metadata: "redis" needs [plugins.redis_subs] enabled = true')
 
 
 TLS_KEYS = (

@@ -23,6 +23,7 @@ from broker.authorization import (
     session_limits,
 )
 from broker.client import AUTHENTICATING, CONNECTED
+from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.message import Message, TopicAliases
 from broker.protocol import (
@@ -246,8 +247,65 @@ def _accept(
         expiry = 0
     else:
         expiry = conn.broker.settings.persistent_client_expiration or None
+    cluster = conn.broker.cluster
+    if cluster is not None:  # the client id is registered cluster-wide first
+        return conn.spawn(
+            _register_in_cluster(
+                conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive
+            )
+        )
+    _attach(conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive, None)
+
+
+async def _register_in_cluster(
+    conn: Connection,
+    packet: Connect,
+    assigned: str | None,
+    modifiers: dict,
+    auth_props: dict,
+    expiry: int | None,
+    server_keepalive: int | None,
+) -> None:
+    """Courier's remap: this node owns the client id from now on; the node that held it
+    has released it (its queue follows) before the CONNACK goes out."""
+    cluster = conn.broker.cluster
+    assert cluster is not None
+    client_id = conn.client.client_id
+    try:
+        registration = await cluster.register(client_id, expiry == 0)
+    except (MetadataUnavailable, StaleRequest) as exc:
+        log.warning("%s: cannot register in the cluster: %s", conn.client.name(), exc)
+        if not conn.closing:
+            refuse(conn, ReasonCode.SERVER_UNAVAILABLE)
+        return
+    args = (conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive)
+    _attach(*args, registration)
+
+
+def _attach(
+    conn: Connection,
+    packet: Connect,
+    assigned: str | None,
+    modifiers: dict,
+    auth_props: dict,
+    expiry: int | None,
+    server_keepalive: int | None,
+    registration: Registration | None,
+) -> None:
+    """The session (taken over, resumed or new) and the CONNACK."""
+    level = conn.client.protocol_level
+    props = packet.properties
     registry = conn.broker.registry
+    known = conn.client.client_id in registry.sessions
     session, present = registry.connect(conn.client.client_id, packet.clean_start, expiry)
+    cluster = conn.broker.cluster
+    if cluster is not None:
+        cluster.registered(conn.client.client_id, session, registration, fresh=not known)
+        if registration is not None and registration.existed and not packet.clean_start:
+            present = True  # the session lived on another node
+    if conn.closing:  # the client left while the cluster registered it: offline now
+        registry.release(session, None, 0, conn.client_context())
+        return
     session.apply_limits(session_limits(modifiers))
     conn.session = session
     chains = conn.broker.chains

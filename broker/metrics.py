@@ -59,6 +59,22 @@ class Metrics:
     store_publish_refused: int = 0  # QoS 1/2 PUBLISHes refused while the store cannot write
     flow_publisher_held: int = 0  # times a publisher stopped being read for a full queue
     flow_slow_subscribers: int = 0  # subscribers found stuck (slow_subscriber_timeout)
+    # Routing: subscribers a publish matched on this node, and other nodes it was
+    # forwarded to (one per node): the routing score of docs/clustering.md.
+    router_matches_local: int = 0
+    router_matches_remote: int = 0
+    # The cluster channel (docs/clustering.md).
+    cluster_bytes_sent: int = 0
+    cluster_bytes_received: int = 0
+    cluster_bytes_dropped: int = 0  # frames a full or closed link could not take
+    cluster_frames_invalid: int = 0  # links closed for a malformed frame
+    cluster_enqueue_dropped: int = 0  # messages for a session no longer on this node
+    cluster_sessions_migrated: int = 0  # sessions whose queue moved to another node
+    cluster_messages_migrated: int = 0
+    cluster_sessions_reaped: int = 0  # persistent sessions taken from dead nodes
+    cluster_registrations_refused: int = 0  # CONNECTs refused while the metadata was away
+    netsplit_detected: int = 0  # a peer was declared dead
+    netsplit_resolved: int = 0  # a dead peer came back
 
     def connack_sent(self, return_code: int) -> None:
         """Count a CONNACK; `return_code` is the MQTT 3 one (0..5)."""

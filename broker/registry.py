@@ -171,3 +171,5 @@ class Registry:
         self.broker.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            if self.broker.cluster is not None:
+                self.broker.cluster.changed(session.client_id)

@@ -74,13 +74,14 @@ class Route:
 class SharedGroup:
     """The members of one shared subscription (a share name on one filter)."""
 
-    __slots__ = ("_cursor", "_order", "filter", "held", "members", "name")
+    __slots__ = ("_cursor", "_local", "_order", "filter", "held", "members", "name")
 
     def __init__(self, name: str, topic_filter: str) -> None:
         self.name = name
         self.filter = topic_filter
         self.members: dict[Any, SubOptions] = {}  # Session -> its subscription options
         self._order: tuple[Any, ...] = ()  # the members, kept as a tuple for pick()
+        self._local: tuple[Any, ...] = ()  # those on this node (a cluster has others)
         self._cursor = 0
         self.held = False  # publishers wait for some member to drain (broker/flow.py)
 
@@ -91,24 +92,34 @@ class SharedGroup:
         """Add or update a member; True when it is new."""
         is_new = member not in self.members
         self.members[member] = options
-        self._order = tuple(self.members)
+        self._reorder()
         return is_new
+
+    def _reorder(self) -> None:
+        self._order = tuple(self.members)
+        self._local = tuple(m for m in self._order if getattr(m, "local", True))
 
     def remove(self, member: Any) -> bool:
         """Remove a member; False when it was not one."""
         if self.members.pop(member, None) is None:
             return False
-        self._order = tuple(self.members)
+        self._reorder()
         return True
 
     def pick(self, policy: str) -> Any | None:
         """The member that gets the next message. `round_robin` starts from the member
-        after the last one picked, `random` (and `prefer_local` / `local_only`, which on
-        a single node mean the same) from a random member; from there the first online
-        member whose queue is below its high-water mark gets it, else the first online
-        member, else (nobody online) the starting member's queue. So a slow member does
-        not hold the group's publishers back while another member has room."""
+        after the last one picked, the others from a random member; from there the first
+        online member whose queue is below its high-water mark gets it, else the first
+        online member, else (nobody online) the starting member's queue. So a slow member
+        does not hold the group's publishers back while another member has room.
+        In a cluster, `local_only` picks among this node's members only, `prefer_local`
+        among them while one is online (then among all)."""
         members = self._order
+        local = self._local
+        if len(local) != len(members) and (
+            policy == "local_only" or (policy == "prefer_local" and any(m.online for m in local))
+        ):
+            members = local
         count = len(members)
         if not count:
             return None

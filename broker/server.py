@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.cluster.node import Cluster
 from broker.config import Config, ConfigError
 from broker.connection import Connection
 from broker.flow import FlowControl, Subscriber
@@ -82,6 +83,16 @@ class Broker:
             if listener.type in ("ssl", "wss")
         }
         self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
+        self.cluster = self._cluster() if config.cluster.address else None
+
+    def _cluster(self) -> Cluster:
+        """This node's part in a cluster, over the metadata backend a plugin provides."""
+        wanted = self.config.cluster.metadata
+        for _, plugin in self.plugins:
+            if getattr(plugin, "metadata", None) == wanted:
+                backend = plugin.metadata_backend(self.config.cluster.dead_after)
+                return Cluster(self, self.config.cluster, backend)
+        raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}")
 
     def _connack_properties(self) -> dict:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
@@ -97,6 +108,8 @@ class Broker:
     async def start(self) -> None:
         await call_all(self.plugins, "start")
         self._restore()
+        if self.cluster is not None:
+            await self.cluster.start()  # before clients: registrations need it
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
             factory, tls = self._protocols(index)
@@ -185,6 +198,8 @@ class Broker:
         self._servers.clear()
         for task in list(self.tasks):
             task.cancel()
+        if self.cluster is not None:
+            await self.cluster.stop()
         await call_all(self.plugins, "stop")
         if self.http is not None:
             await self.http.stop()
@@ -277,12 +292,16 @@ class Broker:
                 self.store.put_retained(message)
             else:
                 self.store.delete_retained(message.topic)
+            if self.cluster is not None:
+                self.cluster.retained(message)
         sender = message.sender
         qos = message.qos
         retain = message.retain
         congested: list[Subscriber] | None = None
         upgrade = self.settings.upgrade_outgoing_qos
-        for route in self.router.match(message.topic):
+        routes = self.router.match(message.topic)
+        self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its one back
+        for route in routes:
             session = route.subscriber
             if route.no_local and session.client_id == sender:
                 own = route.without_no_local()  # [MQTT-3.8.3-3]
@@ -310,6 +329,29 @@ class Broker:
                         congested = []
                     congested.append(full)
         return congested
+
+    def publish_forwarded(self, message: Message) -> None:
+        """A message another node forwarded: for this node's own sessions only (the
+        origin sent it to every node that needs it, and chose the shared groups' members)."""
+        qos = message.qos
+        upgrade = self.settings.upgrade_outgoing_qos
+        for route in self.router.match(message.topic):
+            session = route.subscriber
+            if not session.local:
+                continue
+            if route.no_local and session.client_id == message.sender:
+                own = route.without_no_local()
+                if own is None:
+                    continue
+                route = own
+            session.deliver(
+                Delivery(
+                    message,
+                    route.qos if upgrade or qos > route.qos else qos,
+                    message.retain and route.retain_as_published,
+                    route.subscription_ids,
+                )
+            )
 
     def has_subscribers(self, topic: str) -> bool:
         """Whether a message to `topic` reaches anyone (the router caches the matches)."""
@@ -355,11 +397,15 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
         session.subscriptions[topic_filter] = options
         self.save_session(session)
+        if self.cluster is not None:
+            self.cluster.changed(session.client_id)
         return self.router.subscribe(session, topic_filter, options)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if session.subscriptions.pop(topic_filter, None) is not None:
             self.save_session(session)
+            if self.cluster is not None:
+                self.cluster.changed(session.client_id)
         return self.router.unsubscribe(session, topic_filter)
 
     def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:

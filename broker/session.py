@@ -125,6 +125,8 @@ class Session:
         "window",
     )
 
+    local = True  # a session on this node (the router also holds other nodes' stand-ins)
+
     def __init__(
         self,
         client_id: str,

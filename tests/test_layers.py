@@ -10,7 +10,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
   3 store          the message stores
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
-  5 registry       client id -> session
+  5 registry       client id -> session; cluster (this node among others: it hands
+                   sessions to and from other nodes)
   6 connection     the asyncio shell and the packet flows over it, proxy_protocol (the
                    header before it), tls_stream (TLS after that header), websocket (the
                    framing around it), plugins, systree
@@ -51,6 +52,7 @@ LAYERS = {
     "broker.session": 4,
     "broker.multi_session": 4,
     "broker.registry": 5,
+    "broker.cluster": 5,  # membership, links, the routing view of other nodes
     "broker.connection": 6,
     "broker.connect_flow": 6,
     "broker.publish_flow": 6,
@@ -134,7 +136,9 @@ def test_the_hook_contract_does_not_depend_on_the_broker(path):
     assert not [m for m, _ in imports(path) if m.split(".")[0] in {"broker", "plugins"}]
 
 
-PUBLIC = ("broker.config", "broker.protocol", "broker.topics")  # what plugins may use
+# What plugins may use; a metadata backend (plugins/redis_subs) implements the cluster's
+# interface, broker/cluster/metadata.py.
+PUBLIC = ("broker.config", "broker.protocol", "broker.topics", "broker.cluster.metadata")
 
 
 @pytest.mark.parametrize(

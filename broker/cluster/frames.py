@@ -1,0 +1,104 @@
+"""The cluster channel's wire format, sans I/O: frames in, bytes out.
+
+A frame is a 4-byte big-endian length, then a MessagePack array whose first item is the
+frame's kind. A link starts with HELLO from the connecting node, answered by WELCOME (or
+REFUSED, then the close). After that the connecting node sends the traffic (PUBLISH,
+ENQUEUE, TAKEOVER, PING) and the accepting node answers on the same socket (ACK, PONG):
+one link per ordered pair of nodes, as in VerneMQ. The whole format is in
+docs/clustering.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from broker.message import Message
+from broker.protocol import Property
+
+PROTOCOL_VERSION = 1
+
+HELLO = 1  # [HELLO, version, node, boot id, secret]
+WELCOME = 2  # [WELCOME, node, boot id]
+REFUSED = 3  # [REFUSED, reason]
+PUBLISH = 4  # [PUBLISH, message]: match it against this node's subscriptions
+ENQUEUE = 5  # [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share]
+ACK = 6  # [ACK, ref, error or None]
+TAKEOVER = 7  # [TAKEOVER, ref, client id, clean]: release the session; queue follows
+PING = 8  # [PING, n]
+PONG = 9  # [PONG, n]
+
+_LENGTH = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """A peer sent something that is not a frame of this protocol."""
+
+
+def encode(*frame: Any) -> bytes:
+    body = msgpack.packb(frame)
+    return _LENGTH.pack(len(body)) + body
+
+
+def pack_message(message: Message, now: float) -> list[Any]:
+    """A message as frames carry it (its expiry as the seconds it has left)."""
+    left = None
+    if message.expires_at is not None:
+        left = max(0, int(message.expires_at - now))
+    properties = message.properties
+    if left is not None:
+        properties = {**properties, Property.MESSAGE_EXPIRY_INTERVAL: left}
+    return [
+        message.topic,
+        message.payload,
+        message.qos,
+        message.retain,
+        properties,
+        message.sender,
+        message.acl_name,
+    ]
+
+
+def unpack_message(fields: list[Any], now: float) -> Message:
+    topic, payload, qos, retain, properties, sender, acl_name = fields
+    if Property.USER_PROPERTY in properties:
+        properties[Property.USER_PROPERTY] = [tuple(p) for p in properties[Property.USER_PROPERTY]]
+    message = Message(topic, payload, qos, retain, properties, sender, now=now)
+    message.acl_name = acl_name
+    return message
+
+
+class FrameDecoder:
+    """Bytes in, frames (lists) out; FrameError for anything else."""
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.max_frame_size = max_frame_size
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[list[Any]]:
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        offset = 0
+        end = len(buffer)
+        while end - offset >= 4:
+            (length,) = _LENGTH.unpack_from(buffer, offset)
+            if length > self.max_frame_size:
+                raise FrameError(
+                    f"a frame of {length} bytes (max_frame_size {self.max_frame_size})"
+                )
+            if end - offset - 4 < length:
+                break
+            body = bytes(buffer[offset + 4 : offset + 4 + length])
+            offset += 4 + length
+            try:
+                frame = msgpack.unpackb(body, strict_map_key=False)
+            except (ValueError, msgpack.ExtraData) as exc:
+                raise FrameError(f"not MessagePack: {exc}") from None
+            if not isinstance(frame, list) or not frame or not isinstance(frame[0], int):
+                raise FrameError("a frame must be an array starting with its kind")
+            frames.append(frame)
+        del buffer[:offset]
+        return frames

@@ -1,0 +1,326 @@
+"""The cluster channel's two ends: `PeerLink`, this node's link to one other node (it
+connects, sends and reconnects), and `ClusterServerProtocol`, one link from another node
+accepted on this node's cluster listener.
+
+Traffic to a peer is written in batches: frames sent during one event-loop turn leave in
+one write. While the link is down, frames wait in a buffer bounded by
+`outgoing_buffer_size`; what does not fit is dropped and counted
+(`cluster_bytes_dropped`), as in VerneMQ. While it is up, the link is a flow-control
+subscriber (broker/flow.py) through the RemoteNode that routes to it: past its high-water
+mark publishers wait, so a slow link slows its publishers instead of growing memory.
+
+A link that gets no PONG to its PINGs for `dead_after` is aborted and reconnected: a
+peer that is blackholed (the socket open, nothing passing) is noticed that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker.cluster import frames
+from broker.cluster.frames import ACK, HELLO, PING, PONG, REFUSED, WELCOME, FrameDecoder, FrameError
+
+if TYPE_CHECKING:
+    from broker.cluster.node import Cluster
+
+log = logging.getLogger("nautilus.cluster")
+
+HIGH_WATER = 4 * 1024 * 1024  # bytes queued to a peer that hold its publishers
+LOW_WATER = 1024 * 1024
+RECONNECT_DELAY = 0.5  # seconds between attempts to reach a peer
+HANDSHAKE_TIMEOUT = 5.0
+
+
+class PeerLink(asyncio.Protocol):
+    """This node's one-way link to `node`; replies to requests come back on it."""
+
+    def __init__(self, cluster: Cluster, node: str, address: tuple[str, int]) -> None:
+        self.cluster = cluster
+        self.loop = cluster.loop
+        self.node = node
+        self.address = address
+        self.boot_id = ""  # the peer's, from its WELCOME
+        self.transport: asyncio.Transport | None = None
+        self.up = False  # handshake done
+        self.closed = False
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._flush_scheduled = False
+        self._decoder = FrameDecoder(cluster.settings.max_frame_size)
+        self._refs = itertools.count(1)
+        self._requests: dict[int, asyncio.Future[Any]] = {}
+        self._paused = False  # the transport's buffer is full
+        self._pings = itertools.count(1)
+        self._last_pong = 0.0
+        self._welcomed: asyncio.Future[None] | None = None
+        self._task = cluster.spawn(self._run(), f"cluster link to {node}")
+        self.progress = 0  # bytes written to the peer (flow control watches it)
+        self.bytes_sent = 0
+        self.bytes_dropped = 0
+        self.connects = 0
+
+    def __repr__(self) -> str:
+        return f"<PeerLink {self.node} {'up' if self.up else 'down'}>"
+
+    # -- sending -----------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> int:
+        """Bytes on their way to the peer: waiting here and in the transport."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self._pending_bytes + buffered
+
+    @property
+    def congested(self) -> bool:
+        return self.up and self.backlog >= HIGH_WATER
+
+    def send(self, frame: bytes) -> bool:
+        """Queue one frame for the peer; False when the buffer is full (it is dropped)."""
+        if self.closed or self.backlog + len(frame) > self.cluster.settings.outgoing_buffer_size:
+            self.bytes_dropped += len(frame)
+            self.cluster.metrics.cluster_bytes_dropped += len(frame)
+            return False
+        self._pending.append(frame)
+        self._pending_bytes += len(frame)
+        if self.up and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        return True
+
+    def request(self, *frame: Any) -> asyncio.Future[Any]:
+        """Send a frame whose second item is a reference for the peer's ACK; the future
+        holds the ACK's error (None: done). It fails if the link goes down first."""
+        ref = next(self._refs)
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._requests[ref] = future
+        if not self.send(frames.encode(frame[0], ref, *frame[1:])):
+            del self._requests[ref]
+            future.set_exception(ConnectionError(f"the link to {self.node} is full"))
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending or self.transport is None or not self.up:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self.transport.write(data)
+        self.bytes_sent += len(data)
+        self.progress += 1
+        self._released()
+
+    def _released(self) -> None:
+        """Publishers held for this link may go on once it is below its low-water mark."""
+        remote = self.cluster.remote_nodes.get(self.node)
+        if remote is not None and remote.held and self.backlog <= LOW_WATER:
+            self.cluster.broker.flow.release(remote)
+
+    # -- connecting --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        interval = self.cluster.settings.liveness_interval
+        while not self.closed:
+            try:
+                await self._connect()
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                if self.connects == 0 or self.cluster.settings.liveness_interval:
+                    log.debug("cluster link to %s (%s:%s): %s", self.node, *self.address, exc)
+                await asyncio.sleep(RECONNECT_DELAY)
+                continue
+            # Up: ping until the link goes down.
+            while self.up and not self.closed:
+                await asyncio.sleep(interval)
+                if not self.up or self.transport is None:
+                    break
+                if self.loop.time() - self._last_pong > self.cluster.settings.dead_after:
+                    log.warning(
+                        "cluster link to %s: no answer for %ss, reconnecting",
+                        self.node,
+                        self.cluster.settings.dead_after,
+                    )
+                    self.transport.abort()
+                    break
+                self.transport.write(frames.encode(PING, next(self._pings)))
+            if not self.closed:
+                await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _connect(self) -> None:
+        self._welcomed = self.loop.create_future()
+        await asyncio.wait_for(
+            self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(self._welcomed), HANDSHAKE_TIMEOUT)
+        except BaseException:
+            if self.transport is not None:
+                self.transport.abort()
+            raise
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._decoder = FrameDecoder(self.cluster.settings.max_frame_size)
+        c = self.cluster
+        self.transport.write(
+            frames.encode(HELLO, frames.PROTOCOL_VERSION, c.node, c.boot_id, c.settings.secret)
+        )
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            received = self._decoder.feed(data)
+        except FrameError as exc:
+            log.warning("cluster link to %s: %s; closing it", self.node, exc)
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        for frame in received:
+            kind = frame[0]
+            if kind == ACK:
+                future = self._requests.pop(frame[1], None)
+                if future is not None and not future.done():
+                    future.set_result(frame[2])
+            elif kind == PONG:
+                self._last_pong = self.loop.time()
+            elif kind == WELCOME:
+                self._welcome(frame[1], frame[2])
+            elif kind == REFUSED:
+                log.error("node %s refused this node's link: %s", self.node, frame[1])
+                if self._welcomed is not None and not self._welcomed.done():
+                    self._welcomed.set_exception(ConnectionError(f"refused: {frame[1]}"))
+
+    def _welcome(self, node: str, boot_id: str) -> None:
+        if node != self.node:
+            log.error("cluster link to %s: %s:%s is node %s", self.node, *self.address, node)
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        restarted = self.boot_id and boot_id != self.boot_id
+        self.boot_id = boot_id
+        self.up = True
+        self.connects += 1
+        self._last_pong = self.loop.time()
+        log.info("cluster link to %s (%s:%s) up", self.node, *self.address)
+        if self._welcomed is not None and not self._welcomed.done():
+            self._welcomed.set_result(None)
+        self.cluster.link_up(self, bool(restarted))
+        if self._pending:
+            self._flush()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._released()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        was_up = self.up
+        self.up = False
+        self.transport = None
+        for future in self._requests.values():
+            if not future.done():
+                future.set_exception(ConnectionError(f"the link to {self.node} went down"))
+        self._requests.clear()
+        if self._welcomed is not None and not self._welcomed.done():
+            self._welcomed.set_exception(ConnectionError("closed during the handshake"))
+        if was_up:
+            log.warning("cluster link to %s (%s:%s) down", self.node, *self.address)
+            self.cluster.link_down(self)
+
+    def close(self) -> None:
+        """Stop for good (the node left or this node stops): what waits is dropped."""
+        self.closed = True
+        self.up = False
+        self._task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+        dropped = self._pending_bytes
+        if dropped:
+            self.bytes_dropped += dropped
+            self.cluster.metrics.cluster_bytes_dropped += dropped
+        self._pending.clear()
+        self._pending_bytes = 0
+
+
+class ClusterServerProtocol(asyncio.Protocol):
+    """A link another node opened to this one: HELLO first, then its traffic."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.node = ""  # the peer's name, once it said HELLO
+        self.transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(cluster.settings.max_frame_size)
+        self._handshake_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._handshake_timer = self.cluster.loop.call_later(
+            HANDSHAKE_TIMEOUT, self.transport.abort
+        )
+
+    def reply(self, *frame: Any) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frames.encode(*frame))
+
+    def refuse(self, reason: str) -> None:
+        log.warning(
+            "cluster listener: refused a link from %s: %s", self.node or "an unknown peer", reason
+        )
+        self.reply(REFUSED, reason)
+        assert self.transport is not None
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            received = self._decoder.feed(data)
+        except FrameError as exc:
+            log.warning("cluster link from %s: %s; closing it", self.node or "a peer", exc)
+            self.cluster.metrics.cluster_frames_invalid += 1
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        for frame in received:
+            if self.transport is None or self.transport.is_closing():
+                return
+            if not self.node:
+                self._hello(frame)
+                continue
+            try:
+                self.cluster.on_frame(self, frame)
+            except (ValueError, TypeError, IndexError, KeyError) as exc:
+                log.warning(
+                    "cluster link from %s: bad frame %r: %s; closing it", self.node, frame[:1], exc
+                )
+                self.cluster.metrics.cluster_frames_invalid += 1
+                self.transport.abort()
+                return
+
+    def _hello(self, frame: list[Any]) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        if frame[0] != HELLO or len(frame) != 5:
+            return self.refuse("expected HELLO")
+        _, version, node, boot_id, secret = frame
+        if version != frames.PROTOCOL_VERSION:
+            return self.refuse(
+                f"protocol version {version} (this node speaks {frames.PROTOCOL_VERSION})"
+            )
+        if not isinstance(secret, str) or not hmac.compare_digest(
+            secret.encode(), self.cluster.settings.secret.encode()
+        ):
+            return self.refuse("wrong cluster secret")
+        if not isinstance(node, str) or not node or node == self.cluster.node:
+            return self.refuse(f"bad node name {node!r}")
+        self.node = node
+        self.reply(WELCOME, self.cluster.node, self.cluster.boot_id)
+        self.cluster.inbound_up(self, boot_id)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.transport = None
+        self.cluster.inbound_down(self)

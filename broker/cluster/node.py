@@ -1,0 +1,689 @@
+"""This node as one of a cluster: membership, the links, the routing view, sessions
+moving between nodes, and the writes to the shared metadata.
+
+Theory of operation (docs/clustering.md has the user's side):
+- Membership. Every `liveness_interval` the node refreshes its entry in the metadata and
+  reads everyone's; a node silent for `dead_after` is dead. There is a link to every live
+  node; a dead node's link is closed (what it held is counted as dropped), and the live
+  node with the lowest name reaps its sessions: clean ones are deleted, persistent ones
+  become offline sessions here.
+- Routing. Local sessions are in the router as usual; other nodes' subscribers are there
+  through the RemoteView, fed by a full load at start and the metadata's change stream.
+- Writes. A session's record (owner, clean, subscriptions) is written when it changes,
+  by one writer task that batches every client changed since its last round into one
+  pipeline, reading the state at write time (so a burst of changes costs one write).
+- Sessions moving. A CONNECT registers the client id in the metadata first (Courier's
+  remap); if another node owned it, that node is asked over the link to release it: it
+  disconnects the old connection (MQTT 5: 0x8E), answers, and then sends the session's
+  queue after it in chunks, each acknowledged, while the client is already connected
+  here. A node that learns from the change stream that one of its clients is owned
+  elsewhere (it was away when asked) releases it the same way.
+- Outage. While the metadata cannot be reached, routing goes on from the local view;
+  CONNECTs are refused with 0x88 (or allowed, `allow_register_during_outage`); when it
+  returns, the node writes back its sessions and loads the whole state again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from broker.cluster import frames
+from broker.cluster.frames import ACK, ENQUEUE, PING, PONG, PUBLISH, TAKEOVER
+from broker.cluster.link import ClusterServerProtocol, PeerLink
+from broker.cluster.metadata import (
+    MetadataBackend,
+    MetadataUnavailable,
+    NodeInfo,
+    NotOwner,
+    Registration,
+    Resync,
+    Snapshot,
+    StaleRequest,
+    Subscriber,
+    Write,
+)
+from broker.cluster.remote import RemoteMember, RemoteNode
+from broker.cluster.view import RemoteView
+from broker.config import ClusterSettings, host_port
+from broker.message import Delivery, Message
+from broker.session import AWAITING_ACK
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+    from broker.session import Session
+
+log = logging.getLogger("nautilus.cluster")
+
+REAP_BATCH = 100  # sessions taken from a dead node per call
+
+
+class Cluster:
+    def __init__(self, broker: Broker, settings: ClusterSettings, backend: MetadataBackend):
+        self.broker = broker
+        self.settings = settings
+        self.backend = backend
+        self.loop = broker.loop
+        self.metrics = broker.metrics
+        self.node = broker.settings.node_name  # [cluster] node_name lands there
+        self.boot_id = uuid.uuid4().hex
+        self.links: dict[str, PeerLink] = {}
+        self.remote_nodes: dict[str, RemoteNode] = {}
+        self._members: dict[tuple[str, str], RemoteMember] = {}
+        self.view = RemoteView(broker.router, self.node, self.remote_node, self.remote_member)
+        self.nodes: dict[str, NodeInfo] = {}  # as of the last heartbeat
+        self.dead: set[str] = set()
+        self.available = False  # the metadata answers
+        self.address: tuple[str, int] | None = None  # the cluster listener, bound
+        self.inbound: set[ClusterServerProtocol] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+        self._dirty: dict[str, None] = {}  # client ids whose record must be written
+        self._wake = asyncio.Event()
+        self._registering: dict[str, list[Delivery]] = {}  # early arrivals, per client id
+        self._moving: set[str] = set()  # client ids being handed to another node
+        self._last_ts = 0
+        self._publish_cache: tuple[Message | None, bytes] = (None, b"")
+        self._outage_logged = False
+        self._reaping: set[str] = set()  # dead nodes whose sessions are being taken
+
+    # -- start and stop ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        host, port = host_port(self.settings.address)
+        self._server = await self.loop.create_server(
+            lambda: ClusterServerProtocol(self), host, port, reuse_address=True
+        )
+        self.address = self._server.sockets[0].getsockname()[:2]
+        advertise = self.settings.advertise or "{}:{}".format(*self.address)
+        await self.backend.open(self.node, self.boot_id, advertise)
+        await self._heartbeat()
+        snapshot = await self.backend.snapshot()
+        self._reconcile(snapshot)
+        self.available = True
+        log.info(
+            "cluster node %s listening on %s:%s, %d other nodes alive",
+            self.node,
+            *self.address,
+            len(self.nodes) - len(self.dead) - (self.node in self.nodes),
+        )
+        self.spawn(self._heartbeats(), "cluster heartbeat")
+        self.spawn(self._follow(snapshot.seq), "cluster change stream")
+        self.spawn(self._writer(), "cluster metadata writer")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._dirty and self.available:  # what changed last reaches the metadata
+            with contextlib.suppress(MetadataUnavailable, asyncio.TimeoutError):
+                await asyncio.wait_for(self._write_round(), 2.0)
+        for task in list(self._tasks):
+            task.cancel()
+        for link in self.links.values():
+            link.close()
+        for inbound in list(self.inbound):
+            if inbound.transport is not None:
+                inbound.transport.abort()
+        await self.backend.close()
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        task = self.loop.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("cluster: %s failed", task.get_name(), exc_info=task.exception())
+
+    def _ts(self) -> int:
+        """A write's timestamp: wall-clock ns, never twice the same on this node."""
+        self._last_ts = max(time.time_ns(), self._last_ts + 1)
+        return self._last_ts
+
+    # -- the router's view of other nodes ----------------------------------------------
+
+    def remote_node(self, node: str) -> RemoteNode:
+        remote = self.remote_nodes.get(node)
+        if remote is None:
+            remote = self.remote_nodes[node] = RemoteNode(self, node)
+        return remote
+
+    def remote_member(self, node: str, client_id: str) -> RemoteMember:
+        member = self._members.get((node, client_id))
+        if member is None:
+            member = self._members[(node, client_id)] = RemoteMember(self, node, client_id)
+        return member
+
+    def publish_frame(self, message: Message) -> bytes:
+        """The PUBLISH frame of `message`, built once however many nodes it goes to."""
+        cached, frame = self._publish_cache
+        if cached is not message:
+            frame = frames.encode(PUBLISH, frames.pack_message(message, self.loop.time()))
+            self._publish_cache = (message, frame)
+        return frame
+
+    # -- membership --------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.liveness_interval)
+            try:
+                await self._heartbeat()
+            except MetadataUnavailable as exc:
+                self._unavailable(exc)
+                continue
+            if not self.available:
+                await self._recover()
+
+    async def _heartbeat(self) -> None:
+        infos = await self.backend.heartbeat()
+        self.nodes = {info.name: info for info in infos}
+        alive = sorted(
+            info.name
+            for info in infos
+            if info.age < self.settings.dead_after or info.name == self.node
+        )
+        for info in infos:
+            if info.name == self.node:
+                continue
+            if info.age < self.settings.dead_after:
+                if info.name in self.dead:
+                    self.dead.discard(info.name)
+                    self.metrics.netsplit_resolved += 1
+                    log.warning("cluster: node %s is back", info.name)
+                self._ensure_link(info)
+            elif info.name not in self.dead:
+                self.dead.add(info.name)
+                self.metrics.netsplit_detected += 1
+                log.warning("cluster: node %s silent for %.1fs: dead", info.name, info.age)
+                link = self.links.pop(info.name, None)
+                if link is not None:
+                    link.close()
+            if info.name in self.dead and alive and alive[0] == self.node:
+                self.spawn(self._reap(info.name), f"cluster reaping {info.name}")
+
+    def _ensure_link(self, info: NodeInfo) -> None:
+        address = self.settings.peer_addresses.get(info.name) or info.address
+        link = self.links.get(info.name)
+        if link is not None and "{}:{}".format(*link.address) == address:
+            return
+        try:
+            target = host_port(address)
+        except ValueError:
+            log.error("cluster: node %s advertises %r, not host:port", info.name, address)
+            return
+        if link is not None:
+            link.close()
+        self.links[info.name] = PeerLink(self, info.name, target)
+
+    def link_up(self, link: PeerLink, restarted: bool) -> None:
+        if restarted:
+            log.info("cluster: node %s restarted", link.node)
+
+    def link_down(self, link: PeerLink) -> None:
+        remote = self.remote_nodes.get(link.node)
+        if remote is not None and remote.held:
+            self.broker.flow.release(remote)
+
+    def inbound_up(self, inbound: ClusterServerProtocol, boot_id: str) -> None:
+        self.inbound.add(inbound)
+
+    def inbound_down(self, inbound: ClusterServerProtocol) -> None:
+        self.inbound.discard(inbound)
+
+    async def _reap(self, dead: str) -> None:
+        """Take the dead node's sessions: persistent ones live on here, offline."""
+        reaping = self._reaping
+        if dead in reaping:
+            return
+        reaping.add(dead)
+        try:
+            while dead in self.dead:
+                moved = await self.backend.reap(dead, REAP_BATCH)
+                if moved is None:
+                    log.info("cluster: node %s forgotten (its sessions reaped)", dead)
+                    return
+                if not moved:
+                    return  # it came back
+                for client_id, record in moved:
+                    self._adopt(client_id, record)
+                    self.metrics.cluster_sessions_reaped += 1
+        except MetadataUnavailable as exc:
+            self._unavailable(exc)
+        finally:
+            reaping.discard(dead)
+
+    def _adopt(self, client_id: str, record: Subscriber) -> None:
+        """A persistent session this node now owns but does not hold: an offline one,
+        with its subscriptions (its queue, if any, was on a node that is gone)."""
+        broker = self.broker
+        if client_id in broker.registry.sessions:
+            return
+        session = broker.new_session(client_id)
+        session.expiry = broker.settings.persistent_client_expiration or None
+        for topic_filter, options in record.subscriptions.items():
+            session.subscriptions[topic_filter] = options
+            broker.router.subscribe(session, topic_filter, options)
+        broker.save_session(session)
+        broker.registry.adopt(session, session.expiry)
+
+    # -- metadata: loading and following -----------------------------------------------
+
+    def _reconcile(self, snapshot: Snapshot) -> None:
+        """At start: the sessions this node restored from its store against the shared
+        truth. Ours and unknown ones are (re)written; ones another node owns now are
+        handed to it; ones the metadata says are ours but the store lost live on empty."""
+        registry = self.broker.registry
+        for client_id, session in list(registry.sessions.items()):
+            record = snapshot.subscribers.get(client_id)
+            if record is None or record.node == self.node:
+                self.changed(client_id)
+            else:
+                self.spawn(
+                    self._hand_over(session, record.node, False),
+                    f"cluster handing {client_id} to {record.node}",
+                )
+        for client_id, record in snapshot.subscribers.items():
+            if record.node == self.node and client_id not in registry.sessions:
+                if record.clean:
+                    self.changed(client_id)  # its connection is gone: delete it
+                else:
+                    self._adopt(client_id, record)
+        self._load(snapshot)
+
+    def _load(self, snapshot: Snapshot) -> None:
+        self.view.load(snapshot.subscribers)
+        for topic, packed in snapshot.retained.items():
+            self._retained_changed(topic, packed)
+
+    async def _follow(self, seq: int) -> None:
+        while True:
+            try:
+                async for change in self.backend.changes(seq):
+                    seq = change.seq
+                    if change.topic:
+                        self._retained_changed(change.topic, change.retained)
+                    else:
+                        self._subscriber_changed(change.client_id, change.subscriber)
+            except Resync as exc:
+                log.warning("cluster: reloading the metadata (%s)", exc)
+            except MetadataUnavailable as exc:
+                self._unavailable(exc)
+                while not self.available:
+                    await asyncio.sleep(self.settings.liveness_interval)
+                    continue
+            try:
+                snapshot = await self.backend.snapshot()
+            except MetadataUnavailable as exc:
+                self._unavailable(exc)
+                await asyncio.sleep(self.settings.liveness_interval)
+                continue
+            seq = snapshot.seq
+            self._load_after_gap(snapshot)
+
+    def _load_after_gap(self, snapshot: Snapshot) -> None:
+        for client_id, record in snapshot.subscribers.items():
+            if record.node != self.node:
+                self._subscriber_changed(client_id, record)
+        self._load(snapshot)
+
+    def _subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
+        if record is not None and record.node != self.node and client_id not in self._moving:
+            session = self.broker.registry.sessions.get(client_id)
+            if session is not None and client_id not in self._registering:
+                # Another node registered it while this one was not asked (or did not
+                # answer): release it here, its queue following if that node is reachable.
+                self.spawn(
+                    self._hand_over(session, record.node, record.clean),
+                    f"cluster handing {client_id} to {record.node}",
+                )
+        self.view.apply(client_id, record)
+
+    def _retained_changed(self, topic: str, packed: bytes | None) -> None:
+        broker = self.broker
+        if packed is None:
+            broker.retained.update(Message(topic, b"", 0, True))
+            broker.store.delete_retained(topic)
+            return
+        message = frames.unpack_message(frames.msgpack.unpackb(packed), self.loop.time())
+        broker.retained.update(message)
+        broker.store.put_retained(message)
+
+    def retained(self, message: Message) -> None:
+        """A retained message published on this node: the other nodes learn it through
+        the metadata (written in the background, in publish order)."""
+        if not self.available:
+            return
+        packed = None
+        if message.payload:
+            packed = frames.msgpack.packb(frames.pack_message(message, self.loop.time()))
+        self.spawn(self._write_retained(message.topic, packed, self._ts()), "cluster retain")
+
+    async def _write_retained(self, topic: str, packed: bytes | None, ts: int) -> None:
+        try:
+            await self.backend.retain(topic, packed, ts)
+        except StaleRequest:
+            pass  # a newer one is there already
+        except MetadataUnavailable as exc:
+            self._unavailable(exc)
+
+    # -- metadata: writing ---------------------------------------------------------------
+
+    def changed(self, client_id: str) -> None:
+        """The session of `client_id` changed (subscriptions, clean, or it ended)."""
+        if client_id in self._moving:
+            return
+        self._dirty[client_id] = None
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.available:
+                continue  # written when the metadata is back (_recover sets _wake)
+            try:
+                await self._write_round()
+            except MetadataUnavailable as exc:
+                self._unavailable(exc)
+
+    async def _write_round(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        sessions = self.broker.registry.sessions
+        writes = []
+        for client_id in dirty:
+            if client_id in self._moving:
+                continue
+            session = sessions.get(client_id)
+            record = None
+            if session is not None:
+                record = Subscriber(self.node, session.expiry == 0, dict(session.subscriptions))
+            writes.append(Write(client_id, record, self._ts()))
+        if not writes:
+            return
+        try:
+            results = await self.backend.write(writes)
+        except MetadataUnavailable:
+            for write in writes:  # again when the metadata is back
+                self._dirty.setdefault(write.client_id, None)
+            raise
+        for write, result in zip(writes, results, strict=True):
+            if isinstance(result, NotOwner) and write.subscriber is not None:
+                log.info("cluster: %s is owned by another node now", write.client_id)
+                session = sessions.get(write.client_id)
+                if session is not None:
+                    self.spawn(self._hand_over(session, "", True), "cluster release")
+            elif isinstance(result, StaleRequest):
+                self.changed(write.client_id)  # a clock went back: write it again
+
+    # -- outage --------------------------------------------------------------------------
+
+    def _unavailable(self, exc: Exception) -> None:
+        if self.available or not self._outage_logged:
+            log.error("cluster: metadata unavailable: %s", exc)
+            self._outage_logged = True
+        self.available = False
+
+    async def _recover(self) -> None:
+        """The metadata answers again: write every local session back, then reload."""
+        log.warning("cluster: metadata available again; resynchronising")
+        self.available = True
+        self._outage_logged = False
+        for client_id in self.broker.registry.sessions:
+            self._dirty[client_id] = None
+        try:
+            await self._write_round()
+        except MetadataUnavailable as exc:
+            self._unavailable(exc)
+        # _follow notices on its own and reloads (its read failed or it finds a gap).
+
+    # -- registering clients -----------------------------------------------------------
+
+    async def register(self, client_id: str, clean: bool) -> Registration | None:
+        """Make this node the owner of `client_id` before its CONNACK; another node that
+        held it releases it first. None: the metadata is away and registrations are
+        allowed anyway. Raises MetadataUnavailable (refuse with 0x88) or StaleRequest."""
+        if not self.available:
+            if not self.settings.allow_register_during_outage:
+                self.metrics.cluster_registrations_refused += 1
+                raise MetadataUnavailable("the cluster's metadata is unavailable")
+            return None
+        self._registering.setdefault(client_id, [])
+        try:
+            registration = await self.backend.register(client_id, clean, self._ts())
+        except MetadataUnavailable as exc:
+            self._registering.pop(client_id, None)
+            self._unavailable(exc)
+            if not self.settings.allow_register_during_outage:
+                self.metrics.cluster_registrations_refused += 1
+                raise
+            return None
+        except StaleRequest:
+            self._registering.pop(client_id, None)
+            raise
+        previous = registration.previous_node
+        if previous is not None and previous != self.node:
+            await self._take_from(previous, client_id, clean)
+        return registration
+
+    async def _take_from(self, node: str, client_id: str, clean: bool) -> None:
+        link = self.links.get(node)
+        if link is None or not link.up:
+            log.info(
+                "cluster: %s was on node %s, unreachable: taken without its queue", client_id, node
+            )
+            return
+        try:
+            error = await asyncio.wait_for(
+                link.request(TAKEOVER, client_id, clean), self.settings.remote_enqueue_timeout
+            )
+        except (TimeoutError, ConnectionError) as exc:
+            log.warning(
+                "cluster: node %s did not release %s: %s", node, client_id, exc or "timeout"
+            )
+            return
+        if error:
+            log.warning("cluster: node %s could not release %s: %s", node, client_id, error)
+
+    def registered(
+        self, client_id: str, session: Session, registration: Registration | None, fresh: bool
+    ) -> None:
+        """The CONNECT's session exists here now: a session new on this node resumes the
+        subscriptions the metadata kept; messages that came ahead of it are delivered."""
+        early = self._registering.pop(client_id, [])
+        owner = session.owner
+        if registration is not None and fresh:
+            for topic_filter, options in registration.subscriptions.items():
+                owner.subscriptions[topic_filter] = options
+                self.broker.router.subscribe(owner, topic_filter, options)
+            self.broker.save_session(owner)
+        self.changed(client_id)
+        for delivery in early:
+            owner.deliver(delivery)
+
+    # -- releasing clients to other nodes ---------------------------------------------
+
+    async def _hand_over(self, session: Session, node: str, clean: bool) -> None:
+        """Release a session another node owns now: its connection closes (0x8E), it is
+        forgotten here, and unless the new owner started clean its queue goes there."""
+        client_id = session.client_id
+        if client_id in self._moving:
+            return
+        self._moving.add(client_id)
+        try:
+            backlog = self._release(session, clean)
+            if backlog and node:
+                await self._migrate(node, client_id, backlog)
+        finally:
+            self._moving.discard(client_id)
+
+    def _release(self, session: Session, clean: bool) -> list[Delivery]:
+        """Disconnect the session's connections and forget it here, without telling the
+        metadata (it belongs to another node now); returns what it had queued."""
+        broker = self.broker
+        owner = session.owner
+        for connection in list(broker.connections):
+            if connection.session is not None and connection.session.owner is owner:
+                connection.take_over()
+        backlog = [] if clean else _backlog(owner)
+        if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
+            owner.pending_will[0].cancel()
+            owner.pending_will = None
+        if owner.expiry_timer is not None:
+            owner.expiry_timer.cancel()
+            owner.expiry_timer = None
+        for topic_filter, _ in list(owner.subscriptions.items()):
+            broker.router.unsubscribe(owner, topic_filter)
+        owner.subscriptions.clear()
+        owner.queue.clear()
+        owner.inflight.clear()
+        broker.store.delete_session(owner.client_id)
+        if broker.registry.sessions.get(owner.client_id) is owner:
+            del broker.registry.sessions[owner.client_id]
+        return backlog
+
+    async def _migrate(self, node: str, client_id: str, backlog: list[Delivery]) -> None:
+        """Send a released session's queue to its new node in acknowledged chunks."""
+        step = self.broker.settings.max_msgs_per_drain_step
+        now = self.loop.time
+        sent = 0
+        for start in range(0, len(backlog), step):
+            link = self.links.get(node)
+            if link is None:
+                break
+            chunk = [
+                [frames.pack_message(d.message, now()), d.qos, False, list(d.sub_ids)]
+                for d in backlog[start : start + step]
+            ]
+            try:
+                error = await asyncio.wait_for(
+                    link.request(ENQUEUE, client_id, chunk, None),
+                    self.settings.remote_enqueue_timeout,
+                )
+            except (TimeoutError, ConnectionError):
+                break
+            if error:
+                break
+            sent += len(chunk)
+        lost = len(backlog) - sent
+        self.metrics.cluster_sessions_migrated += 1
+        self.metrics.cluster_messages_migrated += sent
+        if lost:
+            self.metrics.cluster_enqueue_dropped += lost
+            log.error(
+                "cluster: %d queued messages of %s could not reach node %s", lost, client_id, node
+            )
+        else:
+            log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
+
+    # -- frames from other nodes -------------------------------------------------------
+
+    def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
+        kind = frame[0]
+        if kind == PUBLISH:
+            self.broker.publish_forwarded(frames.unpack_message(frame[1], self.loop.time()))
+        elif kind == ENQUEUE:
+            _, ref, client_id, items, share = frame
+            error = self._enqueue(client_id, items, share)
+            if ref:
+                inbound.reply(ACK, ref, error)
+        elif kind == TAKEOVER:
+            _, ref, client_id, clean = frame
+            self._on_takeover(inbound, ref, client_id, clean)
+        elif kind == PING:
+            inbound.reply(PONG, frame[1])
+        else:
+            raise ValueError(f"unknown frame kind {kind}")
+
+    def _on_takeover(
+        self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
+    ) -> None:
+        session = self.broker.registry.sessions.get(client_id)
+        if session is None or client_id in self._moving:
+            inbound.reply(ACK, ref, None)
+            return
+        self._moving.add(client_id)
+        try:
+            backlog = self._release(session, clean)
+        finally:
+            self._moving.discard(client_id)
+        inbound.reply(ACK, ref, None)  # the new node may answer CONNACK now
+        if backlog:
+            self._moving.add(client_id)
+            task = self.spawn(
+                self._migrate(inbound.node, client_id, backlog), f"cluster migrating {client_id}"
+            )
+            task.add_done_callback(lambda _: self._moving.discard(client_id))
+
+    def _enqueue(self, client_id: str, items: list[Any], share: str | None) -> str | None:
+        now = self.loop.time()
+        deliveries = []
+        group = self.broker.router.group(share) if share is not None else None
+        for fields, qos, retain, subscription_ids in items:
+            message = frames.unpack_message(fields, now)
+            deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
+        early = self._registering.get(client_id)
+        if early is not None:
+            early.extend(deliveries)
+            return None
+        session = self.broker.registry.sessions.get(client_id)
+        if session is None:
+            if group is not None:  # the member left: another member here, if any
+                for delivery in deliveries:
+                    self.broker.deliver_shared(group, delivery.message, "local_only")
+                return None
+            self.metrics.cluster_enqueue_dropped += len(deliveries)
+            return f"no session {client_id} on {self.node}"
+        for delivery in deliveries:
+            session.deliver(delivery)
+        return None
+
+    # -- status ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What `nautilus cluster status` and the admin API show."""
+        m = self.metrics
+        matches = m.router_matches_local + m.router_matches_remote
+        nodes = []
+        for name in sorted(set(self.nodes) | {self.node}):
+            info = self.nodes.get(name)
+            link = self.links.get(name)
+            nodes.append(
+                {
+                    "node": name,
+                    "self": name == self.node,
+                    "alive": name == self.node or name not in self.dead,
+                    "address": info.address if info is not None else "",
+                    "last_seen": round(info.age, 3) if info is not None else None,
+                    "link": None if name == self.node else bool(link is not None and link.up),
+                    "bytes_sent": link.bytes_sent if link is not None else 0,
+                    "bytes_dropped": link.bytes_dropped if link is not None else 0,
+                }
+            )
+        return {
+            "node": self.node,
+            "metadata": "available" if self.available else "unavailable",
+            "nodes": nodes,
+            "routing_score": {
+                "local": m.router_matches_local,
+                "remote": m.router_matches_remote,
+                "local_share": round(m.router_matches_local / matches, 4) if matches else None,
+            },
+            "remote_subscribers": len(self.view.records),
+        }
+
+
+def _backlog(session: Session) -> list[Delivery]:
+    """A session's undelivered messages, oldest first: in flight and unacknowledged,
+    queued in memory, then what only the store holds."""
+    pending = [delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK]
+    pending.extend(session.queue)
+    pending.extend(session.stored_backlog())
+    return pending

@@ -1,0 +1,152 @@
+#!lua name=nautilus
+-- The cluster's writes, run inside Redis so each is atomic (plugins/redis_subs/store.py
+-- loads this library with FUNCTION LOAD REPLACE at start).
+--
+-- Keys, under a prefix P (argument 1 of every function):
+--   P.."sub:"<client id>  HASH node, clean ("1"/"0"), subs (msgpack map), ts (ns)
+--   P.."node:"<node>      SET of the client ids the node owns
+--   P.."cluster"          ZSET node -> last liveness refresh (Redis TIME, ms)
+--   P.."nodes"            HASH node -> "<address>\n<boot id>"
+--   P.."retain"           HASH topic -> packed retained message; P.."retain_ts" its ts
+--   P.."changes"          STREAM of every change, numbered by P.."seq" without gaps
+--
+-- Courier's staleness rule: a write whose timestamp is not newer than the stored one is
+-- refused with "stale_request"; a write about a subscriber another node owns, with
+-- "unauthorized". Timestamps are nanoseconds as decimal strings: too large for Lua's
+-- doubles, so they are compared as strings of digits.
+
+local EMPTY = '\128' -- msgpack: an empty map
+
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+
+local function emit(p, fields)
+  local seq = redis.call('INCR', p .. 'seq')
+  redis.call('XADD', p .. 'changes', 'MAXLEN', '~', 100000, '*', 's', seq, unpack(fields))
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- register(P, client id, node, clean, ts) -> {previous node or "", existed, subs}
+local function register(keys, args)
+  local p, cid, node, clean, ts = args[1], args[2], args[3], args[4], args[5]
+  local key = p .. 'sub:' .. cid
+  local old = redis.call('HMGET', key, 'node', 'subs', 'ts')
+  if old[3] and not newer(ts, old[3]) then return redis.error_reply('stale_request') end
+  local subs = old[2]
+  if clean == '1' or not subs then subs = EMPTY end
+  if old[1] and old[1] ~= node then redis.call('SREM', p .. 'node:' .. old[1], cid) end
+  redis.call('SADD', p .. 'node:' .. node, cid)
+  redis.call('HSET', key, 'node', node, 'clean', clean, 'subs', subs, 'ts', ts)
+  emit(p, {'c', cid, 'n', node, 'k', clean, 'd', subs})
+  return {old[1] or '', old[1] and 1 or 0, subs}
+end
+
+-- set_subscriber(P, client id, node, clean, ts, subs): the owner's record, created if
+-- absent (a node writing back its sessions after Redis lost them).
+local function set_subscriber(keys, args)
+  local p, cid, node, clean, ts, subs = args[1], args[2], args[3], args[4], args[5], args[6]
+  local key = p .. 'sub:' .. cid
+  local old = redis.call('HMGET', key, 'node', 'ts')
+  if old[1] and old[1] ~= node then return redis.error_reply('unauthorized') end
+  if old[2] and not newer(ts, old[2]) then return redis.error_reply('stale_request') end
+  redis.call('SADD', p .. 'node:' .. node, cid)
+  redis.call('HSET', key, 'node', node, 'clean', clean, 'subs', subs, 'ts', ts)
+  emit(p, {'c', cid, 'n', node, 'k', clean, 'd', subs})
+  return 1
+end
+
+-- delete_subscriber(P, client id, node, ts)
+local function delete_subscriber(keys, args)
+  local p, cid, node, ts = args[1], args[2], args[3], args[4]
+  local key = p .. 'sub:' .. cid
+  local old = redis.call('HMGET', key, 'node', 'ts')
+  if not old[1] then return 0 end
+  if old[1] ~= node then return redis.error_reply('unauthorized') end
+  if old[2] and not newer(ts, old[2]) then return redis.error_reply('stale_request') end
+  redis.call('DEL', key)
+  redis.call('SREM', p .. 'node:' .. node, cid)
+  emit(p, {'c', cid})
+  return 1
+end
+
+-- retain(P, topic, ts[, message]): without a message the topic's retained one is cleared.
+local function retain(keys, args)
+  local p, topic, ts, message = args[1], args[2], args[3], args[4]
+  local stored = redis.call('HGET', p .. 'retain_ts', topic)
+  if stored and not newer(ts, stored) then return redis.error_reply('stale_request') end
+  redis.call('HSET', p .. 'retain_ts', topic, ts)
+  if message then
+    redis.call('HSET', p .. 'retain', topic, message)
+    emit(p, {'t', topic, 'd', message})
+  else
+    redis.call('HDEL', p .. 'retain', topic)
+    emit(p, {'t', topic})
+  end
+  return 1
+end
+
+-- heartbeat(P, node, info) -> {now ms, {node, last ms, ...}, {node, info, ...}}
+local function heartbeat(keys, args)
+  local p, node, info = args[1], args[2], args[3]
+  local now = now_ms()
+  redis.call('ZADD', p .. 'cluster', now, node)
+  redis.call('HSET', p .. 'nodes', node, info)
+  local live = redis.call('ZRANGE', p .. 'cluster', 0, -1, 'WITHSCORES')
+  return {now, live, redis.call('HGETALL', p .. 'nodes')}
+end
+
+-- position(P) -> {seq, id of the stream's last entry or "0-0"}, as of one moment
+local function position(keys, args)
+  local p = args[1]
+  local last = redis.call('XREVRANGE', p .. 'changes', '+', '-', 'COUNT', 1)
+  local id = '0-0'
+  if #last > 0 then id = last[1][1] end
+  return {tonumber(redis.call('GET', p .. 'seq') or '0'), id}
+end
+
+-- reap(P, dead node, this node, limit, dead after ms, ts) -> {"alive"} if the node
+-- refreshed its entry meanwhile; {"done"} once it owns nothing (then it is forgotten);
+-- else {"moved", client id, subs, ...}: clean sessions deleted, the others now ours.
+local function reap(keys, args)
+  local p, dead, node, limit, dead_ms, ts = args[1], args[2], args[3], args[4], args[5], args[6]
+  local seen = redis.call('ZSCORE', p .. 'cluster', dead)
+  if seen and now_ms() - tonumber(seen) < tonumber(dead_ms) then return {'alive'} end
+  local owned = p .. 'node:' .. dead
+  local members = redis.call('SRANDMEMBER', owned, tonumber(limit))
+  if #members == 0 then
+    redis.call('ZREM', p .. 'cluster', dead)
+    redis.call('HDEL', p .. 'nodes', dead)
+    return {'done'}
+  end
+  local out = {'moved'}
+  for _, cid in ipairs(members) do
+    local key = p .. 'sub:' .. cid
+    local record = redis.call('HMGET', key, 'clean', 'subs')
+    redis.call('SREM', owned, cid)
+    if record[1] == '1' or not record[2] then
+      redis.call('DEL', key)
+      emit(p, {'c', cid})
+    else
+      redis.call('HSET', key, 'node', node, 'ts', ts)
+      redis.call('SADD', p .. 'node:' .. node, cid)
+      emit(p, {'c', cid, 'n', node, 'k', '0', 'd', record[2]})
+      table.insert(out, cid)
+      table.insert(out, record[2])
+    end
+  end
+  return out
+end
+
+redis.register_function('nautilus_register', register)
+redis.register_function('nautilus_set_subscriber', set_subscriber)
+redis.register_function('nautilus_delete_subscriber', delete_subscriber)
+redis.register_function('nautilus_retain', retain)
+redis.register_function('nautilus_heartbeat', heartbeat)
+redis.register_function('nautilus_position', position)
+redis.register_function('nautilus_reap', reap)

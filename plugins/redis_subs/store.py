@@ -1,0 +1,283 @@
+"""The cluster's metadata in Redis: the MetadataBackend of broker/cluster/metadata.py.
+
+Every write runs in one of the Redis functions of functions.lua (atomic, with Courier's
+staleness and ownership rules); reads of the whole state are pipelined. Nodes follow the
+change stream (a Redis Stream whose entries carry a gap-free sequence number) with a
+blocking XREAD on a connection of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisError, ResponseError
+
+from broker.cluster.metadata import (
+    Change,
+    MetadataUnavailable,
+    NodeInfo,
+    NotOwner,
+    Registration,
+    Resync,
+    Snapshot,
+    StaleRequest,
+    SubOptions,
+    Subscriber,
+    Write,
+)
+
+log = logging.getLogger("nautilus.redis_subs")
+
+FUNCTIONS = resources.files("plugins.redis_subs").joinpath("functions.lua").read_text("utf-8")
+BLOCK_MS = 1000  # one XREAD waits at most this long, so a closing node is not held up
+READ_COUNT = 1000  # changes read per XREAD
+
+
+def pack_subscriptions(subscriptions: dict[str, SubOptions]) -> bytes:
+    return msgpack.packb(
+        {
+            topic_filter: [
+                o.qos,
+                o.no_local,
+                o.retain_as_published,
+                o.retain_handling,
+                o.subscription_id,
+            ]
+            for topic_filter, o in sorted(subscriptions.items())
+        }
+    )
+
+
+def unpack_subscriptions(data: bytes) -> dict[str, SubOptions]:
+    return {
+        topic_filter: SubOptions(*options)
+        for topic_filter, options in msgpack.unpackb(data).items()
+    }
+
+
+class RedisStore:
+    """One node's connection to the cluster's Redis (or to its Sentinel-managed master)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "nautilus:",
+        sentinels: list[tuple[str, int]] | None = None,
+        sentinel_master: str = "mymaster",
+        database: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 2.0,
+        dead_after: float = 3.0,
+    ) -> None:
+        self.prefix = prefix
+        self.dead_ms = int(dead_after * 1000)
+        self.where = (
+            f"Redis Sentinel {sentinel_master} via {sentinels[0][0]}:{sentinels[0][1]}"
+            if sentinels
+            else url.rpartition("@")[2]  # no credentials in messages
+        )
+        options: dict[str, Any] = dict(
+            socket_connect_timeout=timeout,
+            socket_timeout=None,
+            username=username,
+            password=password,
+            health_check_interval=0,
+            retry_on_timeout=False,
+        )
+        if sentinels:
+            sentinel = Sentinel(sentinels, **options)
+            self.redis = sentinel.master_for(sentinel_master, db=database)
+        else:
+            self.redis = aioredis.from_url(url, **options)
+        self.node = ""
+        self._info = ""
+        self._stream_id = "0-0"
+
+    async def _call(self, function: str, *args: Any) -> Any:
+        try:
+            return await self.redis.fcall(function, 0, self.prefix, *args)
+        except ResponseError as exc:
+            message = str(exc)
+            if "stale_request" in message:
+                raise StaleRequest(message) from None
+            if "unauthorized" in message:
+                raise NotOwner(message) from None
+            if "Function not found" in message:  # Redis restarted empty: load them again
+                await self._load_functions()
+                return await self._call(function, *args)
+            raise MetadataUnavailable(f"{self.where}: {message}") from None
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+
+    async def _load_functions(self) -> None:
+        try:
+            await self.redis.function_load(FUNCTIONS, replace=True)
+        except ResponseError as exc:
+            raise MetadataUnavailable(
+                f"{self.where}: cannot load the cluster's functions ({exc}); Redis 7 or "
+                "later is needed"
+            ) from None
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+
+    # -- MetadataBackend ---------------------------------------------------------------
+
+    async def open(self, node: str, boot_id: str, address: str) -> None:
+        self.node = node
+        self._info = f"{address}\n{boot_id}"
+        await self._load_functions()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def heartbeat(self) -> list[NodeInfo]:
+        now, live, nodes = await self._call("nautilus_heartbeat", self.node, self._info)
+        seen = {
+            name.decode(): float(score) for name, score in zip(live[::2], live[1::2], strict=True)
+        }
+        infos = []
+        for name, info in zip(nodes[::2], nodes[1::2], strict=True):
+            name = name.decode()
+            address, _, boot_id = info.decode().partition("\n")
+            last = seen.get(name)
+            age = (now - last) / 1000 if last is not None else float("inf")
+            infos.append(NodeInfo(name, address, boot_id, age))
+        return infos
+
+    async def register(self, client_id: str, clean: bool, ts: int) -> Registration:
+        previous, existed, subs = await self._call(
+            "nautilus_register", client_id, self.node, int(clean), ts
+        )
+        return Registration(previous.decode() or None, bool(existed), unpack_subscriptions(subs))
+
+    async def write(self, writes: list[Write]) -> list[Exception | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for write in writes:
+            record = write.subscriber
+            if record is None:
+                pipe.fcall(
+                    "nautilus_delete_subscriber",
+                    0,
+                    self.prefix,
+                    write.client_id,
+                    self.node,
+                    write.ts,
+                )
+            else:
+                pipe.fcall(
+                    "nautilus_set_subscriber",
+                    0,
+                    self.prefix,
+                    write.client_id,
+                    self.node,
+                    int(record.clean),
+                    write.ts,
+                    pack_subscriptions(record.subscriptions),
+                )
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+        results: list[Exception | None] = []
+        for reply in replies:
+            if not isinstance(reply, Exception):
+                results.append(None)
+            elif "stale_request" in str(reply):
+                results.append(StaleRequest(str(reply)))
+            elif "unauthorized" in str(reply):
+                results.append(NotOwner(str(reply)))
+            else:
+                raise MetadataUnavailable(f"{self.where}: {reply}")
+        return results
+
+    async def retain(self, topic: str, message: bytes | None, ts: int) -> None:
+        args: tuple[Any, ...] = (topic, ts) if message is None else (topic, ts, message)
+        await self._call("nautilus_retain", *args)
+
+    async def snapshot(self) -> Snapshot:
+        seq, stream_id = await self._call("nautilus_position")
+        try:
+            nodes = {n.decode() for n in await self.redis.hkeys(self.prefix + "nodes")}
+            nodes.update(
+                n.decode() for n in await self.redis.zrange(self.prefix + "cluster", 0, -1)
+            )
+            pipe = self.redis.pipeline(transaction=False)
+            for node in sorted(nodes):
+                pipe.smembers(f"{self.prefix}node:{node}")
+            members = await pipe.execute()
+            client_ids = sorted({m.decode() for owned in members for m in owned})
+            pipe = self.redis.pipeline(transaction=False)
+            for client_id in client_ids:
+                pipe.hmget(f"{self.prefix}sub:{client_id}", "node", "clean", "subs")
+            records = await pipe.execute()
+            retained = await self.redis.hgetall(self.prefix + "retain")
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+        subscribers = {
+            client_id: Subscriber(node.decode(), clean == b"1", unpack_subscriptions(subs))
+            for client_id, (node, clean, subs) in zip(client_ids, records, strict=True)
+            if node is not None
+        }
+        self._stream_id = stream_id.decode()
+        return Snapshot(
+            seq, subscribers, {topic.decode(): message for topic, message in retained.items()}
+        )
+
+    async def changes(self, after: int) -> AsyncIterator[Change]:
+        """From the stream position of the last snapshot; Resync on a gap."""
+        expected = after + 1
+        stream = self.prefix + "changes"
+        while True:
+            try:
+                reply = await self.redis.xread(
+                    {stream: self._stream_id}, count=READ_COUNT, block=BLOCK_MS
+                )
+            except (RedisError, OSError) as exc:
+                raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+            for _, entries in reply:
+                for entry_id, fields in entries:
+                    seq = int(fields[b"s"])
+                    if seq < expected:  # already in the snapshot
+                        self._stream_id = entry_id.decode()
+                        continue
+                    if seq != expected:
+                        raise Resync(f"change {expected} expected, {seq} found")
+                    self._stream_id = entry_id.decode()
+                    expected += 1
+                    yield _change(seq, fields)
+
+    async def reap(self, dead: str, limit: int) -> list[tuple[str, Subscriber]] | None:
+        # Only a node dead for dead_after is reaped: the caller's own view of that is
+        # checked again inside Redis, against Redis's clock (a node that came back wins).
+        ts = time.time_ns()
+        reply = await self._call("nautilus_reap", dead, self.node, limit, self.dead_ms, ts)
+        kind = reply[0]
+        if kind == b"done":
+            return None
+        if kind == b"alive":
+            return []
+        return [
+            (client_id.decode(), Subscriber(self.node, False, unpack_subscriptions(subs)))
+            for client_id, subs in zip(reply[1::2], reply[2::2], strict=True)
+        ]
+
+
+def _change(seq: int, fields: dict[bytes, bytes]) -> Change:
+    if b"t" in fields:
+        return Change(seq, topic=fields[b"t"].decode(), retained=fields.get(b"d"))
+    client_id = fields[b"c"].decode()
+    if b"n" not in fields:
+        return Change(seq, client_id=client_id)
+    record = Subscriber(
+        fields[b"n"].decode(), fields[b"k"] == b"1", unpack_subscriptions(fields[b"d"])
+    )
+    return Change(seq, client_id=client_id, subscriber=record)
