@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "look into a LevelDB store. nautilus events tail [--relay HOST:PORT]: print an "
         "event relay's events (see nautilus events tail --help). nautilus api-key "
         "add|list|delete: the admin API's keys. nautilus admin COMMAND: ask a running "
-        "broker (see nautilus admin --help).",
+        "broker (see nautilus admin --help). nautilus cluster status [--url URL] [--key "
+        "KEY]: the cluster's nodes, links and routing score.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in)")
     parser.add_argument("--version", action="version", version=f"nautilus {__version__}")
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         from broker.http.api_keys import main as api_key_tool
 
         return api_key_tool(argv[1:])
+    if argv[:2] == ["cluster", "status"]:  # nautilus cluster status [--url ...]
+        from broker.http.admin_cli import main as admin_tool
+
+        return admin_tool([*argv[2:], "cluster"])
     if argv and argv[0] == "admin":  # nautilus admin sessions|client|disconnect|...
         from broker.http.admin_cli import main as admin_tool
 

@@ -151,6 +151,21 @@ def reset_metrics(broker: Broker) -> dict[str, int]:
     return metrics(broker)
 
 
+def cluster_nodes(broker: Broker) -> list[dict[str, Any]]:
+    """Every node this one knows: alive, its link, what went over it (vmq-admin cluster
+    show, with the link figures)."""
+    if broker.cluster is None:
+        raise NotFound("this node is not in a cluster ([cluster] address is empty)")
+    return broker.cluster.status()["nodes"]
+
+
+def cluster_status(broker: Broker) -> dict[str, Any]:
+    """The metadata's state, the nodes, and the routing score."""
+    if broker.cluster is None:
+        raise NotFound("this node is not in a cluster ([cluster] address is empty)")
+    return broker.cluster.status()
+
+
 def plugins(broker: Broker) -> list[dict[str, Any]]:
     return [
         {"name": name, "enabled": name not in broker.disabled_plugins, "hooks": hooks}

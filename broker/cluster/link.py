@@ -111,6 +111,7 @@ class PeerLink(asyncio.Protocol):
         self._pending_bytes = 0
         self.transport.write(data)
         self.bytes_sent += len(data)
+        self.cluster.metrics.cluster_bytes_sent += len(data)
         self.progress += 1
         self._released()
 
@@ -165,7 +166,7 @@ class PeerLink(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self._decoder = FrameDecoder(self.cluster.settings.max_frame_size)
         c = self.cluster
-        self.transport.write(
+        transport.write(  # type: ignore[attr-defined]
             frames.encode(HELLO, frames.PROTOCOL_VERSION, c.node, c.boot_id, c.settings.secret)
         )
 
@@ -259,7 +260,8 @@ class ClusterServerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._handshake_timer = self.cluster.loop.call_later(
-            HANDSHAKE_TIMEOUT, self.transport.abort
+            HANDSHAKE_TIMEOUT,
+            transport.abort,  # type: ignore[attr-defined]
         )
 
     def reply(self, *frame: Any) -> None:
@@ -275,6 +277,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        self.cluster.metrics.cluster_bytes_received += len(data)
         try:
             received = self._decoder.feed(data)
         except FrameError as exc:

@@ -10,6 +10,8 @@ talking to a running broker's HTTP server.
       metrics [--reset]
       plugins
       plugin-enable NAME | plugin-disable NAME
+      cluster                                the nodes, their links, the routing score
+                                             (also `nautilus cluster status`)
 
 The key comes from --key or NAUTILUS_API_KEY (make one with `nautilus api-key add`).
 Rows print as aligned columns, or as the API's JSON with --json.
@@ -58,6 +60,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("plugins", help="plugins and whether their hooks are called")
     commands.add_parser("plugin-enable").add_argument("name")
     commands.add_parser("plugin-disable").add_argument("name")
+    commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     return parser.parse_args(argv)
 
 
@@ -84,6 +87,8 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             return ("metrics/reset" if args.reset else "metrics/show"), {}
         case "plugins":
             return "plugin/show", {}
+        case "cluster":
+            return "cluster/status", {}
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)
@@ -122,11 +127,25 @@ def main(argv: list[str]) -> int:
     rows = answer.get("table", [])
     if args.json:
         print(json.dumps(answer, indent=2, ensure_ascii=False))
+    elif args.command == "cluster" and rows:
+        print_cluster(rows[0])
     elif args.command in ("client", "metrics") and rows:
         print_record(rows[0])
     else:
         print_table(rows)
     return 0
+
+
+def print_cluster(status: dict[str, Any]) -> None:
+    """The metadata's state and routing score, then a row per node."""
+    score = status["routing_score"]
+    share = score["local_share"]
+    local = "-" if share is None else f"{share:.0%} local"
+    print(
+        f"node {status['node']}, metadata {status['metadata']}, routing score {local} "
+        f"({score['local']} local / {score['remote']} remote matches)"
+    )
+    print_table(status["nodes"])
 
 
 def print_record(row: dict[str, Any]) -> None:

@@ -127,6 +127,8 @@ class HttpServer:
             "metrics/show": lambda a: [admin.metrics(broker)],
             "metrics/reset": lambda a: [admin.reset_metrics(broker)],
             "plugin/show": lambda a: admin.plugins(broker),
+            "cluster/show": lambda a: admin.cluster_nodes(broker),
+            "cluster/status": lambda a: [admin.cluster_status(broker)],
             "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
             "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
         }

@@ -24,6 +24,13 @@ def problems(broker: Broker) -> list[str]:
         found.append("the store cannot write (QoS 1/2 publishes are refused)")
     if broker.stopping:
         found.append("shutting down")
+    cluster = broker.cluster
+    if cluster is not None and not cluster.available:
+        refused = not cluster.settings.allow_register_during_outage
+        found.append(
+            "the cluster's metadata is unavailable"
+            + (" (new connections are refused)" if refused else "")
+        )
     return found
 
 
@@ -49,7 +56,7 @@ def nodes(broker: Broker) -> list[dict[str, Any]]:
         "version": __version__,
         "uptime_seconds": int(time.time() - broker.started_at),
         "ready": not problems(broker),
-        "mystatus": [{node: True}],
+        "mystatus": [_readiness(broker)],
         "listeners": [
             {
                 "type": listener.type,
@@ -67,6 +74,14 @@ def nodes(broker: Broker) -> list[dict[str, Any]]:
         ],
     }
     return [{node: figures}]
+
+
+def _readiness(broker: Broker) -> dict[str, bool]:
+    """This node's view of every node: VerneMQ's `mystatus`."""
+    node = broker.settings.node_name
+    if broker.cluster is None:
+        return {node: True}
+    return {row["node"]: row["alive"] for row in broker.cluster.status()["nodes"]}
 
 
 # The page: static HTML whose script polls status.json every 2 s and computes rates.

@@ -1,0 +1,175 @@
+"""Cluster nodes as real `python -m broker` processes on loopback, for the cluster tests.
+
+`ClusterNode(directory, name, redis_url)` writes the node's config (the issue's template:
+[cluster] node_name / address / metadata = "redis", [plugins.redis_subs]), with its own
+LevelDB store, MQTT on an ephemeral port, the cluster listener on an ephemeral port (or a
+fixed one: a node restarted under its name keeps its port), HTTP on an ephemeral port,
+and short liveness settings so that failures show within a test's time.
+
+`start()` returns once the node listens for MQTT; `wait_for_log(pattern)` waits for a
+line in its log; `status()` reads `/status.json`; `cluster_status()` asks the admin API
+through `nautilus cluster status --json` with a key the node was given at start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.test_cli import BrokerProcess, clean_env
+
+LIVENESS_INTERVAL = 0.2
+DEAD_AFTER = 1.5
+CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on 127\.0\.0\.1:(\d+)")
+HTTP_LINE = re.compile(r"HTTP on 127\.0\.0\.1:(\d+)")
+API_KEY = "cluster-tests-key"
+
+
+class ClusterNode:
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        redis_url: str,
+        *,
+        cluster_port: int = 0,
+        peer_addresses: dict[str, tuple[str, int]] | None = None,
+        extra: str = "",
+        liveness_interval: float = LIVENESS_INTERVAL,
+        dead_after: float = DEAD_AFTER,
+    ) -> None:
+        self.directory = directory
+        self.name = name
+        self.redis_url = redis_url
+        self.cluster_port = cluster_port
+        self.peer_addresses = dict(peer_addresses or {})
+        self.extra = extra
+        self.liveness_interval = liveness_interval
+        self.dead_after = dead_after
+        self.process: BrokerProcess | None = None
+        self.port = 0  # MQTT
+        self.http_port = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / f"{self.name}.toml"
+
+    @property
+    def store_path(self) -> Path:
+        return self.directory / f"store-{self.name}"
+
+    def write_config(self) -> Path:
+        peers = "".join(
+            f'{node} = "{host}:{port}"\n' for node, (host, port) in self.peer_addresses.items()
+        )
+        self.config_path.write_text(
+            "[broker]\nallow_anonymous = true\n\n"
+            '[[listeners]]\ntype = "tcp"\naddress = "127.0.0.1:0"\n\n'
+            f'[store]\nbackend = "leveldb"\npath = "{self.store_path}"\n\n'
+            f'[http]\naddress = "127.0.0.1:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
+            "[cluster]\n"
+            f'node_name = "{self.name}"\n'
+            f'address = "127.0.0.1:{self.cluster_port}"\n'
+            'metadata = "redis"\n'
+            f"liveness_interval = {self.liveness_interval}\n"
+            f"dead_after = {self.dead_after}\n"
+            f"{self.extra}\n"
+            + (f"[cluster.peer_addresses]\n{peers}\n" if peers else "")
+            + f'[plugins.redis_subs]\nenabled = true\nurl = "{self.redis_url}"\n',
+            encoding="utf-8",
+        )
+        return self.config_path
+
+    def start(self) -> ClusterNode:
+        self.write_config()
+        if not (self.directory / "api-keys").exists():
+            self._add_api_key()
+        self.process = BrokerProcess(self.config_path, cwd=self.directory)
+        self.port = self.process.port
+        for line in self.process.lines:
+            if match := CLUSTER_LINE.search(line):
+                self.cluster_port = int(match[2])
+            if match := HTTP_LINE.search(line):
+                self.http_port = int(match[1])
+        if not self.http_port:
+            self.http_port = int(self.process.wait_for(HTTP_LINE)[1])
+        return self
+
+    def _add_api_key(self) -> None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "api-key",
+                "add",
+                "--key",
+                API_KEY,
+                "--file",
+                str(self.directory / "api-keys"),
+            ],
+            cwd=self.directory,
+            env=clean_env(),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    def wait_for_log(self, pattern: str | re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
+        assert self.process is not None
+        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+        for line in self.process.lines:  # already seen
+            if match := compiled.search(line):
+                return match
+        return self.process.wait_for(compiled, timeout)
+
+    def status(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status.json") as r:
+            return json.load(r)
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {name: value}, labels dropped."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics") as r:
+            text = r.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name.partition("{")[0]] = float(value)
+        return values
+
+    def cluster_status(self) -> dict[str, Any]:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "cluster",
+                "status",
+                "--url",
+                f"http://127.0.0.1:{self.http_port}",
+                "--key",
+                API_KEY,
+                "--json",
+            ],
+            cwd=self.directory,
+            env=clean_env(),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return json.loads(result.stdout)["table"][0]
+
+    def stop(self) -> int:
+        assert self.process is not None
+        return self.process.stop()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
