@@ -335,9 +335,14 @@ class Cluster:
         self._load(snapshot)
 
     def _subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
-        if record is not None and record.node != self.node and client_id not in self._moving:
-            session = self.broker.registry.sessions.get(client_id)
-            if session is not None and client_id not in self._registering:
+        session = self.broker.registry.sessions.get(client_id)
+        busy = client_id in self._moving or client_id in self._registering or self.broker.stopping
+        if session is not None and not busy:
+            if record is None:
+                # Deleted by another node (this one was taken for dead and reaped) while
+                # the session is here: it is ours, say so again.
+                self.changed(client_id)
+            elif record.node != self.node:
                 # Another node registered it while this one was not asked (or did not
                 # answer): release it here, its queue following if that node is reachable.
                 self.spawn(
@@ -504,7 +509,8 @@ class Cluster:
                 owner.subscriptions[topic_filter] = options
                 self.broker.router.subscribe(owner, topic_filter, options)
             self.broker.save_session(owner)
-        self.changed(client_id)
+        if registration is None or owner.subscriptions != registration.subscriptions:
+            self.changed(client_id)  # the metadata learns what this node holds
         for delivery in early:
             owner.deliver(delivery)
 
@@ -606,7 +612,9 @@ class Cluster:
         self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
     ) -> None:
         session = self.broker.registry.sessions.get(client_id)
-        if session is None or client_id in self._moving:
+        if session is None or client_id in self._moving or self.broker.stopping:
+            # Stopping: the session stays in this node's store, handed over at its next
+            # start (_reconcile), rather than cut off halfway through a migration.
             inbound.reply(ACK, ref, None)
             return
         self._moving.add(client_id)
