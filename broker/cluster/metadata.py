@@ -129,8 +129,9 @@ class MetadataBackend(Protocol):
         """Store or delete records this node owns, in order; per write None or the
         refusal (StaleRequest, NotOwner)."""
 
-    async def retain(self, topic: str, message: bytes | None, ts: int) -> None:
-        """Set (or with None clear) the retained message of `topic`."""
+    async def retain(self, changes: list[tuple[str, bytes | None, int]]) -> None:
+        """Set (or with None clear) the retained message of each topic, as of its ts
+        (a change older than the stored one is ignored)."""
 
     async def snapshot(self) -> Snapshot: ...
 

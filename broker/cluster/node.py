@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
@@ -63,6 +63,10 @@ log = logging.getLogger("nautilus.cluster")
 REAP_BATCH = 100  # sessions taken from a dead node per call
 
 
+def _nothing() -> None:
+    pass
+
+
 class Cluster:
     def __init__(self, broker: Broker, settings: ClusterSettings, backend: MetadataBackend):
         self.broker = broker
@@ -84,9 +88,11 @@ class Cluster:
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
         self._dirty: dict[str, None] = {}  # client ids whose record must be written
+        self._retained_dirty: dict[str, tuple[bytes | None, int]] = {}  # topic -> latest
         self._wake = asyncio.Event()
         self._registering: dict[str, list[Delivery]] = {}  # early arrivals, per client id
         self._moving: set[str] = set()  # client ids being handed to another node
+        self._migrations: dict[str, asyncio.Task] = {}  # queues leaving, by client id
         self._last_ts = 0
         self._publish_cache: tuple[Message | None, bytes] = (None, b"")
         self._outage_logged = False
@@ -119,7 +125,7 @@ class Cluster:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._dirty and self.available:  # what changed last reaches the metadata
+        if (self._dirty or self._retained_dirty) and self.available:  # the last changes
             with contextlib.suppress(MetadataUnavailable, asyncio.TimeoutError):
                 await asyncio.wait_for(self._write_round(), 2.0)
         for task in list(self._tasks):
@@ -286,10 +292,7 @@ class Cluster:
             if record is None or record.node == self.node:
                 self.changed(client_id)
             else:
-                self.spawn(
-                    self._hand_over(session, record.node, False),
-                    f"cluster handing {client_id} to {record.node}",
-                )
+                self._hand_over(session, record.node, False)
         for client_id, record in snapshot.subscribers.items():
             if record.node == self.node and client_id not in registry.sessions:
                 if record.clean:
@@ -345,10 +348,7 @@ class Cluster:
             elif record.node != self.node:
                 # Another node registered it while this one was not asked (or did not
                 # answer): release it here, its queue following if that node is reachable.
-                self.spawn(
-                    self._hand_over(session, record.node, record.clean),
-                    f"cluster handing {client_id} to {record.node}",
-                )
+                self._hand_over(session, record.node, record.clean)
         self.view.apply(client_id, record)
 
     def _retained_changed(self, topic: str, packed: bytes | None) -> None:
@@ -364,20 +364,11 @@ class Cluster:
     def retained(self, message: Message) -> None:
         """A retained message published on this node: the other nodes learn it through
         the metadata (written in the background, in publish order)."""
-        if not self.available:
-            return
         packed = None
         if message.payload:
             packed = frames.msgpack.packb(frames.pack_message(message, self.loop.time()))
-        self.spawn(self._write_retained(message.topic, packed, self._ts()), "cluster retain")
-
-    async def _write_retained(self, topic: str, packed: bytes | None, ts: int) -> None:
-        try:
-            await self.backend.retain(topic, packed, ts)
-        except StaleRequest:
-            pass  # a newer one is there already
-        except MetadataUnavailable as exc:
-            self._unavailable(exc)
+        self._retained_dirty[message.topic] = (packed, self._ts())
+        self._wake.set()
 
     # -- metadata: writing ---------------------------------------------------------------
 
@@ -400,6 +391,14 @@ class Cluster:
                 self._unavailable(exc)
 
     async def _write_round(self) -> None:
+        retained, self._retained_dirty = self._retained_dirty, {}
+        if retained:
+            try:
+                await self.backend.retain([(t, m, ts) for t, (m, ts) in retained.items()])
+            except MetadataUnavailable:
+                for topic, change in retained.items():  # again when the metadata is back
+                    self._retained_dirty.setdefault(topic, change)
+                raise
         dirty, self._dirty = self._dirty, {}
         sessions = self.broker.registry.sessions
         writes = []
@@ -423,8 +422,9 @@ class Cluster:
             if isinstance(result, NotOwner) and write.subscriber is not None:
                 log.info("cluster: %s is owned by another node now", write.client_id)
                 session = sessions.get(write.client_id)
-                if session is not None:
-                    self.spawn(self._hand_over(session, "", True), "cluster release")
+                record = self.view.records.get(write.client_id)
+                if session is not None:  # its queue follows if the owner is known here
+                    self._hand_over(session, record.node if record else "", record is None)
             elif isinstance(result, StaleRequest):
                 self.changed(write.client_id)  # a clock went back: write it again
 
@@ -460,6 +460,9 @@ class Cluster:
                 self.metrics.cluster_registrations_refused += 1
                 raise MetadataUnavailable("the cluster's metadata is unavailable")
             return None
+        migration = self._migrations.get(client_id)
+        if migration is not None:  # it comes back while its queue leaves: that first
+            await asyncio.wait({migration}, timeout=self.settings.remote_enqueue_timeout)
         self._registering.setdefault(client_id, [])
         try:
             registration = await self.backend.register(client_id, clean, self._ts())
@@ -516,19 +519,27 @@ class Cluster:
 
     # -- releasing clients to other nodes ---------------------------------------------
 
-    async def _hand_over(self, session: Session, node: str, clean: bool) -> None:
-        """Release a session another node owns now: its connection closes (0x8E), it is
-        forgotten here, and unless the new owner started clean its queue goes there."""
+    def _hand_over(
+        self, session: Session, node: str, clean: bool, released: Callable[[], None] = _nothing
+    ) -> None:
+        """Release a session `node` owns now: its connection closes (0x8E), it is
+        forgotten here (then `released()`), and unless the new owner started clean its
+        queue follows in the background."""
         client_id = session.client_id
         if client_id in self._moving:
-            return
-        self._moving.add(client_id)
+            return released()
+        self._moving.add(client_id)  # what releasing it changes is not written
         try:
             backlog = self._release(session, clean)
-            if backlog and node:
-                await self._migrate(node, client_id, backlog)
         finally:
             self._moving.discard(client_id)
+        released()
+        if backlog:
+            task = self.spawn(
+                self._migrate(node, client_id, backlog), f"cluster migrating {client_id}"
+            )
+            self._migrations[client_id] = task
+            task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
 
     def _release(self, session: Session, clean: bool) -> list[Delivery]:
         """Disconnect the session's connections and forget it here, without telling the
@@ -550,13 +561,16 @@ class Cluster:
         owner.subscriptions.clear()
         owner.queue.clear()
         owner.inflight.clear()
-        broker.store.delete_session(owner.client_id)
+        if not backlog:  # else the store keeps it until the new node has it (_migrate)
+            broker.store.delete_session(owner.client_id)
         if broker.registry.sessions.get(owner.client_id) is owner:
             del broker.registry.sessions[owner.client_id]
         return backlog
 
     async def _migrate(self, node: str, client_id: str, backlog: list[Delivery]) -> None:
-        """Send a released session's queue to its new node in acknowledged chunks."""
+        """Send a released session's queue to its new node in acknowledged chunks; the
+        store lets it go at the end (a crash before that sends it again at the next start:
+        at least once)."""
         step = self.broker.settings.max_msgs_per_drain_step
         now = self.loop.time
         sent = 0
@@ -579,6 +593,9 @@ class Cluster:
                 break
             sent += len(chunk)
         lost = len(backlog) - sent
+        if client_id not in self.broker.registry.sessions:  # (it may be back already)
+            # Only now: a crash halfway through hands the queue over again at restart.
+            self.broker.store.delete_session(client_id)
         self.metrics.cluster_sessions_migrated += 1
         self.metrics.cluster_messages_migrated += sent
         if lost:
@@ -612,23 +629,13 @@ class Cluster:
         self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
     ) -> None:
         session = self.broker.registry.sessions.get(client_id)
-        if session is None or client_id in self._moving or self.broker.stopping:
+        if session is None or self.broker.stopping:
             # Stopping: the session stays in this node's store, handed over at its next
             # start (_reconcile), rather than cut off halfway through a migration.
             inbound.reply(ACK, ref, None)
             return
-        self._moving.add(client_id)
-        try:
-            backlog = self._release(session, clean)
-        finally:
-            self._moving.discard(client_id)
-        inbound.reply(ACK, ref, None)  # the new node may answer CONNACK now
-        if backlog:
-            self._moving.add(client_id)
-            task = self.spawn(
-                self._migrate(inbound.node, client_id, backlog), f"cluster migrating {client_id}"
-            )
-            task.add_done_callback(lambda _: self._moving.discard(client_id))
+        # The new node may answer CONNACK once the session is released here.
+        self._hand_over(session, inbound.node, clean, lambda: inbound.reply(ACK, ref, None))
 
     def _enqueue(self, client_id: str, items: list[Any], share: str | None) -> str | None:
         now = self.loop.time()

@@ -199,9 +199,18 @@ class RedisStore:
                 raise MetadataUnavailable(f"{self.where}: {reply}")
         return results
 
-    async def retain(self, topic: str, message: bytes | None, ts: int) -> None:
-        args: tuple[Any, ...] = (topic, ts) if message is None else (topic, ts, message)
-        await self._call("nautilus_retain", *args)
+    async def retain(self, changes: list[tuple[str, bytes | None, int]]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for topic, message, ts in changes:
+            args: tuple[Any, ...] = (topic, ts) if message is None else (topic, ts, message)
+            pipe.fcall("nautilus_retain", 0, self.prefix, *args)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+        for reply in replies:
+            if isinstance(reply, Exception) and "stale_request" not in str(reply):
+                raise MetadataUnavailable(f"{self.where}: {reply}")
 
     async def snapshot(self) -> Snapshot:
         seq, stream_id = await self._call("nautilus_position")
