@@ -32,8 +32,8 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: $(STAMP) lint typecheck
-	# Java for Spark's tests, Chromium for the status page's
-	bash scripts/system-packages.sh openjdk-17-jre-headless chromium
+	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's
+	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

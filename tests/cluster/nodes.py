@@ -42,6 +42,7 @@ class ClusterNode:
         extra: str = "",
         liveness_interval: float = LIVENESS_INTERVAL,
         dead_after: float = DEAD_AFTER,
+        redis_keys: str = "",
     ) -> None:
         self.directory = directory
         self.name = name
@@ -51,6 +52,8 @@ class ClusterNode:
         self.extra = extra
         self.liveness_interval = liveness_interval
         self.dead_after = dead_after
+        # [plugins.redis_subs] keys instead of `url = redis_url` (e.g. Sentinel's).
+        self.redis_keys = redis_keys or f'url = "{redis_url}"'
         self.process: BrokerProcess | None = None
         self.port = 0  # MQTT
         self.http_port = 0
@@ -81,7 +84,7 @@ class ClusterNode:
             f"dead_after = {self.dead_after}\n"
             f"{self.extra}\n"
             + (f"[cluster.peer_addresses]\n{peers}\n" if peers else "")
-            + f'[plugins.redis_subs]\nenabled = true\nurl = "{self.redis_url}"\n',
+            + f"[plugins.redis_subs]\nenabled = true\n{self.redis_keys}\n",
             encoding="utf-8",
         )
         return self.config_path
