@@ -95,7 +95,8 @@ class FrameDecoder:
             offset += 4 + length
             try:
                 frame = msgpack.unpackb(body, strict_map_key=False)
-            except (ValueError, msgpack.ExtraData) as exc:
+            except (ValueError, TypeError, msgpack.ExtraData) as exc:  # TypeError: a map
+                # whose key is an array or a map (unhashable in Python)
                 raise FrameError(f"not MessagePack: {exc}") from None
             if not isinstance(frame, list) or not frame or not isinstance(frame[0], int):
                 raise FrameError("a frame must be an array starting with its kind")

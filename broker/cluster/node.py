@@ -79,7 +79,9 @@ class Cluster:
         self.links: dict[str, PeerLink] = {}
         self.remote_nodes: dict[str, RemoteNode] = {}
         self._members: dict[tuple[str, str], RemoteMember] = {}
-        self.view = RemoteView(broker.router, self.node, self.remote_node, self.remote_member)
+        self.view = RemoteView(
+            broker.router, self.node, self.remote_node, self.remote_member, self._forget_member
+        )
         self.nodes: dict[str, NodeInfo] = {}  # as of the last heartbeat
         self.dead: set[str] = set()
         self.available = False  # the metadata answers
@@ -166,6 +168,9 @@ class Cluster:
         if member is None:
             member = self._members[(node, client_id)] = RemoteMember(self, node, client_id)
         return member
+
+    def _forget_member(self, node: str, client_id: str) -> None:
+        self._members.pop((node, client_id), None)
 
     def publish_frame(self, message: Message) -> bytes:
         """The PUBLISH frame of `message`, built once however many nodes it goes to."""

@@ -25,11 +25,13 @@ class RemoteView:
         node: str,
         remote_node: Callable[[str], RemoteNode],
         remote_member: Callable[[str, str], RemoteMember],
+        forget_member: Callable[[str, str], None],
     ) -> None:
         self.router = router
         self.node = node  # this node: its own records are not part of the view
         self._remote_node = remote_node
         self._remote_member = remote_member
+        self._forget_member = forget_member
         self.records: dict[str, Subscriber] = {}
         self._filters: dict[tuple[str, str], int] = {}  # (node, filter) -> subscribers
 
@@ -77,6 +79,11 @@ class RemoteView:
         node, topic_filter = key
         if parse_shared(topic_filter) is not None:
             self.router.unsubscribe(self._remote_member(node, client_id), topic_filter)
+            if not any(
+                parse_shared(f) is not None and k == node
+                for k, f in _entries(self.records.get(client_id))
+            ):
+                self._forget_member(node, client_id)  # in no group any more
             return
         count = self._filters[key] - 1
         if count:

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgpack
 import redis.asyncio as aioredis
@@ -83,7 +84,7 @@ class RedisStore:
         self.where = (
             f"Redis Sentinel {sentinel_master} via {sentinels[0][0]}:{sentinels[0][1]}"
             if sentinels
-            else url.rpartition("@")[2]  # no credentials in messages
+            else _without_credentials(url)
         )
         options: dict[str, Any] = dict(
             socket_connect_timeout=timeout,
@@ -159,36 +160,44 @@ class RedisStore:
         )
         return Registration(previous.decode() or None, bool(existed), unpack_subscriptions(subs))
 
+    async def _pipeline(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """FCALLs in one round trip; the functions are loaded again if Redis lost them."""
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=False)
+            for function, *args in calls:
+                pipe.fcall(function, 0, self.prefix, *args)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except (RedisError, OSError) as exc:
+                raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+            lost = any(
+                isinstance(r, ResponseError) and "Function not found" in str(r) for r in replies
+            )
+            if not lost or attempt == 2:
+                return replies
+            await self._load_functions()
+        raise AssertionError("unreachable")
+
     async def write(self, writes: list[Write]) -> list[Exception | None]:
-        pipe = self.redis.pipeline(transaction=False)
+        calls: list[tuple[Any, ...]] = []
         for write in writes:
             record = write.subscriber
             if record is None:
-                pipe.fcall(
-                    "nautilus_delete_subscriber",
-                    0,
-                    self.prefix,
-                    write.client_id,
-                    self.node,
-                    write.ts,
-                )
+                calls.append(("nautilus_delete_subscriber", write.client_id, self.node, write.ts))
             else:
-                pipe.fcall(
-                    "nautilus_set_subscriber",
-                    0,
-                    self.prefix,
-                    write.client_id,
-                    self.node,
-                    int(record.clean),
-                    write.ts,
-                    pack_subscriptions(record.subscriptions),
+                subscriptions = pack_subscriptions(record.subscriptions)
+                calls.append(
+                    (
+                        "nautilus_set_subscriber",
+                        write.client_id,
+                        self.node,
+                        int(record.clean),
+                        write.ts,
+                        subscriptions,
+                    )
                 )
-        try:
-            replies = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
         results: list[Exception | None] = []
-        for reply in replies:
+        for reply in await self._pipeline(calls):
             if not isinstance(reply, Exception):
                 results.append(None)
             elif "stale_request" in str(reply):
@@ -200,15 +209,11 @@ class RedisStore:
         return results
 
     async def retain(self, changes: list[tuple[str, bytes | None, int]]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
+        calls: list[tuple[Any, ...]] = []
         for topic, message, ts in changes:
-            args: tuple[Any, ...] = (topic, ts) if message is None else (topic, ts, message)
-            pipe.fcall("nautilus_retain", 0, self.prefix, *args)
-        try:
-            replies = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
-        for reply in replies:
+            args = (topic, ts) if message is None else (topic, ts, message)
+            calls.append(("nautilus_retain", *args))
+        for reply in await self._pipeline(calls):
             if isinstance(reply, Exception) and "stale_request" not in str(reply):
                 raise MetadataUnavailable(f"{self.where}: {reply}")
 
@@ -242,9 +247,14 @@ class RedisStore:
         )
 
     async def changes(self, after: int) -> AsyncIterator[Change]:
-        """From the stream position of the last snapshot; Resync on a gap."""
+        """The changes after number `after`, read from the last snapshot's position in
+        the stream (or from its start, without a snapshot); Resync on a gap."""
         expected = after + 1
         stream = self.prefix + "changes"
+        # Only a read from the stream's start meets changes the caller has already: after
+        # a snapshot's position every entry follows its number, and one that does not
+        # means the stream was trimmed past us or Redis lost its data.
+        may_skip = self._stream_id == "0-0"
         while True:
             try:
                 reply = await self.redis.xread(
@@ -255,11 +265,12 @@ class RedisStore:
             for _, entries in reply:
                 for entry_id, fields in entries:
                     seq = int(fields[b"s"])
-                    if seq < expected:  # already in the snapshot
+                    if seq < expected and may_skip:
                         self._stream_id = entry_id.decode()
                         continue
                     if seq != expected:
                         raise Resync(f"change {expected} expected, {seq} found")
+                    may_skip = False
                     self._stream_id = entry_id.decode()
                     expected += 1
                     yield _change(seq, fields)
@@ -278,6 +289,15 @@ class RedisStore:
             (client_id.decode(), Subscriber(self.node, False, unpack_subscriptions(subs)))
             for client_id, subs in zip(reply[1::2], reply[2::2], strict=True)
         ]
+
+
+def _without_credentials(url: str) -> str:
+    """Where a url points, for messages: no user, password or query (which may hold one)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix:{parts.path}"
+    where = f"{parts.hostname}:{parts.port or 6379}"
+    return where + parts.path if parts.path not in ("", "/") else where
 
 
 def _change(seq: int, fields: dict[bytes, bytes]) -> Change:

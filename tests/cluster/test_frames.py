@@ -1,0 +1,329 @@
+"""The cluster channel's wire codec on its own (broker/cluster/frames.py): frames in and
+out of FrameDecoder however the bytes are cut, its refusals, and messages as frames carry
+them (pack_message / unpack_message)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.cluster import frames
+from broker.cluster.frames import (
+    ACK,
+    ENQUEUE,
+    HELLO,
+    PING,
+    PUBLISH,
+    FrameDecoder,
+    FrameError,
+    encode,
+    pack_message,
+    unpack_message,
+)
+from broker.message import Message
+from broker.protocol import Property
+
+BIG = 1 << 20  # a max_frame_size no generated frame comes near
+
+# --------------------------------------------------------------------------- strategies
+
+# What msgpack round-trips as itself: no tuples (they come back as lists), no NaN.
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=5) | st.integers(0, 100), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+# A frame: an array starting with its kind (an int), then anything.
+frame_lists = st.builds(
+    lambda kind, rest: [kind, *rest], st.integers(0, 2**32), st.lists(values, max_size=5)
+)
+
+
+def header(length: int) -> bytes:
+    return struct.pack(">I", length)
+
+
+def framed(body: bytes) -> bytes:
+    return header(len(body)) + body
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@given(frame_lists)
+@settings(max_examples=60, deadline=None)
+def test_a_frame_split_at_every_byte_boundary_comes_out_whole(frame: list[Any]) -> None:
+    data = encode(*frame)
+    assert struct.unpack(">I", data[:4])[0] == len(data) - 4
+    for cut in range(len(data) + 1):
+        decoder = FrameDecoder(BIG)
+        first = decoder.feed(data[:cut])
+        second = decoder.feed(data[cut:])
+        assert first + second == [frame], f"cut at {cut}"
+        assert first == ([frame] if cut == len(data) else [])
+        assert decoder.feed(b"") == []  # nothing left over
+
+
+@given(st.lists(frame_lists, min_size=1, max_size=5), st.data())
+@settings(max_examples=60, deadline=None)
+def test_several_frames_cut_anywhere_come_out_in_order(
+    sent: list[list[Any]], data: st.DataObject
+) -> None:
+    stream = b"".join(encode(*frame) for frame in sent)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    decoder = FrameDecoder(BIG)
+    received: list[list[Any]] = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        received += decoder.feed(stream[start:end])
+    assert received == sent
+
+
+def test_byte_by_byte() -> None:
+    sent: list[list[Any]] = [
+        [HELLO, frames.PROTOCOL_VERSION, "a", "boot", "s3cret"],
+        [PING, 7],
+        [ACK, 3, None],
+    ]
+    stream = b"".join(encode(*frame) for frame in sent)
+    decoder = FrameDecoder(BIG)
+    received = []
+    for i in range(len(stream)):
+        received += decoder.feed(stream[i : i + 1])
+    assert received == sent
+
+
+def test_several_frames_in_one_feed_and_a_partial_one_kept() -> None:
+    one, two, three = encode(PING, 1), encode(ACK, 9, "no session"), encode(PING, 3)
+    decoder = FrameDecoder(BIG)
+    assert decoder.feed(one + two + three[:5]) == [[PING, 1], [ACK, 9, "no session"]]
+    assert decoder.feed(three[5:]) == [[PING, 3]]
+
+
+def test_integer_map_keys_survive() -> None:
+    # Properties travel as a map keyed by property ids (ints): strict_map_key must be off.
+    assert FrameDecoder(BIG).feed(encode(PUBLISH, {1: "x", 38: [["k", "v"]]})) == [
+        [PUBLISH, {1: "x", 38: [["k", "v"]]}]
+    ]
+
+
+# --------------------------------------------------------------------------- size limit
+
+
+def test_a_frame_of_exactly_max_frame_size_is_accepted() -> None:
+    data = encode(PING, "x" * 20)
+    limit = len(data) - 4
+    assert FrameDecoder(limit).feed(data) == [[PING, "x" * 20]]
+
+
+def test_a_frame_above_max_frame_size_is_refused_from_its_header_alone() -> None:
+    decoder = FrameDecoder(100)
+    with pytest.raises(FrameError, match="101 bytes"):
+        decoder.feed(header(101))  # no body sent: the header says enough
+
+
+def test_a_huge_length_after_good_frames_is_refused() -> None:
+    decoder = FrameDecoder(1000)
+    with pytest.raises(FrameError, match="max_frame_size 1000"):
+        decoder.feed(encode(PING, 1) + header(2**32 - 1) + b"\x00")
+
+
+def test_a_header_cut_in_two_is_waited_for() -> None:
+    decoder = FrameDecoder(100)
+    assert decoder.feed(header(101)[:3]) == []  # not a whole header yet
+    with pytest.raises(FrameError):
+        decoder.feed(header(101)[3:])
+
+
+# --------------------------------------------------------------------------- garbage
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\xc1", id="never-used byte"),
+        pytest.param(b"\x93\x01", id="array cut short"),
+        pytest.param(b"\x91\x01\x01", id="extra data after the array"),
+        pytest.param(b"", id="empty body"),
+        pytest.param(b"\x92\x01\xa1\xff", id="string not utf-8"),
+        pytest.param(b"\x91" * 5000 + b"\x01", id="nested too deep"),
+    ],
+)
+def test_garbage_is_a_frame_error(body: bytes) -> None:
+    with pytest.raises(FrameError, match="not MessagePack"):
+        FrameDecoder(BIG).feed(framed(body))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("hello", id="string"),
+        pytest.param(7, id="int"),
+        pytest.param({"kind": 1}, id="map"),
+        pytest.param(None, id="nil"),
+        pytest.param([], id="empty array"),
+        pytest.param(["4", 1], id="array starting with a string"),
+        pytest.param([1.0, 1], id="array starting with a float"),
+        pytest.param([None], id="array starting with nil"),
+    ],
+)
+def test_not_an_array_starting_with_an_int_is_a_frame_error(value: Any) -> None:
+    with pytest.raises(FrameError, match="array starting with its kind"):
+        FrameDecoder(BIG).feed(framed(msgpack.packb(value)))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x92\x04\x81\x91\x01\x01", id="array as map key"),
+        pytest.param(b"\x92\x04\x81\x80\x01", id="map as map key"),
+    ],
+)
+def test_a_map_with_an_unhashable_key_is_a_frame_error(body: bytes) -> None:
+    with pytest.raises(FrameError):
+        FrameDecoder(BIG).feed(framed(body))
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def message_fields(message: Message) -> tuple[Any, ...]:
+    return (
+        message.topic,
+        message.payload,
+        message.qos,
+        message.retain,
+        message.properties,
+        message.sender,
+        message.acl_name,
+    )
+
+
+def through_the_wire(message: Message, now_out: float, now_in: float) -> Message:
+    """pack_message, a PUBLISH frame, bytes, FrameDecoder, unpack_message."""
+    (frame,) = FrameDecoder(BIG).feed(encode(PUBLISH, pack_message(message, now_out)))
+    assert frame[0] == PUBLISH
+    return unpack_message(frame[1], now_in)
+
+
+def test_a_message_keeps_everything() -> None:
+    user = [("k", "v"), ("a", "1"), ("k", "v"), ("k", "other")]  # order and duplicates
+    properties: dict[int, Any] = {
+        Property.PAYLOAD_FORMAT_INDICATOR: 1,
+        Property.CONTENT_TYPE: "text/plain",
+        Property.RESPONSE_TOPIC: "reply/here",
+        Property.CORRELATION_DATA: b"\x00\xffid",
+        Property.USER_PROPERTY: user,
+    }
+    message = Message("a/b/c", b"\x00\x01payload\xff", 2, True, dict(properties), "publisher")
+    message.acl_name = "rule-7"
+    got = through_the_wire(message, 5.0, 9.0)
+    assert message_fields(got) == (
+        "a/b/c",
+        b"\x00\x01payload\xff",
+        2,
+        True,
+        properties,
+        "publisher",
+        "rule-7",
+    )
+    assert got.properties[Property.USER_PROPERTY] == user
+    assert all(type(pair) is tuple for pair in got.properties[Property.USER_PROPERTY])
+    assert got.expires_at is None
+    assert Property.MESSAGE_EXPIRY_INTERVAL not in got.properties
+
+
+def test_a_message_without_properties_or_sender() -> None:
+    got = through_the_wire(Message("t", b"", 0), 0.0, 0.0)
+    assert message_fields(got) == ("t", b"", 0, False, {}, None, "")
+
+
+def test_a_message_with_an_expiry_carries_the_time_it_has_left() -> None:
+    message = Message("t", b"x", 1, properties={Property.MESSAGE_EXPIRY_INTERVAL: 100}, now=0)
+    assert message.expires_at == 100
+    got = through_the_wire(message, 30.0, 1000.0)
+    assert got.properties[Property.MESSAGE_EXPIRY_INTERVAL] == 70
+    assert got.expires_at == 1070  # the receiver's clock plus what was left
+    assert not got.expired(1069.9)
+    assert got.expired(1070)
+    # The sender's message is untouched: it still expires on its own clock.
+    assert message.properties[Property.MESSAGE_EXPIRY_INTERVAL] == 100
+    assert message.expires_at == 100
+
+
+def test_an_expired_message_carries_zero_not_a_negative_interval() -> None:
+    message = Message("t", b"x", 1, properties={Property.MESSAGE_EXPIRY_INTERVAL: 10}, now=0)
+    got = through_the_wire(message, 50.0, 7.0)
+    assert got.properties[Property.MESSAGE_EXPIRY_INTERVAL] == 0
+    assert got.expired(7.0)
+
+
+user_properties = st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8)), max_size=6)
+
+
+@given(
+    topic=st.text(min_size=1, max_size=30),
+    payload=st.binary(max_size=64),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    sender=st.none() | st.text(max_size=10),
+    acl_name=st.text(max_size=10),
+    user=user_properties,
+    correlation=st.none() | st.binary(max_size=10),
+    interval=st.none() | st.integers(0, 2**32 - 1),
+    elapsed=st.integers(0, 1000),
+)
+@settings(max_examples=80, deadline=None)
+def test_messages_round_trip(
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    sender: str | None,
+    acl_name: str,
+    user: list[tuple[str, str]],
+    correlation: bytes | None,
+    interval: int | None,
+    elapsed: int,
+) -> None:
+    properties: dict[int, Any] = {}
+    if user:
+        properties[Property.USER_PROPERTY] = list(user)
+    if correlation is not None:
+        properties[Property.CORRELATION_DATA] = correlation
+    if interval is not None:
+        properties[Property.MESSAGE_EXPIRY_INTERVAL] = interval
+    message = Message(topic, payload, qos, retain, dict(properties), sender, now=0)
+    message.acl_name = acl_name
+    got = through_the_wire(message, elapsed, 0)
+    expected = dict(properties)
+    if interval is not None:
+        expected[Property.MESSAGE_EXPIRY_INTERVAL] = max(0, interval - elapsed)
+    assert message_fields(got) == (topic, payload, qos, retain, expected, sender, acl_name)
+
+
+def test_an_enqueue_frame_carries_packed_messages() -> None:
+    message = Message("s/t", b"p", 1, properties={Property.USER_PROPERTY: [("a", "b")]})
+    item = [pack_message(message, 0.0), 1, False, [3, 4]]
+    (frame,) = FrameDecoder(BIG).feed(encode(ENQUEUE, 12, "client", [item], "$share/g/s/t"))
+    kind, ref, client_id, items, share = frame
+    assert (kind, ref, client_id, share) == (ENQUEUE, 12, "client", "$share/g/s/t")
+    fields, qos, retain, sub_ids = items[0]
+    assert (qos, retain, sub_ids) == (1, False, [3, 4])
+    got = unpack_message(fields, 0.0)
+    assert message_fields(got) == message_fields(message)
