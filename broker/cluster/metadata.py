@@ -65,10 +65,11 @@ class Subscriber:
 @dataclass(slots=True)
 class Registration:
     """What registering a client id on this node found: the node that owned it before
-    (None: nobody) and the subscriptions the session resumes with (kept unless clean)."""
+    (None: nobody), whether a session resumes (there was one, and neither it nor the new
+    connection is clean) and the subscriptions it resumes with."""
 
     previous_node: str | None
-    existed: bool
+    existed: bool  # a session resumes: CONNACK's session present
     subscriptions: dict[str, SubOptions]
 
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -55,15 +57,21 @@ from broker.message import Delivery, Message
 from broker.session import AWAITING_ACK
 
 if TYPE_CHECKING:
+    from broker.flow import FlowControl
     from broker.server import Broker
     from broker.session import Session
 
 log = logging.getLogger("nautilus.cluster")
 
 REAP_BATCH = 100  # sessions taken from a dead node per call
+MIGRATION_CHUNK_TIMEOUT = 60.0  # seconds a migrating chunk may take to be acknowledged
 
 
 def _nothing() -> None:
+    pass
+
+
+def _ignore(error: str | None) -> None:
     pass
 
 
@@ -554,7 +562,8 @@ class Cluster:
         for connection in list(broker.connections):
             if connection.session is not None and connection.session.owner is owner:
                 connection.take_over()
-        backlog = [] if clean else _backlog(owner)
+        # Nothing follows a clean session, or one the new connection starts clean.
+        backlog = [] if clean or owner.expiry == 0 else _backlog(owner)
         if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
             owner.pending_will[0].cancel()
             owner.pending_will = None
@@ -584,13 +593,14 @@ class Cluster:
             if link is None:
                 break
             chunk = [
-                [frames.pack_message(d.message, now()), d.qos, False, list(d.sub_ids)]
+                [frames.pack_message(d.message, now()), d.qos, d.retain, list(d.sub_ids)]
                 for d in backlog[start : start + step]
             ]
             try:
+                # The new node acknowledges a chunk once its session has taken it, as
+                # fast as its client reads: a while for a slow one.
                 error = await asyncio.wait_for(
-                    link.request(ENQUEUE, client_id, chunk, None),
-                    self.settings.remote_enqueue_timeout,
+                    link.request(ENQUEUE, client_id, chunk, None), MIGRATION_CHUNK_TIMEOUT
                 )
             except (TimeoutError, ConnectionError):
                 break
@@ -619,9 +629,8 @@ class Cluster:
             self.broker.publish_forwarded(frames.unpack_message(frame[1], self.loop.time()))
         elif kind == ENQUEUE:
             _, ref, client_id, items, share = frame
-            error = self._enqueue(client_id, items, share)
-            if ref:
-                inbound.reply(ACK, ref, error)
+            answer = functools.partial(inbound.reply, ACK, ref) if ref else _ignore
+            self._enqueue(client_id, items, share, answer)
         elif kind == TAKEOVER:
             _, ref, client_id, clean = frame
             self._on_takeover(inbound, ref, client_id, clean)
@@ -642,7 +651,15 @@ class Cluster:
         # The new node may answer CONNACK once the session is released here.
         self._hand_over(session, inbound.node, clean, lambda: inbound.reply(ACK, ref, None))
 
-    def _enqueue(self, client_id: str, items: list[Any], share: str | None) -> str | None:
+    def _enqueue(
+        self,
+        client_id: str,
+        items: list[Any],
+        share: str | None,
+        done: Callable[[str | None], object],
+    ) -> None:
+        """Messages for one session here (a shared group's pick, or a migrating queue's
+        chunk); `done(error)` once the session has taken them all."""
         now = self.loop.time()
         deliveries = []
         group = self.broker.router.group(share) if share is not None else None
@@ -652,18 +669,19 @@ class Cluster:
         early = self._registering.get(client_id)
         if early is not None:
             early.extend(deliveries)
-            return None
+            done(None)
+            return
         session = self.broker.registry.sessions.get(client_id)
         if session is None:
             if group is not None:  # the member left: another member here, if any
                 for delivery in deliveries:
                     self.broker.deliver_shared(group, delivery.message, "local_only")
-                return None
+                done(None)
+                return
             self.metrics.cluster_enqueue_dropped += len(deliveries)
-            return f"no session {client_id} on {self.node}"
-        for delivery in deliveries:
-            session.deliver(delivery)
-        return None
+            done(f"no session {client_id} on {self.node}")
+            return
+        _Feeder(self.broker.flow, session.owner, deliveries, done).run()
 
     # -- status ------------------------------------------------------------------------
 
@@ -698,6 +716,41 @@ class Cluster:
             },
             "remote_subscribers": len(self.view.records),
         }
+
+
+class _Feeder:
+    """Hands deliveries to a session no faster than it takes them: a flow-control reader
+    (broker/flow.py) held while the session's queue is at its high-water mark, so that a
+    migrating queue never overflows the session it moves into."""
+
+    __slots__ = ("deliveries", "done", "flow", "session")
+
+    def __init__(
+        self,
+        flow: FlowControl,
+        session: Session,
+        deliveries: list[Delivery],
+        done: Callable[[str | None], object],
+    ) -> None:
+        self.flow = flow
+        self.session = session
+        self.deliveries = deque(deliveries)
+        self.done = done
+
+    def run(self) -> None:
+        deliveries = self.deliveries
+        while deliveries:
+            full = self.session.deliver(deliveries.popleft())
+            if full is not None and deliveries:
+                self.flow.hold(self, [full])
+                return
+        self.done(None)
+
+    def hold(self) -> None:
+        pass  # nothing to stop reading: run() stops by itself
+
+    def release(self) -> None:
+        self.run()
 
 
 def _backlog(session: Session) -> list[Delivery]:

@@ -32,19 +32,22 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- register(P, client id, node, clean, ts) -> {previous node or "", existed, subs}
+-- register(P, client id, node, clean, ts) -> {previous node or "", resumed, subs}: a
+-- session resumes (its subscriptions kept) unless the new connection or the old session
+-- is clean (a clean session ends with its connection).
 local function register(keys, args)
   local p, cid, node, clean, ts = args[1], args[2], args[3], args[4], args[5]
   local key = p .. 'sub:' .. cid
-  local old = redis.call('HMGET', key, 'node', 'subs', 'ts')
+  local old = redis.call('HMGET', key, 'node', 'subs', 'ts', 'clean')
   if old[3] and not newer(ts, old[3]) then return redis.error_reply('stale_request') end
   local subs = old[2]
-  if clean == '1' or not subs then subs = EMPTY end
+  local resumed = subs and clean ~= '1' and old[4] ~= '1'
+  if not resumed then subs = EMPTY end
   if old[1] and old[1] ~= node then redis.call('SREM', p .. 'node:' .. old[1], cid) end
   redis.call('SADD', p .. 'node:' .. node, cid)
   redis.call('HSET', key, 'node', node, 'clean', clean, 'subs', subs, 'ts', ts)
   emit(p, {'c', cid, 'n', node, 'k', clean, 'd', subs})
-  return {old[1] or '', old[1] and 1 or 0, subs}
+  return {old[1] or '', resumed and 1 or 0, subs}
 end
 
 -- set_subscriber(P, client id, node, clean, ts, subs): the owner's record, created if
