@@ -330,11 +330,14 @@ class Broker:
                     congested.append(full)
         return congested
 
-    def publish_forwarded(self, message: Message) -> None:
+    def publish_forwarded(self, message: Message) -> list[Subscriber] | None:
         """A message another node forwarded: for this node's own sessions only (the
-        origin sent it to every node that needs it, and chose the shared groups' members)."""
+        origin sent it to every node that needs it, and chose the shared groups' members).
+        Returns the sessions whose queues it filled, as `publish` does: the link from
+        that node waits for them."""
         qos = message.qos
         upgrade = self.settings.upgrade_outgoing_qos
+        congested: list[Subscriber] | None = None
         for route in self.router.match(message.topic):
             session = route.subscriber
             if not session.local:
@@ -344,7 +347,7 @@ class Broker:
                 if own is None:
                     continue
                 route = own
-            session.deliver(
+            full = session.deliver(
                 Delivery(
                     message,
                     route.qos if upgrade or qos > route.qos else qos,
@@ -352,6 +355,11 @@ class Broker:
                     route.subscription_ids,
                 )
             )
+            if full is not None:
+                if congested is None:
+                    congested = []
+                congested.append(full)
+        return congested
 
     def has_subscribers(self, topic: str) -> bool:
         """Whether a message to `topic` reaches anyone (the router caches the matches)."""

@@ -303,6 +303,43 @@ class Session:
         self.on_disk = 0
         return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
 
+    # -- leaving for another node (broker/cluster) --------------------------------------
+
+    def holds_messages(self) -> bool:
+        """Whether anything waits to be delivered: in flight, queued or in the store."""
+        return bool(self.inflight or self.queue or self.on_disk or self._restored)
+
+    def leaving_chunk(self, count: int) -> list[Delivery]:
+        """The next `count` undelivered messages of a session handed to another node,
+        oldest first: in flight and unacknowledged, then queued, then what only the store
+        holds (read a chunk at a time). They stay until `forget_sent`."""
+        if self._restored:
+            self._read_back_state()
+        chunk = [d for d, state in self.inflight.values() if state == AWAITING_ACK][:count]
+        if chunk:
+            return chunk
+        if self.queue:
+            return [self.queue[i] for i in range(min(count, len(self.queue)))]
+        if not self.on_disk:
+            return []
+        entries = self.store.read_entries(self.client_id, count)
+        if len(entries) < count:
+            self.on_disk = 0  # that was all of it
+        return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
+
+    def forget_sent(self, chunk: list[Delivery]) -> None:
+        """A chunk from `leaving_chunk` reached the other node: it is done with here."""
+        sent = {id(delivery) for delivery in chunk}
+        for packet_id, (delivery, _) in list(self.inflight.items()):
+            if id(delivery) in sent:
+                del self.inflight[packet_id]
+                self.store.delete_inflight(self.client_id, packet_id)
+        queue = self.queue
+        while queue and id(queue[0]) in sent:
+            queue.popleft()
+        for delivery in chunk:
+            self._forget(delivery)
+
     def make_volatile(self) -> None:
         """The session will end with its connection (expiry 0 now): what the store holds
         for it comes back into memory, and the store forgets it (the caller deletes it)."""

@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import itertools
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
@@ -248,7 +249,19 @@ class PeerLink(asyncio.Protocol):
 
 
 class ClusterServerProtocol(asyncio.Protocol):
-    """A link another node opened to this one: HELLO first, then its traffic."""
+    """A link another node opened to this one: HELLO first, then its traffic.
+
+    It is a flow-control publisher (broker/flow.py's Reader): when a forwarded message
+    fills a local subscriber's queue to its high-water mark, the link stops being read
+    (the frames already read wait here) until that subscriber drains; TCP then slows the
+    sending node, whose link holds its own publishers. So a message acknowledged on one
+    node is not dropped on another because that node fell behind.
+
+    While the link is up this side sends a PONG every liveness_interval of its own
+    accord: the sending node knows this one is alive even while its frames wait behind
+    megabytes of traffic (or behind a hold), and only a node that answers nothing for
+    dead_after (blackholed, hung) is given up on.
+    """
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -256,6 +269,9 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(cluster.settings.max_frame_size)
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._waiting: deque[list[Any]] = deque()  # frames read while held
+        self.held = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -286,8 +302,15 @@ class ClusterServerProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.abort()
             return
-        for frame in received:
+        self._waiting.extend(received)
+        self._process()
+
+    def _process(self) -> None:
+        waiting = self._waiting
+        while waiting and not self.held:
+            frame = waiting.popleft()
             if self.transport is None or self.transport.is_closing():
+                waiting.clear()
                 return
             if not self.node:
                 self._hello(frame)
@@ -300,7 +323,29 @@ class ClusterServerProtocol(asyncio.Protocol):
                 )
                 self.cluster.metrics.cluster_frames_invalid += 1
                 self.transport.abort()
+                waiting.clear()
                 return
+
+    # -- flow control: this link as a publisher -----------------------------------------
+
+    def hold(self) -> None:
+        self.held = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self.cluster.loop.call_soon(self._process)
+
+    def _beat(self) -> None:
+        self.reply(PONG, 0)
+        self._heartbeat = self.cluster.loop.call_later(
+            self.cluster.settings.liveness_interval, self._beat
+        )
 
     def _hello(self, frame: list[Any]) -> None:
         if self._handshake_timer is not None:
@@ -320,10 +365,14 @@ class ClusterServerProtocol(asyncio.Protocol):
             return self.refuse(f"bad node name {node!r}")
         self.node = node
         self.reply(WELCOME, self.cluster.node, self.cluster.boot_id)
+        self._beat()
         self.cluster.inbound_up(self, boot_id)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
+        for timer in (self._handshake_timer, self._heartbeat):
+            if timer is not None:
+                timer.cancel()
         self.transport = None
+        self._waiting.clear()
+        self.cluster.broker.flow.forget_publisher(self)
         self.cluster.inbound_down(self)

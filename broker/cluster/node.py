@@ -54,7 +54,6 @@ from broker.cluster.remote import RemoteMember, RemoteNode
 from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
 from broker.message import Delivery, Message
-from broker.session import AWAITING_ACK
 
 if TYPE_CHECKING:
     from broker.flow import FlowControl
@@ -543,27 +542,26 @@ class Cluster:
             return released()
         self._moving.add(client_id)  # what releasing it changes is not written
         try:
-            backlog = self._release(session, clean)
+            leaving = self._release(session, clean)
         finally:
             self._moving.discard(client_id)
         released()
-        if backlog:
-            task = self.spawn(
-                self._migrate(node, client_id, backlog), f"cluster migrating {client_id}"
-            )
+        if leaving is not None:
+            task = self.spawn(self._migrate(node, leaving), f"cluster migrating {client_id}")
             self._migrations[client_id] = task
             task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
 
-    def _release(self, session: Session, clean: bool) -> list[Delivery]:
+    def _release(self, session: Session, clean: bool) -> Session | None:
         """Disconnect the session's connections and forget it here, without telling the
-        metadata (it belongs to another node now); returns what it had queued."""
+        metadata (it belongs to another node now). Returns the session if its queue is to
+        follow (read by _migrate; the store keeps it meanwhile), else None."""
         broker = self.broker
         owner = session.owner
         for connection in list(broker.connections):
             if connection.session is not None and connection.session.owner is owner:
                 connection.take_over()
         # Nothing follows a clean session, or one the new connection starts clean.
-        backlog = [] if clean or owner.expiry == 0 else _backlog(owner)
+        leaving = None if clean or owner.expiry == 0 or not owner.holds_messages() else owner
         if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
             owner.pending_will[0].cancel()
             owner.pending_will = None
@@ -573,60 +571,77 @@ class Cluster:
         for topic_filter, _ in list(owner.subscriptions.items()):
             broker.router.unsubscribe(owner, topic_filter)
         owner.subscriptions.clear()
-        owner.queue.clear()
-        owner.inflight.clear()
-        if not backlog:  # else the store keeps it until the new node has it (_migrate)
+        if leaving is None:
             broker.store.delete_session(owner.client_id)
         if broker.registry.sessions.get(owner.client_id) is owner:
             del broker.registry.sessions[owner.client_id]
-        return backlog
+        return leaving
 
-    async def _migrate(self, node: str, client_id: str, backlog: list[Delivery]) -> None:
-        """Send a released session's queue to its new node in acknowledged chunks; the
-        store lets it go at the end (a crash before that sends it again at the next start:
-        at least once)."""
+    async def _migrate(self, node: str, session: Session) -> None:
+        """Send a released session's queue to its new node in acknowledged chunks of
+        max_msgs_per_drain_step, read from memory and then from the store a chunk at a
+        time (a queue of millions neither blocks the loop nor fills memory). Each chunk
+        leaves the store once acknowledged, so a crash or a link that stays down leaves
+        the rest in this node's store, handed over again at its next start."""
+        client_id = session.client_id
         step = self.broker.settings.max_msgs_per_drain_step
-        now = self.loop.time
         sent = 0
-        for start in range(0, len(backlog), step):
-            link = self.links.get(node)
-            if link is None:
+        while chunk := session.leaving_chunk(step):
+            if not await self._send_chunk(node, client_id, chunk):
                 break
-            chunk = [
-                [frames.pack_message(d.message, now()), d.qos, d.retain, list(d.sub_ids)]
-                for d in backlog[start : start + step]
-            ]
+            session.forget_sent(chunk)
+            sent += len(chunk)
+        else:
+            if client_id not in self.broker.registry.sessions:  # (it may be back already)
+                self.broker.store.delete_session(client_id)
+            self.metrics.cluster_sessions_migrated += 1
+            self.metrics.cluster_messages_migrated += sent
+            log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
+            return
+        self.metrics.cluster_messages_migrated += sent
+        log.error(
+            "cluster: %s: node %s took %d queued messages, then could not be reached; the "
+            "rest wait in this node's store for its next start",
+            client_id,
+            node,
+            sent,
+        )
+
+    async def _send_chunk(self, node: str, client_id: str, chunk: list[Delivery]) -> bool:
+        """One chunk, acknowledged; tried again while the link is down but the node alive
+        (for up to MIGRATION_CHUNK_TIMEOUT)."""
+        now = self.loop.time()
+        items = [
+            [frames.pack_message(d.message, now), d.qos, d.retain, list(d.sub_ids)] for d in chunk
+        ]
+        deadline = now + MIGRATION_CHUNK_TIMEOUT
+        while node not in self.dead and self.loop.time() < deadline:
+            link = self.links.get(node)
+            if link is None or not link.up:
+                await asyncio.sleep(self.settings.liveness_interval)
+                continue
             try:
                 # The new node acknowledges a chunk once its session has taken it, as
                 # fast as its client reads: a while for a slow one.
                 error = await asyncio.wait_for(
-                    link.request(ENQUEUE, client_id, chunk, None), MIGRATION_CHUNK_TIMEOUT
+                    link.request(ENQUEUE, client_id, items, None), deadline - self.loop.time()
                 )
-            except (TimeoutError, ConnectionError):
-                break
-            if error:
-                break
-            sent += len(chunk)
-        lost = len(backlog) - sent
-        if client_id not in self.broker.registry.sessions:  # (it may be back already)
-            # Only now: a crash halfway through hands the queue over again at restart.
-            self.broker.store.delete_session(client_id)
-        self.metrics.cluster_sessions_migrated += 1
-        self.metrics.cluster_messages_migrated += sent
-        if lost:
-            self.metrics.cluster_enqueue_dropped += lost
-            log.error(
-                "cluster: %d queued messages of %s could not reach node %s", lost, client_id, node
-            )
-        else:
-            log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
+            except ConnectionError:
+                continue  # the link went down: again once it is back
+            except TimeoutError:
+                return False
+            return not error
+        return False
 
     # -- frames from other nodes -------------------------------------------------------
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         kind = frame[0]
         if kind == PUBLISH:
-            self.broker.publish_forwarded(frames.unpack_message(frame[1], self.loop.time()))
+            message = frames.unpack_message(frame[1], self.loop.time())
+            congested = self.broker.publish_forwarded(message)
+            if congested:  # the link waits for these subscribers, as a publisher would
+                self.broker.flow.hold(inbound, congested)
         elif kind == ENQUEUE:
             _, ref, client_id, items, share = frame
             answer = functools.partial(inbound.reply, ACK, ref) if ref else _ignore
@@ -751,12 +766,3 @@ class _Feeder:
 
     def release(self) -> None:
         self.run()
-
-
-def _backlog(session: Session) -> list[Delivery]:
-    """A session's undelivered messages, oldest first: in flight and unacknowledged,
-    queued in memory, then what only the store holds."""
-    pending = [delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK]
-    pending.extend(session.queue)
-    pending.extend(session.stored_backlog())
-    return pending

@@ -155,8 +155,8 @@ def test_register_a_new_client(redis_url: str) -> None:
             assert registration.subscriptions == {}
             snapshot = await a.snapshot()
             assert snapshot.subscribers == {"c1": Subscriber("a", False, {})}
-            again = await a.register("c1", True, clock())  # its own client, again
-            assert (again.previous_node, again.existed) == ("a", True)
+            again = await a.register("c1", True, clock())  # its own client, again, clean
+            assert (again.previous_node, again.existed) == ("a", False)  # nothing resumes
             assert (await a.snapshot()).subscribers["c1"].clean is True
 
     run(main())
@@ -172,7 +172,7 @@ def test_register_takes_a_client_from_another_node(redis_url: str, clean: bool) 
             assert await a.write([Write("c1", Subscriber("a", False, subs), clock())]) == [None]
             registration = await b.register("c1", clean, clock())
             assert registration.previous_node == "a"
-            assert registration.existed is True
+            assert registration.existed is not clean  # a clean connect resumes nothing
             assert registration.subscriptions == ({} if clean else subs)
             snapshot = await b.snapshot()
             assert snapshot.subscribers == {"c1": Subscriber("b", clean, {} if clean else subs)}
@@ -184,6 +184,21 @@ def test_register_takes_a_client_from_another_node(redis_url: str, clean: bool) 
             with sync_client(redis_url) as client:
                 assert client.smembers(PREFIX + "node:a") == set()
                 assert client.smembers(PREFIX + "node:b") == {b"c1"}
+
+    run(main())
+
+
+def test_a_clean_session_is_not_resumed_by_a_persistent_register(redis_url: str) -> None:
+    async def main() -> None:
+        clock = Clock()
+        async with opened(redis_url, "a", "b") as (a, b):
+            await a.register("c1", True, clock())
+            assert await a.write([Write("c1", Subscriber("a", True, {"x": S1}), clock())]) == [None]
+            registration = await b.register("c1", False, clock())
+            assert registration.previous_node == "a"
+            assert registration.existed is False  # MQTT-3.1.2-6: session present 0
+            assert registration.subscriptions == {}
+            assert (await b.snapshot()).subscribers["c1"] == Subscriber("b", False, {})
 
     run(main())
 
@@ -374,7 +389,7 @@ def test_changes_follow_the_snapshot_in_order(redis_url: str) -> None:
                 )
                 await a.write(
                     [
-                        Write("c1", Subscriber("a", True, {"x/+": S1, "$share/g/y": S2}), clock()),
+                        Write("c1", Subscriber("a", False, {"x/+": S1, "$share/g/y": S2}), clock()),
                         Write("c2", Subscriber("a", False, {}), clock()),
                     ]
                 )
@@ -386,7 +401,7 @@ def test_changes_follow_the_snapshot_in_order(redis_url: str) -> None:
                 await changes.aclose()  # type: ignore[attr-defined]
             assert [c.seq for c in got] == list(range(snapshot.seq + 2, snapshot.seq + 8))
             assert got[0].client_id == "c1"
-            assert got[0].subscriber == Subscriber("a", True, {"x/+": S1, "$share/g/y": S2})
+            assert got[0].subscriber == Subscriber("a", False, {"x/+": S1, "$share/g/y": S2})
             assert (got[1].client_id, got[1].subscriber) == ("c2", Subscriber("a", False, {}))
             assert (got[2].topic, got[2].retained, got[2].client_id) == ("r", b"msg", "")
             assert (got[3].topic, got[3].retained) == ("r", None)
