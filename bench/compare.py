@@ -114,6 +114,7 @@ KEPT_SECTIONS = (
     "## Store",
     "## Event relay",
     "## Spark",
+    "## Clustering",
 )
 
 

@@ -106,6 +106,9 @@ class Cluster:
         self._publish_cache: tuple[Message | None, bytes] = (None, b"")
         self._outage_logged = False
         self._reaping: set[str] = set()  # dead nodes whose sessions are being taken
+        self._unconfirmed: set[str] = set()  # remote records a reload did not find
+        self._last_seen: dict[str, float] = {}  # node -> loop time it was last alive
+        self._failing_since: float | None = None  # the metadata's calls fail since
 
     # -- start and stop ----------------------------------------------------------------
 
@@ -197,35 +200,52 @@ class Cluster:
             except MetadataUnavailable as exc:
                 self._unavailable(exc)
                 continue
+            self._failing_since = None
             if not self.available:
                 await self._recover()
 
     async def _heartbeat(self) -> None:
-        infos = await self.backend.heartbeat()
-        self.nodes = {info.name: info for info in infos}
+        infos = {info.name: info for info in await self.backend.heartbeat()}
+        now = self.loop.time()
+        dead_after = self.settings.dead_after
+        for info in infos.values():
+            if info.age < dead_after:
+                self._last_seen[info.name] = now - info.age
+        # A node missing from the entries ages on this node's clock from when it was last
+        # seen alive: another node may have reaped and forgotten it before this one saw
+        # it silent, or Redis restarted empty and it has not refreshed its entry yet.
+        for name, last in list(self._last_seen.items()):
+            if name not in infos and name != self.node:
+                old = self.nodes.get(name)
+                address, boot_id = (old.address, old.boot_id) if old else ("", "")
+                infos[name] = NodeInfo(name, address, boot_id, now - last)
+                if now - last >= dead_after and name in self.dead:
+                    del self._last_seen[name]  # dead, and gone from the cluster
+        self.nodes = infos
         alive = sorted(
-            info.name
-            for info in infos
-            if info.age < self.settings.dead_after or info.name == self.node
+            info.name for info in infos.values() if info.age < dead_after or info.name == self.node
         )
-        for info in infos:
+        for info in infos.values():
             if info.name == self.node:
                 continue
-            if info.age < self.settings.dead_after:
+            if info.age < dead_after:
                 if info.name in self.dead:
                     self.dead.discard(info.name)
                     self.metrics.netsplit_resolved += 1
                     log.warning("cluster: node %s is back", info.name)
                 self._ensure_link(info)
             elif info.name not in self.dead:
-                self.dead.add(info.name)
-                self.metrics.netsplit_detected += 1
-                log.warning("cluster: node %s silent for %.1fs: dead", info.name, info.age)
-                link = self.links.pop(info.name, None)
-                if link is not None:
-                    link.close()
+                self._declare_dead(info.name, f"silent for {info.age:.1f}s")
             if info.name in self.dead and alive and alive[0] == self.node:
                 self.spawn(self._reap(info.name), f"cluster reaping {info.name}")
+
+    def _declare_dead(self, name: str, why: str) -> None:
+        self.dead.add(name)
+        self.metrics.netsplit_detected += 1
+        log.warning("cluster: node %s %s: dead", name, why)
+        link = self.links.pop(name, None)
+        if link is not None:
+            link.close()  # what waited for it is counted as dropped
 
     def _ensure_link(self, info: NodeInfo) -> None:
         address = self.settings.peer_addresses.get(info.name) or info.address
@@ -331,9 +351,7 @@ class Cluster:
                 log.warning("cluster: reloading the metadata (%s)", exc)
             except MetadataUnavailable as exc:
                 self._unavailable(exc)
-                while not self.available:
-                    await asyncio.sleep(self.settings.liveness_interval)
-                    continue
+                await asyncio.sleep(self.settings.liveness_interval)
             try:
                 snapshot = await self.backend.snapshot()
             except MetadataUnavailable as exc:
@@ -344,12 +362,32 @@ class Cluster:
             self._load_after_gap(snapshot)
 
     def _load_after_gap(self, snapshot: Snapshot) -> None:
+        """Reload after changes were lost (an outage, a trimmed stream). The snapshot is
+        merged, not taken as the whole truth: after Redis restarted empty the other nodes
+        write their sessions back one by one, and a route dropped meanwhile would lose
+        messages. What the snapshot lacks is dropped only if no change confirms it within
+        dead_after. Retained messages are merged likewise; an empty Redis gets this
+        node's back."""
+        unconfirmed = set(self.view.records) - set(snapshot.subscribers)
         for client_id, record in snapshot.subscribers.items():
-            if record.node != self.node:
-                self._subscriber_changed(client_id, record)
-        self._load(snapshot)
+            self._subscriber_changed(client_id, record)
+        for topic, packed in snapshot.retained.items():
+            self._retained_changed(topic, packed)
+        if not snapshot.retained:
+            now = self.loop.time()
+            for message in self.broker.retained.matching("#", now):
+                self.retained(message)
+        if unconfirmed:
+            self._unconfirmed |= unconfirmed
+            self.loop.call_later(self.settings.dead_after, self._drop_unconfirmed, unconfirmed)
+
+    def _drop_unconfirmed(self, candidates: set[str]) -> None:
+        for client_id in candidates & self._unconfirmed:
+            self._unconfirmed.discard(client_id)
+            self.view.apply(client_id, None)
 
     def _subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
+        self._unconfirmed.discard(client_id)
         session = self.broker.registry.sessions.get(client_id)
         busy = client_id in self._moving or client_id in self._registering or self.broker.stopping
         if session is not None and not busy:
@@ -443,6 +481,15 @@ class Cluster:
     # -- outage --------------------------------------------------------------------------
 
     def _unavailable(self, exc: Exception) -> None:
+        """A call to the metadata failed. One failure may be a pooled connection that a
+        restarted Redis closed (the next call takes a new one): the metadata is declared
+        unavailable once calls fail for liveness_interval, with one log line."""
+        now = self.loop.time()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since < self.settings.liveness_interval:
+            self.loop.call_later(self.settings.liveness_interval, self._wake.set)  # retry
+            return
         if self.available or not self._outage_logged:
             log.error("cluster: metadata unavailable: %s", exc)
             self._outage_logged = True
