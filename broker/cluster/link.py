@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import itertools
 import logging
+import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nautilus.cluster")
 
-HIGH_WATER = 4 * 1024 * 1024  # bytes queued to a peer that hold its publishers
-LOW_WATER = 1024 * 1024
+HIGH_WATER = 1024 * 1024  # bytes queued to a peer that hold its publishers
+LOW_WATER = 256 * 1024
+SOCKET_BUFFER = 256 * 1024  # SO_SNDBUF of a link (loopback would grow it to megabytes)
 RECONNECT_DELAY = 0.5  # seconds between attempts to reach a peer
 HANDSHAKE_TIMEOUT = 5.0
 
@@ -165,6 +167,9 @@ class PeerLink(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # the kernel's share of the queue to the peer: bounded too
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._decoder = FrameDecoder(self.cluster.settings.max_frame_size)
         c = self.cluster
         transport.write(  # type: ignore[attr-defined]

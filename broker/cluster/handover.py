@@ -1,0 +1,309 @@
+"""Sessions moving between nodes: registering a client id before its CONNACK, asking the
+node that held it to let go, releasing sessions other nodes took, and their queues
+following in acknowledged chunks.
+
+A CONNECT registers the client id in the metadata first (Courier's remap); if another
+node owned it, that node is asked over the link to release it: it disconnects the old
+connection (MQTT 5: 0x8E), answers, and then sends the session's queue after it in
+chunks, each acknowledged, while the client is already connected here. A node that
+learns from the change stream that one of its clients is owned elsewhere (it was away
+when asked) releases it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.cluster import frames
+from broker.cluster.frames import ACK, ENQUEUE, TAKEOVER
+from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
+from broker.message import Delivery
+
+if TYPE_CHECKING:
+    from broker.cluster.link import ClusterServerProtocol
+    from broker.cluster.node import Cluster
+    from broker.flow import FlowControl
+    from broker.session import Session
+
+log = logging.getLogger("nautilus.cluster")
+
+MIGRATION_CHUNK_TIMEOUT = 60.0  # seconds a migrating chunk may take to be acknowledged
+
+
+def _nothing() -> None:
+    pass
+
+
+class Handover:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.broker = cluster.broker
+        self.backend = cluster.backend
+        self.settings = cluster.settings
+        self.loop = cluster.loop
+        self.metrics = cluster.metrics
+        self.node = cluster.node
+        self._registering: dict[str, list[Delivery]] = {}  # early arrivals, per client id
+        self._moving: set[str] = set()  # client ids being handed to another node
+        self._migrations: dict[str, asyncio.Task] = {}  # queues leaving, by client id
+
+    def moving(self, client_id: str) -> bool:
+        """Whether the client is being released here (its changes are not written)."""
+        return client_id in self._moving
+
+    def busy(self, client_id: str) -> bool:
+        """Whether the client is being registered here or released."""
+        return client_id in self._moving or client_id in self._registering
+
+    async def register(self, client_id: str, clean: bool) -> Registration | None:
+        """Make this node the owner of `client_id` before its CONNACK; another node that
+        held it releases it first. None: the metadata is away and registrations are
+        allowed anyway. Raises MetadataUnavailable (refuse with 0x88) or StaleRequest."""
+        if not self.cluster.sync.available:
+            if not self.settings.allow_register_during_outage:
+                self.metrics.cluster_registrations_refused += 1
+                raise MetadataUnavailable("the cluster's metadata is unavailable")
+            return None
+        migration = self._migrations.get(client_id)
+        if migration is not None:  # it comes back while its queue leaves: that first
+            await asyncio.wait({migration}, timeout=self.settings.remote_enqueue_timeout)
+        self._registering.setdefault(client_id, [])
+        try:
+            registration = await self.backend.register(client_id, clean, self.cluster.ts())
+        except MetadataUnavailable as exc:
+            self._registering.pop(client_id, None)
+            self.cluster.sync.unavailable(exc)
+            if not self.settings.allow_register_during_outage:
+                self.metrics.cluster_registrations_refused += 1
+                raise
+            return None
+        except StaleRequest:
+            self._registering.pop(client_id, None)
+            raise
+        previous = registration.previous_node
+        if previous is not None and previous != self.node:
+            await self._take_from(previous, client_id, clean)
+        return registration
+
+    async def _take_from(self, node: str, client_id: str, clean: bool) -> None:
+        link = self.cluster.links.get(node)
+        if link is None or not link.up:
+            log.info(
+                "cluster: %s was on node %s, unreachable: taken without its queue", client_id, node
+            )
+            return
+        try:
+            error = await asyncio.wait_for(
+                link.request(TAKEOVER, client_id, clean), self.settings.remote_enqueue_timeout
+            )
+        except (TimeoutError, ConnectionError) as exc:
+            log.warning(
+                "cluster: node %s did not release %s: %s", node, client_id, exc or "timeout"
+            )
+            return
+        if error:
+            log.warning("cluster: node %s could not release %s: %s", node, client_id, error)
+
+    def registered(
+        self, client_id: str, session: Session, registration: Registration | None, fresh: bool
+    ) -> None:
+        """The CONNECT's session exists here now: a session new on this node resumes the
+        subscriptions the metadata kept; messages that came ahead of it are delivered."""
+        early = self._registering.pop(client_id, [])
+        owner = session.owner
+        if registration is not None and fresh:
+            for topic_filter, options in registration.subscriptions.items():
+                owner.subscriptions[topic_filter] = options
+                self.broker.router.subscribe(owner, topic_filter, options)
+            self.broker.save_session(owner)
+        if registration is None or owner.subscriptions != registration.subscriptions:
+            self.cluster.sync.changed(client_id)  # the metadata learns what this node holds
+        for delivery in early:
+            owner.deliver(delivery)
+
+    def hand_over(
+        self, session: Session, node: str, clean: bool, released: Callable[[], None] = _nothing
+    ) -> None:
+        """Release a session `node` owns now: its connection closes (0x8E), it is
+        forgotten here (then `released()`), and unless the new owner started clean its
+        queue follows in the background."""
+        client_id = session.client_id
+        if client_id in self._moving:
+            return released()
+        self._moving.add(client_id)  # what releasing it changes is not written
+        try:
+            leaving = self._release(session, clean)
+        finally:
+            self._moving.discard(client_id)
+        released()
+        if leaving is not None:
+            task = self.cluster.spawn(
+                self._migrate(node, leaving), f"cluster migrating {client_id}"
+            )
+            self._migrations[client_id] = task
+            task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
+
+    def _release(self, session: Session, clean: bool) -> Session | None:
+        """Disconnect the session's connections and forget it here, without telling the
+        metadata (it belongs to another node now). Returns the session if its queue is to
+        follow (read by _migrate; the store keeps it meanwhile), else None."""
+        broker = self.broker
+        owner = session.owner
+        for connection in list(broker.connections):
+            if connection.session is not None and connection.session.owner is owner:
+                connection.take_over()
+        # Nothing follows a clean session, or one the new connection starts clean.
+        leaving = None if clean or owner.expiry == 0 or not owner.holds_messages() else owner
+        if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
+            owner.pending_will[0].cancel()
+            owner.pending_will = None
+        if owner.expiry_timer is not None:
+            owner.expiry_timer.cancel()
+            owner.expiry_timer = None
+        for topic_filter, _ in list(owner.subscriptions.items()):
+            broker.router.unsubscribe(owner, topic_filter)
+        owner.subscriptions.clear()
+        if leaving is None:
+            broker.store.delete_session(owner.client_id)
+        if broker.registry.sessions.get(owner.client_id) is owner:
+            del broker.registry.sessions[owner.client_id]
+        return leaving
+
+    async def _migrate(self, node: str, session: Session) -> None:
+        """Send a released session's queue to its new node in acknowledged chunks of
+        max_msgs_per_drain_step, read from memory and then from the store a chunk at a
+        time (a queue of millions neither blocks the loop nor fills memory). Each chunk
+        leaves the store once acknowledged, so a crash or a link that stays down leaves
+        the rest in this node's store, handed over again at its next start."""
+        client_id = session.client_id
+        step = self.broker.settings.max_msgs_per_drain_step
+        sent = 0
+        while chunk := session.leaving_chunk(step):
+            if not await self._send_chunk(node, client_id, chunk):
+                break
+            session.forget_sent(chunk)
+            sent += len(chunk)
+        else:
+            if client_id not in self.broker.registry.sessions:  # (it may be back already)
+                self.broker.store.delete_session(client_id)
+            self.metrics.cluster_sessions_migrated += 1
+            self.metrics.cluster_messages_migrated += sent
+            log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
+            return
+        self.metrics.cluster_messages_migrated += sent
+        log.error(
+            "cluster: %s: node %s took %d queued messages, then could not be reached; the "
+            "rest wait in this node's store for its next start",
+            client_id,
+            node,
+            sent,
+        )
+
+    async def _send_chunk(self, node: str, client_id: str, chunk: list[Delivery]) -> bool:
+        """One chunk, acknowledged; tried again while the link is down but the node alive
+        (for up to MIGRATION_CHUNK_TIMEOUT)."""
+        now = self.loop.time()
+        items = [
+            [frames.pack_message(d.message, now), d.qos, d.retain, list(d.sub_ids)] for d in chunk
+        ]
+        deadline = now + MIGRATION_CHUNK_TIMEOUT
+        while node not in self.cluster.dead and self.loop.time() < deadline:
+            link = self.cluster.links.get(node)
+            if link is None or not link.up:
+                await asyncio.sleep(self.settings.liveness_interval)
+                continue
+            try:
+                # The new node acknowledges a chunk once its session has taken it, as
+                # fast as its client reads: a while for a slow one.
+                error = await asyncio.wait_for(
+                    link.request(ENQUEUE, client_id, items, None), deadline - self.loop.time()
+                )
+            except ConnectionError:
+                continue  # the link went down: again once it is back
+            except TimeoutError:
+                return False
+            return not error
+        return False
+
+    def on_takeover(
+        self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
+    ) -> None:
+        session = self.broker.registry.sessions.get(client_id)
+        if session is None or self.broker.stopping:
+            # Stopping: the session stays in this node's store, handed over at its next
+            # start (_reconcile), rather than cut off halfway through a migration.
+            inbound.reply(ACK, ref, None)
+            return
+        # The new node may answer CONNACK once the session is released here.
+        self.hand_over(session, inbound.node, clean, lambda: inbound.reply(ACK, ref, None))
+
+    def enqueue(
+        self,
+        client_id: str,
+        items: list[Any],
+        share: str | None,
+        done: Callable[[str | None], object],
+    ) -> None:
+        """Messages for one session here (a shared group's pick, or a migrating queue's
+        chunk); `done(error)` once the session has taken them all."""
+        now = self.loop.time()
+        deliveries = []
+        group = self.broker.router.group(share) if share is not None else None
+        for fields, qos, retain, subscription_ids in items:
+            message = frames.unpack_message(fields, now)
+            deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
+        early = self._registering.get(client_id)
+        if early is not None:
+            early.extend(deliveries)
+            done(None)
+            return
+        session = self.broker.registry.sessions.get(client_id)
+        if session is None:
+            if group is not None:  # the member left: another member here, if any
+                for delivery in deliveries:
+                    self.broker.deliver_shared(group, delivery.message, "local_only")
+                done(None)
+                return
+            self.metrics.cluster_enqueue_dropped += len(deliveries)
+            done(f"no session {client_id} on {self.node}")
+            return
+        _Feeder(self.broker.flow, session.owner, deliveries, done).run()
+
+
+class _Feeder:
+    """Hands deliveries to a session no faster than it takes them: a flow-control reader
+    (broker/flow.py) held while the session's queue is at its high-water mark, so that a
+    migrating queue never overflows the session it moves into."""
+
+    __slots__ = ("deliveries", "done", "flow", "session")
+
+    def __init__(
+        self,
+        flow: FlowControl,
+        session: Session,
+        deliveries: list[Delivery],
+        done: Callable[[str | None], object],
+    ) -> None:
+        self.flow = flow
+        self.session = session
+        self.deliveries = deque(deliveries)
+        self.done = done
+
+    def run(self) -> None:
+        deliveries = self.deliveries
+        while deliveries:
+            full = self.session.deliver(deliveries.popleft())
+            if full is not None and deliveries:
+                self.flow.hold(self, [full])
+                return
+        self.done(None)
+
+    def hold(self) -> None:
+        pass  # nothing to stop reading: run() stops by itself
+
+    def release(self) -> None:
+        self.run()

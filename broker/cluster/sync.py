@@ -1,0 +1,257 @@
+"""The cluster's metadata as this node keeps in step with it: the full load at start
+(reconciled with the sessions this node restored), the change stream feeding the routing
+view and retained messages, the writer of this node's session records, and what an
+outage of the metadata does.
+
+- Writes. A session's record (owner, clean, subscriptions) is written when it changes,
+  by one writer task that batches every client changed since its last round into one
+  pipeline, reading the state at write time (so a burst of changes costs one write).
+  Retained messages published here go the same way, the latest per topic.
+- Outage. While the metadata cannot be reached, routing goes on from the local view;
+  CONNECTs are refused with 0x88 (or allowed, `allow_register_during_outage`); when it
+  returns, the node writes back its sessions and loads the whole state again, merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from broker.cluster import frames
+from broker.cluster.metadata import (
+    MetadataUnavailable,
+    NotOwner,
+    Resync,
+    Snapshot,
+    StaleRequest,
+    Subscriber,
+    Write,
+)
+from broker.message import Message
+
+if TYPE_CHECKING:
+    from broker.cluster.node import Cluster
+
+log = logging.getLogger("nautilus.cluster")
+
+
+class MetadataSync:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.broker = cluster.broker
+        self.backend = cluster.backend
+        self.settings = cluster.settings
+        self.loop = cluster.loop
+        self.node = cluster.node
+        self.view = cluster.view
+        self.available = False  # the metadata answers
+        self._dirty: dict[str, None] = {}  # client ids whose record must be written
+        self._retained_dirty: dict[str, tuple[bytes | None, int]] = {}  # topic -> latest
+        self._wake = asyncio.Event()
+        self._unconfirmed: set[str] = set()  # remote records a reload did not find
+        self._failing_since: float | None = None  # the metadata's calls fail since
+        self._outage_logged = False
+
+    def answered(self) -> None:
+        """A call to the metadata succeeded (the heartbeat's)."""
+        self._failing_since = None
+
+    async def flush(self) -> None:
+        """At stop: the last changes reach the metadata, if it answers soon."""
+        if (self._dirty or self._retained_dirty) and self.available:
+            with contextlib.suppress(MetadataUnavailable, asyncio.TimeoutError):
+                await asyncio.wait_for(self._write_round(), 2.0)
+
+    def reconcile(self, snapshot: Snapshot) -> None:
+        """At start: the sessions this node restored from its store against the shared
+        truth. Ours and unknown ones are (re)written; ones another node owns now are
+        handed to it; ones the metadata says are ours but the store lost live on empty."""
+        registry = self.broker.registry
+        for client_id, session in list(registry.sessions.items()):
+            record = snapshot.subscribers.get(client_id)
+            if record is None or record.node == self.node:
+                self.changed(client_id)
+            else:
+                self.cluster.handover.hand_over(session, record.node, False)
+        for client_id, record in snapshot.subscribers.items():
+            if record.node == self.node and client_id not in registry.sessions:
+                if record.clean:
+                    self.changed(client_id)  # its connection is gone: delete it
+                else:
+                    self.cluster.adopt(client_id, record)
+        self._load(snapshot)
+
+    def _load(self, snapshot: Snapshot) -> None:
+        self.view.load(snapshot.subscribers)
+        for topic, packed in snapshot.retained.items():
+            self._retained_changed(topic, packed)
+
+    async def follow(self, seq: int) -> None:
+        while True:
+            try:
+                async for change in self.backend.changes(seq):
+                    seq = change.seq
+                    if change.topic:
+                        self._retained_changed(change.topic, change.retained)
+                    else:
+                        self.subscriber_changed(change.client_id, change.subscriber)
+            except Resync as exc:
+                log.warning("cluster: reloading the metadata (%s)", exc)
+            except MetadataUnavailable as exc:
+                self.unavailable(exc)
+                await asyncio.sleep(self.settings.liveness_interval)
+            try:
+                snapshot = await self.backend.snapshot()
+            except MetadataUnavailable as exc:
+                self.unavailable(exc)
+                await asyncio.sleep(self.settings.liveness_interval)
+                continue
+            seq = snapshot.seq
+            self._load_after_gap(snapshot)
+
+    def _load_after_gap(self, snapshot: Snapshot) -> None:
+        """Reload after changes were lost (an outage, a trimmed stream). The snapshot is
+        merged, not taken as the whole truth: after Redis restarted empty the other nodes
+        write their sessions back one by one, and a route dropped meanwhile would lose
+        messages. What the snapshot lacks is dropped only if no change confirms it within
+        dead_after. Retained messages are merged likewise; an empty Redis gets this
+        node's back."""
+        unconfirmed = set(self.view.records) - set(snapshot.subscribers)
+        for client_id, record in snapshot.subscribers.items():
+            self.subscriber_changed(client_id, record)
+        for topic, packed in snapshot.retained.items():
+            self._retained_changed(topic, packed)
+        if not snapshot.retained:
+            now = self.loop.time()
+            for message in self.broker.retained.matching("#", now):
+                self.retained(message)
+        if unconfirmed:
+            self._unconfirmed |= unconfirmed
+            self.loop.call_later(self.settings.dead_after, self._drop_unconfirmed, unconfirmed)
+
+    def _drop_unconfirmed(self, candidates: set[str]) -> None:
+        for client_id in candidates & self._unconfirmed:
+            self._unconfirmed.discard(client_id)
+            self.view.apply(client_id, None)
+
+    def subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
+        self._unconfirmed.discard(client_id)
+        session = self.broker.registry.sessions.get(client_id)
+        busy = self.cluster.handover.busy(client_id) or self.broker.stopping
+        if session is not None and not busy:
+            if record is None:
+                # Deleted by another node (this one was taken for dead and reaped) while
+                # the session is here: it is ours, say so again.
+                self.changed(client_id)
+            elif record.node != self.node:
+                # Another node registered it while this one was not asked (or did not
+                # answer): release it here, its queue following if that node is reachable.
+                self.cluster.handover.hand_over(session, record.node, record.clean)
+        self.view.apply(client_id, record)
+
+    def _retained_changed(self, topic: str, packed: bytes | None) -> None:
+        broker = self.broker
+        if packed is None:
+            broker.retained.update(Message(topic, b"", 0, True))
+            broker.store.delete_retained(topic)
+            return
+        message = frames.unpack_message(frames.msgpack.unpackb(packed), self.loop.time())
+        broker.retained.update(message)
+        broker.store.put_retained(message)
+
+    def retained(self, message: Message) -> None:
+        """A retained message published on this node: the other nodes learn it through
+        the metadata (written in the background, in publish order)."""
+        packed = None
+        if message.payload:
+            packed = frames.msgpack.packb(frames.pack_message(message, self.loop.time()))
+        self._retained_dirty[message.topic] = (packed, self.cluster.ts())
+        self._wake.set()
+
+    def changed(self, client_id: str) -> None:
+        """The session of `client_id` changed (subscriptions, clean, or it ended)."""
+        if self.cluster.handover.moving(client_id):
+            return
+        self._dirty[client_id] = None
+        self._wake.set()
+
+    async def writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.available:
+                continue  # written when the metadata is back (_recover sets _wake)
+            try:
+                await self._write_round()
+            except MetadataUnavailable as exc:
+                self.unavailable(exc)
+
+    async def _write_round(self) -> None:
+        retained, self._retained_dirty = self._retained_dirty, {}
+        if retained:
+            try:
+                await self.backend.retain([(t, m, ts) for t, (m, ts) in retained.items()])
+            except MetadataUnavailable:
+                for topic, change in retained.items():  # again when the metadata is back
+                    self._retained_dirty.setdefault(topic, change)
+                raise
+        dirty, self._dirty = self._dirty, {}
+        sessions = self.broker.registry.sessions
+        writes = []
+        for client_id in dirty:
+            if self.cluster.handover.moving(client_id):
+                continue
+            session = sessions.get(client_id)
+            record = None
+            if session is not None:
+                record = Subscriber(self.node, session.expiry == 0, dict(session.subscriptions))
+            writes.append(Write(client_id, record, self.cluster.ts()))
+        if not writes:
+            return
+        try:
+            results = await self.backend.write(writes)
+        except MetadataUnavailable:
+            for write in writes:  # again when the metadata is back
+                self._dirty.setdefault(write.client_id, None)
+            raise
+        for write, result in zip(writes, results, strict=True):
+            if isinstance(result, NotOwner) and write.subscriber is not None:
+                log.info("cluster: %s is owned by another node now", write.client_id)
+                session = sessions.get(write.client_id)
+                record = self.view.records.get(write.client_id)
+                if session is not None:  # its queue follows if the owner is known here
+                    self.cluster.handover.hand_over(
+                        session, record.node if record else "", record is None
+                    )
+            elif isinstance(result, StaleRequest):
+                self.changed(write.client_id)  # a clock went back: write it again
+
+    def unavailable(self, exc: Exception) -> None:
+        """A call to the metadata failed. One failure may be a pooled connection that a
+        restarted Redis closed (the next call takes a new one): the metadata is declared
+        unavailable once calls fail for liveness_interval, with one log line."""
+        now = self.loop.time()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since < self.settings.liveness_interval:
+            self.loop.call_later(self.settings.liveness_interval, self._wake.set)  # retry
+            return
+        if self.available or not self._outage_logged:
+            log.error("cluster: metadata unavailable: %s", exc)
+            self._outage_logged = True
+        self.available = False
+
+    async def recover(self) -> None:
+        """The metadata answers again: write every local session back, then reload."""
+        log.warning("cluster: metadata available again; resynchronising")
+        self.available = True
+        self._outage_logged = False
+        for client_id in self.broker.registry.sessions:
+            self._dirty[client_id] = None
+        try:
+            await self._write_round()
+        except MetadataUnavailable as exc:
+            self.unavailable(exc)
+        # _follow notices on its own and reloads (its read failed or it finds a gap).
