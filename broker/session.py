@@ -87,6 +87,7 @@ class Session:
         "_next_id",
         "_next_seq",
         "_purge_due",
+        "_read_after",
         "_restored",
         "_retry_due",
         "_retry_timer",
@@ -197,6 +198,7 @@ class Session:
         self.find_group = find_group  # `$share/...` -> its group, for entries read back
         # Messages moved to the connection, or read back from the store, per loop turn.
         self.drain_step = drain_step
+        self._read_after = -1  # the stored queue was read up to here (fifo)
         self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
@@ -279,7 +281,13 @@ class Session:
         """Move the next chunk of the stored backlog into the queue (which is empty)."""
         skip = self._inflight_seqs()
         step = self.drain_step
-        entries = self.store.read_entries(self.client_id, step, skip, newest_first=self.lifo)
+        if self.lifo:
+            entries = self.store.read_entries(self.client_id, step, skip, newest_first=True)
+        else:
+            # Everything up to the last entry read is in flight (skipped) or done with.
+            entries = self.store.read_entries(self.client_id, step, skip, after=self._read_after)
+            if entries:
+                self._read_after = entries[-1].seq
         if len(entries) < step:
             self.on_disk = 0  # that was all of it
         else:
@@ -322,7 +330,9 @@ class Session:
             return [self.queue[i] for i in range(min(count, len(self.queue)))]
         if not self.on_disk:
             return []
-        entries = self.store.read_entries(self.client_id, count)
+        entries = self.store.read_entries(self.client_id, count, after=self._read_after)
+        if entries:
+            self._read_after = entries[-1].seq
         if len(entries) < count:
             self.on_disk = 0  # that was all of it
         return [self._rejoined(entry) for entry in entries if entry.delivery is not None]

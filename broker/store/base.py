@@ -97,10 +97,17 @@ class MessageStore:
     def delete_entry(self, client_id: str, seq: int) -> None: ...
 
     def read_entries(
-        self, client_id: str, count: int, skip: Iterable[int] = (), newest_first: bool = False
+        self,
+        client_id: str,
+        count: int,
+        skip: Iterable[int] = (),
+        newest_first: bool = False,
+        after: int = -1,
     ) -> list[StoredEntry]:
         """Up to `count` entries from the head of the queue (or its tail), leaving out
-        the sequence numbers in `skip` (entries in flight)."""
+        the sequence numbers in `skip` (entries in flight); from the head, only those
+        after sequence number `after` (a reader that went through the queue up to there
+        does not wade through what was deleted behind it)."""
         return []
 
     def get_entry(self, client_id: str, seq: int) -> StoredEntry | None:
