@@ -22,38 +22,31 @@ if TYPE_CHECKING:
     from broker.message import Delivery
 
 
-class RemoteNode:
+class _OnAnotherNode:
+    """What both stand-ins share: the link to their node, as flow control sees it."""
+
     __slots__ = ("client_id", "cluster", "held", "node", "stuck")
 
-    online = True
-    local = False
+    local = False  # not a session of this node (shared groups prefer those)
 
-    def __init__(self, cluster: Cluster, node: str) -> None:
+    def __init__(self, cluster: Cluster, node: str, client_id: str) -> None:
         self.cluster = cluster
         self.node = node
-        self.client_id = f"$cluster/{node}"
+        self.client_id = client_id
         self.held = False
         self.stuck = False
-
-    def __repr__(self) -> str:
-        return f"<RemoteNode {self.node}>"
 
     @property
     def progress(self) -> int:
         link = self.cluster.links.get(self.node)
         return link.progress if link is not None else 0
 
-    def deliver(self, delivery: Delivery) -> RemoteNode | None:
-        """Forward the message (not this delivery's QoS: the other node decides its own
-        subscribers'). Returns self when publishers must wait for the link."""
-        cluster = self.cluster
-        metrics = cluster.metrics
-        metrics.router_matches_local -= 1  # counted as a local match by the broker
-        metrics.router_matches_remote += 1
-        link = cluster.links.get(self.node)
-        frame = cluster.publish_frame(delivery.message)
+    def _send(self, frame: bytes) -> _OnAnotherNode | None:
+        """Queue a frame for the node (counted as dropped if there is no link to it);
+        self when publishers must wait for the link."""
+        link = self.cluster.links.get(self.node)
         if link is None:
-            metrics.cluster_bytes_dropped += len(frame)
+            self.cluster.metrics.cluster_bytes_dropped += len(frame)
             return None
         link.send(frame)
         return self if link.congested and not self.stuck else None
@@ -62,26 +55,39 @@ class RemoteNode:
         link = self.cluster.links.get(self.node)
         return link is not None and link.congested and not self.stuck
 
-    def must_wait_for(self) -> RemoteNode | None:
+    def must_wait_for(self) -> _OnAnotherNode | None:
         return self if self.full() else None
 
     def watched(self) -> tuple[()]:
         return ()
 
 
-class RemoteMember:
+class RemoteNode(_OnAnotherNode):
+    """Every non-shared subscription of one other node, as one subscriber."""
+
+    __slots__ = ()
+
+    online = True
+
+    def __init__(self, cluster: Cluster, node: str) -> None:
+        super().__init__(cluster, node, f"$cluster/{node}")
+
+    def __repr__(self) -> str:
+        return f"<RemoteNode {self.node}>"
+
+    def deliver(self, delivery: Delivery) -> _OnAnotherNode | None:
+        """Forward the message (not this delivery's QoS: the other node decides its own
+        subscribers'). Returns self when publishers must wait for the link."""
+        metrics = self.cluster.metrics
+        metrics.router_matches_local -= 1  # counted as a local match by the broker
+        metrics.router_matches_remote += 1
+        return self._send(self.cluster.publish_frame(delivery.message))
+
+
+class RemoteMember(_OnAnotherNode):
     """A session on another node, as a member of a shared group on this one."""
 
-    __slots__ = ("client_id", "cluster", "held", "node", "stuck")
-
-    local = False
-
-    def __init__(self, cluster: Cluster, node: str, client_id: str) -> None:
-        self.cluster = cluster
-        self.node = node
-        self.client_id = client_id
-        self.held = False
-        self.stuck = False
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"<RemoteMember {self.client_id} on {self.node}>"
@@ -91,14 +97,8 @@ class RemoteMember:
         link = self.cluster.links.get(self.node)
         return link is not None and link.up
 
-    @property
-    def progress(self) -> int:
-        link = self.cluster.links.get(self.node)
-        return link.progress if link is not None else 0
-
-    def deliver(self, delivery: Delivery) -> RemoteMember | None:
+    def deliver(self, delivery: Delivery) -> _OnAnotherNode | None:
         cluster = self.cluster
-        link = cluster.links.get(self.node)
         group = delivery.group
         item = [
             frames.pack_message(delivery.message, cluster.loop.time()),
@@ -107,20 +107,5 @@ class RemoteMember:
             list(delivery.sub_ids),
         ]
         share = f"$share/{group.name}/{group.filter}" if group is not None else None
-        frame = frames.encode(ENQUEUE, 0, self.client_id, [item], share)
         cluster.metrics.router_matches_remote += 1
-        if link is None:
-            cluster.metrics.cluster_bytes_dropped += len(frame)
-            return None
-        link.send(frame)
-        return self if link.congested and not self.stuck else None
-
-    def full(self) -> bool:
-        link = self.cluster.links.get(self.node)
-        return link is not None and link.congested and not self.stuck
-
-    def must_wait_for(self) -> RemoteMember | None:
-        return self if self.full() else None
-
-    def watched(self) -> tuple[()]:
-        return ()
+        return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], share))

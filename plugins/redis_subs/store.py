@@ -8,6 +8,7 @@ blocking XREAD on a connection of their own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -102,6 +103,9 @@ class RedisStore:
         self.node = ""
         self._info = ""
         self._stream_id = "0-0"
+        # register() calls waiting for this loop turn's pipeline, and pipelines under way
+        self._registrations: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._register_tasks: set[asyncio.Task[None]] = set()
 
     async def _call(self, function: str, *args: Any) -> Any:
         try:
@@ -155,10 +159,37 @@ class RedisStore:
         return infos
 
     async def register(self, client_id: str, clean: bool, ts: int) -> Registration:
-        previous, existed, subs = await self._call(
-            "nautilus_register", client_id, self.node, int(clean), ts
-        )
+        """Registrations of one event-loop turn go to Redis in one pipeline: a connect
+        storm costs a round trip per turn, not per client."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        call = ("nautilus_register", client_id, self.node, int(clean), ts)
+        self._registrations.append((call, future))
+        if len(self._registrations) == 1:
+            task = loop.create_task(self._register_batch())
+            self._register_tasks.add(task)
+            task.add_done_callback(self._register_tasks.discard)
+        reply = await future
+        if isinstance(reply, Exception):
+            if "stale_request" in str(reply):
+                raise StaleRequest(str(reply))
+            if isinstance(reply, MetadataUnavailable):
+                raise reply
+            raise MetadataUnavailable(f"{self.where}: {reply}")
+        previous, existed, subs = reply
         return Registration(previous.decode() or None, bool(existed), unpack_subscriptions(subs))
+
+    async def _register_batch(self) -> None:
+        await asyncio.sleep(0)  # the rest of this turn's registrations join the batch
+        batch, self._registrations = self._registrations, []
+        replies: list[Any]
+        try:
+            replies = await self._pipeline([call for call, _ in batch])
+        except MetadataUnavailable as exc:
+            replies = [exc] * len(batch)
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if not future.done():
+                future.set_result(reply)
 
     async def _pipeline(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         """FCALLs in one round trip; the functions are loaded again if Redis lost them."""
