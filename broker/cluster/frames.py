@@ -29,6 +29,8 @@ ACK = 6  # [ACK, ref, error or None]
 TAKEOVER = 7  # [TAKEOVER, ref, client id, clean]: release the session; queue follows
 PING = 8  # [PING, n]
 PONG = 9  # [PONG, n]
+LEAVING = 10  # [LEAVING]: the sender stops; send it nothing more until it is back
+DRAINED = 11  # [DRAINED]: the answer, last on the answering node's own link
 
 _LENGTH = struct.Struct(">I")
 

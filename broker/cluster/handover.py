@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING, Any
 from broker.cluster import frames
 from broker.cluster.frames import ACK, ENQUEUE, TAKEOVER
 from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
+from broker.cluster.remote import Forwarder
 from broker.message import Delivery
+from broker.router import SHARE_PREFIX
 
 if TYPE_CHECKING:
     from broker.cluster.link import ClusterServerProtocol
     from broker.cluster.node import Cluster
     from broker.flow import FlowControl
+    from broker.server import Broker
     from broker.session import Session
 
 log = logging.getLogger("nautilus.cluster")
@@ -36,6 +39,11 @@ MIGRATION_CHUNK_TIMEOUT = 60.0  # seconds a migrating chunk may take to be ackno
 
 def _nothing() -> None:
     pass
+
+
+def _unsubscribe(broker: Broker, entries: list[tuple[Forwarder, str]]) -> None:
+    for forwarder, topic_filter in entries:
+        broker.router.unsubscribe(forwarder, topic_filter)
 
 
 class Handover:
@@ -50,6 +58,8 @@ class Handover:
         self._registering: dict[str, list[Delivery]] = {}  # early arrivals, per client id
         self._moving: set[str] = set()  # client ids being handed to another node
         self._migrations: dict[str, asyncio.Task] = {}  # queues leaving, by client id
+        # client id -> what stands in the router for a session being registered here
+        self._stand_ins: dict[str, tuple[_Arrivals, list[str]]] = {}
 
     def moving(self, client_id: str) -> bool:
         """Whether the client is being released here (its changes are not written)."""
@@ -84,10 +94,25 @@ class Handover:
         except StaleRequest:
             self._registering.pop(client_id, None)
             raise
+        # From now on the other nodes route this client's messages here, before its
+        # session is: they wait with what the old node sends (see registered()).
+        self._stand_in(client_id, registration)
         previous = registration.previous_node
         if previous is not None and previous != self.node:
             await self._take_from(previous, client_id, clean)
         return registration
+
+    def _stand_in(self, client_id: str, registration: Registration) -> None:
+        early = self._registering.get(client_id)
+        if early is None or not registration.subscriptions:
+            return
+        stand_in = _Arrivals(client_id, early)
+        filters = [f for f in registration.subscriptions if not f.startswith(SHARE_PREFIX)]
+        for topic_filter in filters:
+            self.broker.router.subscribe(
+                stand_in, topic_filter, registration.subscriptions[topic_filter]
+            )
+        self._stand_ins[client_id] = (stand_in, filters)
 
     async def _take_from(self, node: str, client_id: str, clean: bool) -> None:
         link = self.cluster.links.get(node)
@@ -114,6 +139,9 @@ class Handover:
         """The CONNECT's session exists here now: a session new on this node resumes the
         subscriptions the metadata kept; messages that came ahead of it are delivered."""
         early = self._registering.pop(client_id, [])
+        stand_in, filters = self._stand_ins.pop(client_id, (None, []))
+        for topic_filter in filters:
+            self.broker.router.unsubscribe(stand_in, topic_filter)
         owner = session.owner
         if registration is not None and fresh:
             for topic_filter, options in registration.subscriptions.items():
@@ -136,7 +164,7 @@ class Handover:
             return released()
         self._moving.add(client_id)  # what releasing it changes is not written
         try:
-            leaving = self._release(session, clean)
+            leaving = self._release(session, clean, node)
         finally:
             self._moving.discard(client_id)
         released()
@@ -147,10 +175,15 @@ class Handover:
             self._migrations[client_id] = task
             task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
 
-    def _release(self, session: Session, clean: bool) -> Session | None:
+    def _release(self, session: Session, clean: bool, node: str) -> Session | None:
         """Disconnect the session's connections and forget it here, without telling the
         metadata (it belongs to another node now). Returns the session if its queue is to
-        follow (read by _migrate; the store keeps it meanwhile), else None."""
+        follow (read by _migrate; the store keeps it meanwhile), else None.
+
+        Other nodes learn where it went a little later, and frames they sent here before
+        that are still on their way: for dead_after the session's subscriptions linger in
+        the router as Forwarders, which send what other nodes forward here for it on to
+        `node` (unless it started clean there)."""
         broker = self.broker
         owner = session.owner
         for connection in list(broker.connections):
@@ -164,8 +197,15 @@ class Handover:
         if owner.expiry_timer is not None:
             owner.expiry_timer.cancel()
             owner.expiry_timer = None
-        for topic_filter, _ in list(owner.subscriptions.items()):
+        lingering = []
+        for topic_filter, options in list(owner.subscriptions.items()):
             broker.router.unsubscribe(owner, topic_filter)
+            if node and not clean and not topic_filter.startswith(SHARE_PREFIX):
+                forwarder = Forwarder(self.cluster, node, owner.client_id)
+                broker.router.subscribe(forwarder, topic_filter, options)
+                lingering.append((forwarder, topic_filter))
+        if lingering:
+            self.loop.call_later(self.settings.dead_after, _unsubscribe, broker, lingering)
         owner.subscriptions.clear()
         if leaving is None:
             broker.store.delete_session(owner.client_id)
@@ -272,6 +312,37 @@ class Handover:
             done(f"no session {client_id} on {self.node}")
             return
         _Feeder(self.broker.flow, session.owner, deliveries, done).run()
+
+
+class _Arrivals:
+    """A session being registered here, in the router until it exists: the other nodes
+    route its messages here from the moment the metadata says so, and what they send
+    waits in the registration's early arrivals (delivered in order by registered())."""
+
+    __slots__ = ("client_id", "early", "held", "stuck")
+
+    local = True
+    online = True
+
+    def __init__(self, client_id: str, early: list[Delivery]) -> None:
+        self.client_id = client_id
+        self.early = early
+        self.held = False
+        self.stuck = False
+
+    progress = 0
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.early.append(delivery)
+
+    def must_wait_for(self) -> None:
+        return None
+
+    def full(self) -> bool:
+        return False
+
+    def watched(self) -> tuple[()]:
+        return ()
 
 
 class _Feeder:

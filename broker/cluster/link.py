@@ -24,7 +24,17 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
-from broker.cluster.frames import ACK, HELLO, PING, PONG, REFUSED, WELCOME, FrameDecoder, FrameError
+from broker.cluster.frames import (
+    ACK,
+    DRAINED,
+    HELLO,
+    PING,
+    PONG,
+    REFUSED,
+    WELCOME,
+    FrameDecoder,
+    FrameError,
+)
 
 if TYPE_CHECKING:
     from broker.cluster.node import Cluster
@@ -57,6 +67,7 @@ class PeerLink(asyncio.Protocol):
         self._refs = itertools.count(1)
         self._requests: dict[int, asyncio.Future[Any]] = {}
         self._paused = False  # the transport's buffer is full
+        self._holding = False  # the peer is stopping: keep frames for its return
         self._pings = itertools.count(1)
         self._last_pong = 0.0
         self._welcomed: asyncio.Future[None] | None = None
@@ -107,7 +118,7 @@ class PeerLink(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._pending or self.transport is None or not self.up:
+        if not self._pending or self.transport is None or not self.up or self._holding:
             return
         data = b"".join(self._pending)
         self._pending.clear()
@@ -208,6 +219,7 @@ class PeerLink(asyncio.Protocol):
         restarted = self.boot_id and boot_id != self.boot_id
         self.boot_id = boot_id
         self.up = True
+        self._holding = False
         self.connects += 1
         self._last_pong = self.loop.time()
         log.info("cluster link to %s (%s:%s) up", self.node, *self.address)
@@ -238,13 +250,35 @@ class PeerLink(asyncio.Protocol):
             log.warning("cluster link to %s (%s:%s) down", self.node, *self.address)
             self.cluster.link_down(self)
 
-    def close(self) -> None:
-        """Stop for good (the node left or this node stops): what waits is dropped."""
+    def hold_until_back(self) -> None:
+        """The peer is stopping: what is queued from now on waits for its return (up to
+        outgoing_buffer_size); DRAINED, after everything written so far, tells it so."""
+        if self.transport is not None and self.up:
+            self._flush()
+            self._holding = True  # sends pile up in _pending; the next WELCOME flushes them
+            self.transport.write(frames.encode(DRAINED))
+
+    def retarget(self, address: tuple[str, int]) -> None:
+        """The peer listens elsewhere now (it restarted on another port): reconnect
+        there, keeping what waits for it."""
+        self.address = address
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self, graceful: bool = False) -> None:
+        """Stop for good (the node is dead, or this node stops): what waits here is
+        dropped and counted; `graceful` (this node stops) lets the socket finish writing
+        what it took already, where a dead node's is cut."""
+        if graceful and self.transport is not None:
+            self._flush()  # (while still up: _flush writes only then)
         self.closed = True
         self.up = False
         self._task.cancel()
         if self.transport is not None:
-            self.transport.abort()
+            if graceful:
+                self.transport.close()
+            else:
+                self.transport.abort()
         dropped = self._pending_bytes
         if dropped:
             self.bytes_dropped += dropped

@@ -134,7 +134,11 @@ class MetadataBackend(Protocol):
         """Set (or with None clear) the retained message of each topic, as of its ts
         (a change older than the stored one is ignored)."""
 
-    async def snapshot(self) -> Snapshot: ...
+    async def snapshot(self) -> Snapshot:
+        """The whole state, and the change stream's position for changes() to read on."""
+
+    async def subscribers(self) -> dict[str, Subscriber]:
+        """Every subscriber record as it is now (the stream's position untouched)."""
 
     def changes(self, after: int) -> AsyncIterator[Change]:
         """The changes after sequence number `after`, as they happen; raises Resync when

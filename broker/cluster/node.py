@@ -24,7 +24,16 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
-from broker.cluster.frames import ACK, ENQUEUE, PING, PONG, PUBLISH, TAKEOVER
+from broker.cluster.frames import (
+    ACK,
+    DRAINED,
+    ENQUEUE,
+    LEAVING,
+    PING,
+    PONG,
+    PUBLISH,
+    TAKEOVER,
+)
 from broker.cluster.handover import Handover
 from broker.cluster.link import ClusterServerProtocol, PeerLink
 from broker.cluster.metadata import (
@@ -47,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.cluster")
 
 REAP_BATCH = 100  # sessions taken from a dead node per call
+DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for the other nodes' last frames
 
 
 def _ignore(error: str | None) -> None:
@@ -78,6 +88,9 @@ class Cluster:
         self._publish_cache: tuple[Message | None, bytes] = (None, b"")
         self._reaping: set[str] = set()  # dead nodes whose sessions are being taken
         self._last_seen: dict[str, float] = {}  # node -> loop time it was last alive
+        self._last_heartbeat = self.loop.time()  # of this node's last one that got through
+        self.forwarding = False  # a PUBLISH from another node is being routed
+        self._draining: dict[str, asyncio.Future[None]] = {}  # stopping: DRAINED awaited
         self.sync = MetadataSync(self)  # the metadata: loading, following, writing
         self.handover = Handover(self)  # sessions moving between nodes
 
@@ -104,17 +117,31 @@ class Cluster:
         self.spawn(self.sync.writer(), "cluster metadata writer")
 
     async def stop(self) -> None:
+        """Leave without losing what other nodes already sent: each is told (LEAVING) and
+        answers, after its last frame, with DRAINED, keeping what comes after for this
+        node's return; once every answer is read (or after DRAIN_TIMEOUT), the links
+        close. The clients are gone by then: what arrives goes to offline sessions."""
         if self._server is not None:
             self._server.close()
+        await self._drain_peers()
         await self.sync.flush()
         for task in list(self._tasks):
             task.cancel()
         for link in self.links.values():
-            link.close()
+            link.close(graceful=True)
         for inbound in list(self.inbound):
             if inbound.transport is not None:
                 inbound.transport.abort()
         await self.backend.close()
+
+    async def _drain_peers(self) -> None:
+        peers = {name for name, link in self.links.items() if link.up}
+        if not peers:
+            return
+        self._draining = {name: self.loop.create_future() for name in peers}
+        for name in peers:
+            self.links[name].send(frames.encode(LEAVING))
+        await asyncio.wait(self._draining.values(), timeout=DRAIN_TIMEOUT)
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         task = self.loop.create_task(coroutine, name=name)
@@ -195,6 +222,11 @@ class Cluster:
         infos = {info.name: info for info in await self.backend.heartbeat()}
         now = self.loop.time()
         dead_after = self.settings.dead_after
+        blind = now - self._last_heartbeat - self.settings.liveness_interval
+        if blind > 0:  # this node could not look (Redis away): that is nobody's silence
+            for name in self._last_seen:
+                self._last_seen[name] += blind
+        self._last_heartbeat = now
         for info in infos.values():
             if info.age < dead_after:
                 self._last_seen[info.name] = now - info.age
@@ -244,8 +276,9 @@ class Cluster:
         except ValueError:
             log.error("cluster: node %s advertises %r, not host:port", info.name, address)
             return
-        if link is not None:
-            link.close()
+        if link is not None:  # it restarted elsewhere: what waits for it goes there
+            link.retarget(target)
+            return
         self.links[info.name] = PeerLink(self, info.name, target)
 
     def link_up(self, link: PeerLink, restarted: bool) -> None:
@@ -303,7 +336,11 @@ class Cluster:
         kind = frame[0]
         if kind == PUBLISH:
             message = frames.unpack_message(frame[1], self.loop.time())
-            congested = self.broker.publish_forwarded(message)
+            self.forwarding = True  # Forwarders send it on (they ignore local publishes)
+            try:
+                congested = self.broker.publish_forwarded(message)
+            finally:
+                self.forwarding = False
             if congested:  # the link waits for these subscribers, as a publisher would
                 self.broker.flow.hold(inbound, congested)
         elif kind == ENQUEUE:
@@ -315,6 +352,14 @@ class Cluster:
             self.handover.on_takeover(inbound, ref, client_id, clean)
         elif kind == PING:
             inbound.reply(PONG, frame[1])
+        elif kind == LEAVING:  # that node stops: what it has not read yet waits here
+            link = self.links.get(inbound.node)
+            if link is not None:
+                link.hold_until_back()
+        elif kind == DRAINED:  # every frame that node sent before is read
+            drained = self._draining.get(inbound.node)
+            if drained is not None and not drained.done():
+                drained.set_result(None)
         else:
             raise ValueError(f"unknown frame kind {kind}")
 

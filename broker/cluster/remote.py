@@ -109,3 +109,33 @@ class RemoteMember(_OnAnotherNode):
         share = f"$share/{group.name}/{group.filter}" if group is not None else None
         cluster.metrics.router_matches_remote += 1
         return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], share))
+
+
+class Forwarder(_OnAnotherNode):
+    """A session handed to another node, lingering in this node's router for a while:
+    what other nodes forwarded here for it before they learned where it went is sent on
+    to its new node. Local publishes are not: the router reaches the new node for those
+    already (through its RemoteNode)."""
+
+    __slots__ = ()
+
+    online = True
+    local = True  # matched with this node's sessions when another node's PUBLISH arrives
+
+    def __repr__(self) -> str:
+        return f"<Forwarder {self.client_id} to {self.node}>"
+
+    def must_wait_for(self) -> None:
+        return None  # local publishers never wait for it (it passes theirs by)
+
+    def deliver(self, delivery: Delivery) -> _OnAnotherNode | None:
+        cluster = self.cluster
+        if not cluster.forwarding:
+            return None
+        item = [
+            frames.pack_message(delivery.message, cluster.loop.time()),
+            delivery.qos,
+            delivery.retain,
+            list(delivery.sub_ids),
+        ]
+        return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], None))

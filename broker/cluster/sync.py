@@ -129,12 +129,22 @@ class MetadataSync:
                 self.retained(message)
         if unconfirmed:
             self._unconfirmed |= unconfirmed
-            self.loop.call_later(self.settings.dead_after, self._drop_unconfirmed, unconfirmed)
+            self.cluster.spawn(self._drop_unconfirmed(unconfirmed), "cluster reload check")
 
-    def _drop_unconfirmed(self, candidates: set[str]) -> None:
+    async def _drop_unconfirmed(self, candidates: set[str]) -> None:
+        """dead_after later, what the reload lacked and no change has confirmed since is
+        looked up again: what the metadata still lacks then is gone."""
+        await asyncio.sleep(self.settings.dead_after)
+        while True:
+            try:
+                records = await self.backend.subscribers()
+                break
+            except MetadataUnavailable as exc:
+                self.unavailable(exc)
+                await asyncio.sleep(self.settings.liveness_interval)
         for client_id in candidates & self._unconfirmed:
             self._unconfirmed.discard(client_id)
-            self.view.apply(client_id, None)
+            self.view.apply(client_id, records.get(client_id))
 
     def subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
         self._unconfirmed.discard(client_id)

@@ -250,6 +250,17 @@ class RedisStore:
 
     async def snapshot(self) -> Snapshot:
         seq, stream_id = await self._call("nautilus_position")
+        subscribers = await self.subscribers()
+        try:
+            retained = await self.redis.hgetall(self.prefix + "retain")
+        except (RedisError, OSError) as exc:
+            raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
+        self._stream_id = stream_id.decode()  # changes() reads on from here
+        return Snapshot(
+            seq, subscribers, {topic.decode(): message for topic, message in retained.items()}
+        )
+
+    async def subscribers(self) -> dict[str, Subscriber]:
         try:
             nodes = {n.decode() for n in await self.redis.hkeys(self.prefix + "nodes")}
             nodes.update(
@@ -264,18 +275,13 @@ class RedisStore:
             for client_id in client_ids:
                 pipe.hmget(f"{self.prefix}sub:{client_id}", "node", "clean", "subs")
             records = await pipe.execute()
-            retained = await self.redis.hgetall(self.prefix + "retain")
         except (RedisError, OSError) as exc:
             raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
-        subscribers = {
+        return {
             client_id: Subscriber(node.decode(), clean == b"1", unpack_subscriptions(subs))
             for client_id, (node, clean, subs) in zip(client_ids, records, strict=True)
             if node is not None
         }
-        self._stream_id = stream_id.decode()
-        return Snapshot(
-            seq, subscribers, {topic.decode(): message for topic, message in retained.items()}
-        )
 
     async def changes(self, after: int) -> AsyncIterator[Change]:
         """The changes after number `after`, read from the last snapshot's position in

@@ -93,6 +93,7 @@ class ClusterNode:
         self.write_config()
         if not (self.directory / "api-keys").exists():
             self._add_api_key()
+        self.http_port = 0  # a restart binds another one
         self.process = BrokerProcess(self.config_path, cwd=self.directory)
         self.port = self.process.port
         for line in self.process.lines:

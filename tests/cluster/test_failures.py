@@ -1070,3 +1070,83 @@ def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
     good = frames.encode(HELLO, *hello) + frames.encode(PING, 8)
     answer, closed = cluster_exchange(a, good, until=lambda got: answered(got, 8))
     assert answered(answer, 8) and not closed
+
+
+# --------------------------------------------------------------------------- 9. rolling restart
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="OPEN BUG: in about 1 run of 5 one acknowledged message (or a few) is missing "
+    "after the subscriber's node restarts; not yet found (the losses this test found "
+    "first are fixed: frames held for a node while it restarts, a session registered "
+    "before it exists, a link's socket buffer cut at a graceful stop)",
+)
+def test_rolling_restart_under_qos1_load(cluster: Cluster) -> None:
+    """docs/clustering.md's rolling restart: each node restarted in turn, the next only
+    once the others see it back, while a publisher streams QoS 1 to a persistent
+    subscriber. Clients of the restarting node reconnect to another one and their
+    session moves there; what was queued for them on the restarting node follows when it
+    is back. Every acknowledged message arrives (QoS 1: at least once), and the retained
+    message is still there at the end (VerneMQ 1674)."""
+    a, b, c = cluster.start("a", "b", "c", dead_after=5.0)  # no reaping in between
+    sub = cluster.subscriber(b, "roller", clean=False)
+    sub.subscribe("roll/#", 1)
+    pub = cluster.publisher(a)
+    wait_routed(pub, [sub], "roll/probe")
+    pub.publish("kept/retained", b"999999", 1, retain=True)
+    first = Stream(pub, "roll/s").start()
+    first.wait_acked(200)
+
+    def restart(node: ClusterNode) -> None:
+        others = [n for n in (a, b, c) if n is not node]
+        since = {n.name: mark(n) for n in others}
+        node.stop()
+        node.start()
+        for other in others:
+            wait_log(other, link_up(node.name), since[other.name])
+            wait_log(node, link_up(other.name))
+
+    restart(c)
+    first.wait_acked(len(first.acked) + 200)
+    # b, the subscriber's node: its client reconnects to c while b restarts.
+    since = {n.name: mark(n) for n in (a, b, c)}
+    b.stop()
+    sub.close()
+    moved = cluster.subscriber(c, "roller", clean=False)
+    assert moved.session_present
+    b.start()
+    for other in (a, c):  # the others' links to the new b: what they kept for it goes now
+        wait_log(other, link_up("b"), since[other.name])
+        wait_log(b, link_up(other.name))
+    wait_log(b, r"roller moved to node c with \d+ queued messages")
+    first.wait_acked(len(first.acked) + 200)
+    first.stop()
+    # a, the publisher's node: publish again from there once it is back.
+    restart(a)
+    second = Stream(cluster.publisher(a), "roll/t").start()
+    second.wait_acked(200)
+    second.stop()
+
+    acked = set(first.acked)
+    try:
+        eventually(lambda: acked <= set(sub.seqs) | set(moved.seqs), "every acknowledged one")
+    finally:
+        missing = acked - set(sub.seqs) - set(moved.seqs)
+        print(f"{len(acked)} acknowledged, lost: {spans(missing)}")
+        for n in (a, b, c):  # DEBUG
+            m = n.metrics()
+            keys = (
+                "cluster_bytes_dropped",
+                "cluster_enqueue_dropped",
+                "queue_message_drop",
+                "cluster_messages_migrated",
+                "queue_message_unhandled",
+            )
+            print(n.name, {k: m.get(k) for k in keys})
+            assert n.process is not None
+            print("\n".join(line[11:] for line in n.process.lines[-14:]))
+    moved.wait_seqs([seq for seq in second.acked])  # roll/t numbers start at 0 again
+    late = cluster.subscriber(b, "late")
+    late.subscribe("kept/retained", 1)
+    late.wait_seqs([999999])
