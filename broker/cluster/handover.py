@@ -22,8 +22,9 @@ from broker.cluster import frames
 from broker.cluster.frames import ACK, ENQUEUE, TAKEOVER
 from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
 from broker.cluster.remote import Forwarder
-from broker.message import Delivery
+from broker.message import Delivery, Message
 from broker.router import SHARE_PREFIX
+from broker.topics import topic_matches
 
 if TYPE_CHECKING:
     from broker.cluster.link import ClusterServerProtocol
@@ -35,9 +36,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.cluster")
 
 MIGRATION_CHUNK_TIMEOUT = 60.0  # seconds a migrating chunk may take to be acknowledged
+UNROUTED_KEPT = 10000  # unmatched forwarded messages kept while registrations are under way
 
 
 def _nothing() -> None:
+    pass
+
+
+def _ignore(error: str | None) -> None:
     pass
 
 
@@ -60,6 +66,20 @@ class Handover:
         self._migrations: dict[str, asyncio.Task] = {}  # queues leaving, by client id
         # client id -> what stands in the router for a session being registered here
         self._stand_ins: dict[str, tuple[_Arrivals, list[str]]] = {}
+        # Forwarded messages that matched no session here while registrations were under
+        # way: the other nodes may route one to its session before the registration's
+        # answer (and its stand-in) arrives; it is matched then.
+        self._unrouted: deque[Message] = deque(maxlen=UNROUTED_KEPT)
+
+    def unrouted(self, message: Message) -> None:
+        """A forwarded message no local session took."""
+        if self._registering:
+            self._unrouted.append(message)
+
+    @property
+    def registering(self) -> bool:
+        """Whether some client is being registered here."""
+        return bool(self._registering)
 
     def moving(self, client_id: str) -> bool:
         """Whether the client is being released here (its changes are not written)."""
@@ -107,12 +127,16 @@ class Handover:
         if early is None or not registration.subscriptions:
             return
         stand_in = _Arrivals(client_id, early)
-        filters = [f for f in registration.subscriptions if not f.startswith(SHARE_PREFIX)]
+        subscriptions = registration.subscriptions
+        filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
         for topic_filter in filters:
-            self.broker.router.subscribe(
-                stand_in, topic_filter, registration.subscriptions[topic_filter]
-            )
+            self.broker.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
         self._stand_ins[client_id] = (stand_in, filters)
+        for message in self._unrouted:  # what came for it before the stand-in
+            matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
+            if matching:
+                qos = min(message.qos, max(options.qos for options in matching))
+                early.append(Delivery(message, qos, False))
 
     async def _take_from(self, node: str, client_id: str, clean: bool) -> None:
         link = self.cluster.links.get(node)
@@ -139,6 +163,8 @@ class Handover:
         """The CONNECT's session exists here now: a session new on this node resumes the
         subscriptions the metadata kept; messages that came ahead of it are delivered."""
         early = self._registering.pop(client_id, [])
+        if not self._registering:
+            self._unrouted.clear()
         stand_in, filters = self._stand_ins.pop(client_id, (None, []))
         for topic_filter in filters:
             self.broker.router.unsubscribe(stand_in, topic_filter)
@@ -286,10 +312,14 @@ class Handover:
         client_id: str,
         items: list[Any],
         share: str | None,
-        done: Callable[[str | None], object],
-    ) -> None:
-        """Messages for one session here (a shared group's pick, or a migrating queue's
-        chunk); `done(error)` once the session has taken them all."""
+        done: Callable[[str | None], object] | None,
+    ) -> list[Any] | None:
+        """Messages for one session here. A migrating queue's chunk (`done`) is fed to
+        the session as fast as it takes it, then `done(error)`; single messages (a shared
+        group's pick, a lingering subscription's) are delivered at once, and the sessions
+        they filled are returned: the link waits for them, as for a PUBLISH."""
+        if done is None:
+            done = _ignore
         now = self.loop.time()
         deliveries = []
         group = self.broker.router.group(share) if share is not None else None
@@ -300,18 +330,22 @@ class Handover:
         if early is not None:
             early.extend(deliveries)
             done(None)
-            return
+            return None
         session = self.broker.registry.sessions.get(client_id)
         if session is None:
             if group is not None:  # the member left: another member here, if any
                 for delivery in deliveries:
                     self.broker.deliver_shared(group, delivery.message, "local_only")
                 done(None)
-                return
+                return None
             self.metrics.cluster_enqueue_dropped += len(deliveries)
             done(f"no session {client_id} on {self.node}")
-            return
-        _Feeder(self.broker.flow, session.owner, deliveries, done).run()
+            return None
+        if done is not _ignore:
+            _Feeder(self.broker.flow, session.owner, deliveries, done).run()
+            return None
+        congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]
+        return congested or None
 
 
 class _Arrivals:

@@ -59,10 +59,6 @@ REAP_BATCH = 100  # sessions taken from a dead node per call
 DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for the other nodes' last frames
 
 
-def _ignore(error: str | None) -> None:
-    pass
-
-
 class Cluster:
     def __init__(self, broker: Broker, settings: ClusterSettings, backend: MetadataBackend):
         self.broker = broker
@@ -341,12 +337,18 @@ class Cluster:
                 congested = self.broker.publish_forwarded(message)
             finally:
                 self.forwarding = False
+            if self.handover.registering and not any(
+                route.subscriber.local for route in self.broker.router.match(message.topic)
+            ):
+                self.handover.unrouted(message)
             if congested:  # the link waits for these subscribers, as a publisher would
                 self.broker.flow.hold(inbound, congested)
         elif kind == ENQUEUE:
             _, ref, client_id, items, share = frame
-            answer = functools.partial(inbound.reply, ACK, ref) if ref else _ignore
-            self.handover.enqueue(client_id, items, share, answer)
+            answer = functools.partial(inbound.reply, ACK, ref) if ref else None
+            congested = self.handover.enqueue(client_id, items, share, answer)
+            if congested:
+                self.broker.flow.hold(inbound, congested)
         elif kind == TAKEOVER:
             _, ref, client_id, clean = frame
             self.handover.on_takeover(inbound, ref, client_id, clean)
