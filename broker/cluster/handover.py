@@ -318,8 +318,7 @@ class Handover:
         the session as fast as it takes it, then `done(error)`; single messages (a shared
         group's pick, a lingering subscription's) are delivered at once, and the sessions
         they filled are returned: the link waits for them, as for a PUBLISH."""
-        if done is None:
-            done = _ignore
+        answer = done or _ignore  # (single messages are answered by nobody)
         now = self.loop.time()
         deliveries = []
         group = self.broker.router.group(share) if share is not None else None
@@ -329,19 +328,19 @@ class Handover:
         early = self._registering.get(client_id)
         if early is not None:
             early.extend(deliveries)
-            done(None)
+            answer(None)
             return None
         session = self.broker.registry.sessions.get(client_id)
         if session is None:
             if group is not None:  # the member left: another member here, if any
                 for delivery in deliveries:
                     self.broker.deliver_shared(group, delivery.message, "local_only")
-                done(None)
+                answer(None)
                 return None
             self.metrics.cluster_enqueue_dropped += len(deliveries)
-            done(f"no session {client_id} on {self.node}")
+            answer(f"no session {client_id} on {self.node}")
             return None
-        if done is not _ignore:
+        if done is not None:
             _Feeder(self.broker.flow, session.owner, deliveries, done).run()
             return None
         congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]

@@ -66,7 +66,6 @@ class PeerLink(asyncio.Protocol):
         self._decoder = FrameDecoder(cluster.settings.max_frame_size)
         self._refs = itertools.count(1)
         self._requests: dict[int, asyncio.Future[Any]] = {}
-        self._paused = False  # the transport's buffer is full
         self._holding = False  # the peer is stopping: keep frames for its return
         self._pings = itertools.count(1)
         self._last_pong = 0.0
@@ -75,7 +74,6 @@ class PeerLink(asyncio.Protocol):
         self.progress = 0  # bytes written to the peer (flow control watches it)
         self.bytes_sent = 0
         self.bytes_dropped = 0
-        self.connects = 0
 
     def __repr__(self) -> str:
         return f"<PeerLink {self.node} {'up' if self.up else 'down'}>"
@@ -143,8 +141,7 @@ class PeerLink(asyncio.Protocol):
             try:
                 await self._connect()
             except (TimeoutError, OSError, ConnectionError) as exc:
-                if self.connects == 0 or self.cluster.settings.liveness_interval:
-                    log.debug("cluster link to %s (%s:%s): %s", self.node, *self.address, exc)
+                log.debug("cluster link to %s (%s:%s): %s", self.node, *self.address, exc)
                 await asyncio.sleep(RECONNECT_DELAY)
                 continue
             # Up: ping until the link goes down.
@@ -220,7 +217,6 @@ class PeerLink(asyncio.Protocol):
         self.boot_id = boot_id
         self.up = True
         self._holding = False
-        self.connects += 1
         self._last_pong = self.loop.time()
         log.info("cluster link to %s (%s:%s) up", self.node, *self.address)
         if self._welcomed is not None and not self._welcomed.done():
@@ -229,11 +225,7 @@ class PeerLink(asyncio.Protocol):
         if self._pending:
             self._flush()
 
-    def pause_writing(self) -> None:
-        self._paused = True
-
     def resume_writing(self) -> None:
-        self._paused = False
         self._released()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -391,7 +383,7 @@ class ClusterServerProtocol(asyncio.Protocol):
             self._handshake_timer.cancel()
         if frame[0] != HELLO or len(frame) != 5:
             return self.refuse("expected HELLO")
-        _, version, node, boot_id, secret = frame
+        _, version, node, _boot_id, secret = frame
         if version != frames.PROTOCOL_VERSION:
             return self.refuse(
                 f"protocol version {version} (this node speaks {frames.PROTOCOL_VERSION})"
@@ -405,7 +397,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.node = node
         self.reply(WELCOME, self.cluster.node, self.cluster.boot_id)
         self._beat()
-        self.cluster.inbound_up(self, boot_id)
+        self.cluster.inbound_up(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._handshake_timer, self._heartbeat):

@@ -286,7 +286,7 @@ class Cluster:
         if remote is not None and remote.held:
             self.broker.flow.release(remote)
 
-    def inbound_up(self, inbound: ClusterServerProtocol, boot_id: str) -> None:
+    def inbound_up(self, inbound: ClusterServerProtocol) -> None:
         self.inbound.add(inbound)
 
     def inbound_down(self, inbound: ClusterServerProtocol) -> None:
