@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hooks import Chain, Hooks
+from hooks import Chain, Hooks, MessageRecorder
 
 Pair = tuple[Chain, Chain]  # (the MQTT 3 chain, the MQTT 5 chain)
 
@@ -34,6 +34,7 @@ class HookCallers:
         "on_session_expired",
         "on_subscribe",
         "on_unsubscribe",
+        "recorder",
         "tasks",
     )
 
@@ -63,6 +64,8 @@ class HookCallers:
         self.on_offline_message = one("on_offline_message")
         self.on_message_drop = one("on_message_drop")
         self.on_delivery_complete = one("on_delivery_complete")
+        # A plugin's fast path for the per-message events (hooks/recorder.py), or None.
+        self.recorder: MessageRecorder | None = hooks.recorder
 
     def notify(self, chain: Chain, context: Any) -> None:
         """Fire an event chain (build `context` only after checking the chain is not

@@ -194,6 +194,9 @@ def route_held(
     session = conn.session
     assert session is not None
     chains = broker.chains
+    recorder = chains.recorder
+    if recorder is not None:  # before routing, as on_publish: it tells the publish first
+        recorder.published(conn.client, message, context.matched_acl if context else None)
     on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
     if on_publish:  # before routing: events tell the publish before its deliveries
         chains.notify(on_publish, context or publish_context(conn, packet))

@@ -426,6 +426,13 @@ class Session:
         # None: the broker's policy
         self.shared_policy = limits.get("shared_subscription_policy")
 
+    def _completed(self, delivery: Delivery) -> None:
+        """The receiver has the delivery (PUBACK, or PUBREC for QoS 2): on_delivery_complete."""
+        chains = self.chains
+        if chains.recorder is not None:
+            chains.recorder.completed(self, delivery)
+        self._event(chains.on_delivery_complete, delivery)
+
     def _event(self, chain: Chain, delivery: Delivery, reason: str = "") -> None:
         """Fire a message event hook, building its context only if someone listens."""
         if chain:
@@ -602,7 +609,11 @@ class Session:
             self.metrics.queue_message_expired += 1
             self._forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "expired")
-        on_deliver = self.chains.on_deliver[outlet.client.protocol_level == 5]
+        chains = self.chains
+        recorder = chains.recorder
+        if recorder is not None:
+            recorder.delivered(self, delivery)
+        on_deliver = chains.on_deliver[outlet.client.protocol_level == 5]
         if on_deliver:
             if not on_deliver.synchronous:
                 return self._defer(on_deliver, delivery)
@@ -787,7 +798,7 @@ class Session:
             if self.durable:
                 self.store.delete_inflight(self.client_id, packet_id)
                 self._forget(entry[0])
-            self._event(self.chains.on_delivery_complete, entry[0])
+            self._completed(entry[0])
             self.drain()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:
@@ -807,7 +818,7 @@ class Session:
         entry[1] = AWAITING_COMP
         if stored:  # only the packet id is kept now, for the PUBREL
             self.store.put_inflight(self.client_id, packet_id, 0, AWAITING_COMP)
-        self._event(self.chains.on_delivery_complete, entry[0])  # Courier: on PUBREC for QoS 2
+        self._completed(entry[0])  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
     def on_pubcomp(self, packet_id: int) -> None:

@@ -8,6 +8,11 @@
 
 A connection opened with `start=None` does not stream; it answers `read(a, b)` (the
 events with sequence numbers a <= seq < b) and `info()`, as Spark's executors use it.
+
+The relay sends records (docs/event-relay.md, "Records"): an event, or a compact record
+of a message's publish and deliveries. Iterating the client and `read` give events;
+`batches` and `read_raw` give the records as they came (`schema.expand` makes events of
+them), for a sink that forwards them or counts them cheaply (`schema.event_count`).
 Errors the relay sends (docs/event-relay.md, "Errors") are raised as RelayError, with
 OutOfRange for a position the relay no longer holds.
 """
@@ -21,7 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from event_relay import frames
-from event_relay.schema import decode_event
+from event_relay.schema import CODES, decode_event, expand
 
 QUEUED_BATCHES = 8  # batches read ahead; past that, TCP pushes back on the relay
 
@@ -48,6 +53,7 @@ class RelayClient:
         welcome: dict[str, Any],
         frame_reader: frames.FrameReader,
         early: list[tuple[bytes, Any]],
+        types: list[str] | None = None,
     ) -> None:
         self._reader = reader
         self._frame_reader = frame_reader
@@ -58,6 +64,8 @@ class RelayClient:
         self.epoch: str = welcome["epoch"]
         self.start: int | None = welcome["start"]
         self.payloads: str = welcome["payloads"]
+        # The event types asked for: a compact record may hold others too.
+        self._codes = None if types is None else frozenset(CODES[t] for t in types)
         # Batches read ahead of the consumer. The reader stops reading the socket (so TCP
         # pushes back on the relay) when QUEUED_BATCHES wait, unless an answer is awaited:
         # it may be behind them in the stream (what was in flight, a bounded amount).
@@ -107,12 +115,13 @@ class RelayClient:
         if kind != frames.WELCOME:
             writer.close()
             raise RelayError("bad_frame", f"expected WELCOME, got {kind!r}")
-        return cls(reader, writer, body, frame_reader, received[1:])
+        return cls(reader, writer, body, frame_reader, received[1:], types)
 
     # -- streaming ----------------------------------------------------------------------
 
     async def batches(self) -> AsyncIterator[list[list[Any]]]:
-        """The events as they come, one batch (a list of msgpack arrays) at a time."""
+        """The records as they come, one batch (a list of msgpack arrays) at a time. The
+        first may begin before the start asked for."""
         batches = self._batches
         while True:
             if batches:
@@ -132,11 +141,15 @@ class RelayClient:
         """The events one by one, with their fields named (event_relay.schema) and the
         relay's `node`."""
         node = self.node
+        codes = self._codes
+        position = self.start or 0  # a record may begin before it
         async for batch in self.batches():
-            for values in batch:
-                event = decode_event(values)
-                event["node"] = node  # said once, in WELCOME
-                yield event
+            for values in expand(batch, position):
+                if codes is None or values[2] in codes:
+                    event = decode_event(values)
+                    event["node"] = node  # said once, in WELCOME
+                    yield event
+            position = 0
 
     # -- requests -----------------------------------------------------------------------
 
@@ -152,8 +165,9 @@ class RelayClient:
     async def read_raw(
         self, start: int, end: int, *, types: list[str] | None = None, limit: int | None = None
     ) -> tuple[list[list[Any]], int]:
-        """The events start <= seq < end (at most `limit`) as msgpack arrays, and the
-        position after the last one looked at. Only on a connection that does not stream."""
+        """The records holding the events start <= seq < end (at most `limit` records)
+        as msgpack arrays, and the position after the last one looked at. Only on a
+        connection that does not stream."""
         self._range = []
         body = {"from": start, "to": end, "types": types, "limit": limit}
         try:
@@ -165,8 +179,13 @@ class RelayClient:
     async def read(
         self, start: int, end: int, *, types: list[str] | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
-        events, _ = await self.read_raw(start, end, types=types, limit=limit)
-        decoded = [decode_event(values) for values in events]
+        records, _ = await self.read_raw(start, end, types=types, limit=limit)
+        codes = None if types is None else {CODES[t] for t in types}
+        decoded = [
+            decode_event(values)
+            for values in expand(records, start, end)
+            if codes is None or values[2] in codes
+        ]
         for event in decoded:
             event["node"] = self.node
         return decoded

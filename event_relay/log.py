@@ -1,15 +1,18 @@
 """The relay log: every event under a gap-free sequence number, newest in memory, older
 ones (optionally) in the spool on disk.
 
-Appending is O(1) and never awaits: the encoded event goes to the end of the last memory
+The log holds records: an event, or a compact record of several events about one message
+(event_relay/schema.py, `expand`) numbered by its first sequence number and the ones after.
+Appending is O(1) and never awaits: the encoded record goes to the end of the last memory
 segment. Memory holds whole segments (of SEGMENT events, or fewer large ones: a sixteenth
 of `memory_bytes` at most, one event past it), and the oldest segment goes when
 the log holds more than `memory_events` events or `memory_bytes` bytes; with a spool, each
 loop turn's events are written to it as one batch (`flush`), so what memory let go of is
 still served from disk, up to the spool's own bounds.
 
-Readers ask for events by sequence number (`read`); a position before `first_seq` is gone
-and is reported as such (`OutOfRange`), never skipped silently.
+Readers ask for events by sequence number (`read`) and get the records that hold them (the
+first may begin before the position asked for); a position before `first_seq` is gone and
+is reported as such (`OutOfRange`), never skipped silently.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+from array import array
 from collections import deque
 from collections.abc import Callable, Container
+from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -27,7 +32,7 @@ from event_relay.spool import Spool
 
 log = logging.getLogger("nautilus.event_relay")
 
-SEGMENT = 4096  # events per memory segment: the unit in which memory is given back
+SEGMENT = 4096  # records per memory segment: the unit in which memory is given back
 
 
 class OutOfRange(Exception):
@@ -48,12 +53,13 @@ def _first_seq(segment: _Segment) -> int:
 
 
 class _Segment:
-    __slots__ = ("codes", "events", "first_seq", "size")
+    __slots__ = ("codes", "events", "first_seq", "size", "starts")
 
     def __init__(self, first_seq: int) -> None:
         self.first_seq = first_seq
-        self.events: list[bytes] = []
-        self.codes = bytearray()  # each event's type code, for filtering without decoding
+        self.events: list[bytes] = []  # the encoded records
+        self.codes = bytearray()  # each record's type code, for filtering without decoding
+        self.starts = array("q")  # each record's (first) sequence number
         self.size = 0
 
 
@@ -81,8 +87,8 @@ class EventLog:
         self._trim_at = self.next_seq + memory_events  # the seq that makes one too many
         self._segments: deque[_Segment] = deque([self._tail])
         self._held_bytes = 0  # of the full segments (the one being written: its .size)
-        # (seq, code, event) not yet in the spool; None: there is no spool.
-        self._unflushed: list[tuple[int, int, bytes]] | None = None if spool is None else []
+        # (seq, code, count, record) not yet in the spool; None: there is no spool.
+        self._unflushed: list[tuple[int, int, int, bytes]] | None = None if spool is None else []
         self._pack = msgpack.Packer().pack
         self._listeners: list[Callable[[], None]] = []
         self._turn_due = False  # _end_of_turn is scheduled
@@ -94,21 +100,26 @@ class EventLog:
     def append(self, code: int, values: list[Any]) -> int:
         """Encode and keep one event: `values` are its fields (event_relay.schema), with
         places held for the sequence number (first) and the type code (third), which are
-        filled in here. Returns the event's sequence number. (Per event only this; the
+        filled in here. Returns the event's sequence number."""
+        values[0] = self.next_seq
+        values[2] = code
+        return self.append_record(code, self._pack(values), 1)
+
+    def append_record(self, code: int, data: bytes, count: int) -> int:
+        """Keep one encoded record of `count` events, numbered from `next_seq` (which its
+        encoding carries). Returns its first sequence number. (Per record only this; the
         bounds, the spool and the readers are seen to per segment and per loop turn.)"""
         seq = self.next_seq
-        self.next_seq = seq + 1
-        values[0] = seq
-        values[2] = code
-        data = self._pack(values)
+        self.next_seq = seq + count
         segment = self._tail
         events = segment.events
         events.append(data)
         segment.codes.append(code)
+        segment.starts.append(seq)
         segment.size += len(data)
         if self._unflushed is not None:
-            self._unflushed.append((seq, code, data))
-        if seq >= self._trim_at:  # memory_events would be passed: the oldest go
+            self._unflushed.append((seq, code, count, data))
+        if self.next_seq > self._trim_at:  # memory_events would be passed: the oldest go
             self._trim_memory()
         if len(events) >= SEGMENT or segment.size >= self._segment_bytes:
             self._segment_full()
@@ -116,6 +127,28 @@ class EventLog:
             self._turn_due = True
             self._call_soon(self._end_of_turn)
         return seq
+
+    def append_records(self, codes: bytes, records: list[bytes], counts: list[int]) -> None:
+        """Several encoded records at once, numbered from `next_seq` on (as their encodings
+        carry): the compiled recorder hands over its records so, a loop turn's at most
+        (event_relay/_recorder.c). The segment being written may pass SEGMENT records by
+        one such batch."""
+        starts = list(accumulate(counts, initial=self.next_seq))
+        self.next_seq = starts.pop()
+        segment = self._tail
+        segment.events += records
+        segment.codes += codes
+        segment.starts.extend(starts)
+        segment.size += sum(map(len, records))
+        if self._unflushed is not None:
+            self._unflushed += zip(starts, codes, counts, records, strict=True)
+        if self.next_seq > self._trim_at:
+            self._trim_memory()
+        if len(segment.events) >= SEGMENT or segment.size >= self._segment_bytes:
+            self._segment_full()
+        elif self._turn_wanted and not self._turn_due:
+            self._turn_due = True
+            self._call_soon(self._end_of_turn)
 
     def _segment_full(self) -> None:
         """Start a new segment, keep memory within its bounds, and serve the readers now:
@@ -157,9 +190,9 @@ class EventLog:
         unwritten events are lost. What is retained starts after them from now on, so a
         reader that wanted them is told (OutOfRange), never skipped past them."""
         assert self.spool is not None and self._unflushed is not None
-        end = segment.first_seq + len(segment.events)
+        end = self._segments[1].first_seq  # the segment is never the last one
         kept = [entry for entry in self._unflushed if entry[0] >= end]
-        self.lost += len(self._unflushed) - len(kept)
+        self.lost += (kept[0][0] if kept else self.next_seq) - self._unflushed[0][0]
         self._unflushed = kept
         self.spool.raise_floor(end)
         log.error("event spool cannot write: events before %d are lost", end)
@@ -171,7 +204,7 @@ class EventLog:
         spool = self.spool
         if spool is not None and self.flush():  # what is let go of is on disk first
             spool.raise_floor(seq)
-            spool.write((), self.sync)  # the floor now, and the first chunk below it gone
+            spool.write([], self.sync)  # the floor now, and the first chunk below it gone
         segments = self._segments
         while len(segments) > 1 and segments[1].first_seq <= seq:
             self._held_bytes -= segments.popleft().size
@@ -208,10 +241,11 @@ class EventLog:
         end: int | None = None,
         max_bytes: int = 1 << 62,
     ) -> tuple[list[bytes], int]:
-        """Up to `limit` events (and about `max_bytes`: at least one) from sequence
-        `start` (to `end`, exclusive), only of the types in `codes` when given. Returns
-        (events, the position to read from next). Raises OutOfRange when `start` is no
-        longer retained or lies in the future."""
+        """Up to `limit` records (and about `max_bytes`: at least one) holding the events
+        from sequence `start` (to `end`, exclusive), only of the types in `codes` when
+        given. The first record may begin before `start` and the last go past `end`.
+        Returns (records, the position to read from next: after the last record looked
+        at). Raises OutOfRange when `start` is no longer retained or lies in the future."""
         readable = self.readable_next
         stop = readable if end is None else min(end, readable)
         if start > self.next_seq or start < self.first_seq:
@@ -228,30 +262,36 @@ class EventLog:
         index = bisect.bisect_right(segments, position, key=_first_seq) - 1
         while position < stop and len(out) < limit and size < max_bytes and index < len(segments):
             segment = segments[index]
-            offset = position - segment.first_seq
-            take = min(len(segment.events) - offset, stop - position)
+            starts = segment.starts
+            after = segments[index + 1].first_seq if index + 1 < len(segments) else self.next_seq
+            first = bisect.bisect_right(starts, position) - 1  # the record holding `position`
+            last = bisect.bisect_left(starts, stop)  # the records that begin before `stop`
             if codes is None:
-                chunk = segment.events[offset : offset + min(take, limit - len(out))]
+                last = min(last, first + limit - len(out))
+                chunk = segment.events[first:last]
                 chunk_size = sum(map(len, chunk))
-                if size + chunk_size > max_bytes:  # rare: large events; cut the chunk
+                if size + chunk_size > max_bytes:  # rare: large records; cut the chunk
                     chunk = _within(chunk, max_bytes - size, bool(out))
                     chunk_size = sum(map(len, chunk))
+                    last = first + len(chunk)
                 out += chunk
                 size += chunk_size
-                position += len(chunk)
-                if position < segment.first_seq + len(segment.events):
-                    break  # stopped inside this segment (limit or bytes): done
+                position = starts[last] if last < len(starts) else after
+                if last < len(starts):
+                    break  # stopped inside this segment (limit, bytes or `stop`): done
             else:
                 events, kinds = segment.events, segment.codes
-                for i in range(offset, offset + take):
+                for i in range(first, last):
                     if kinds[i] in codes:
                         if out and size + len(events[i]) > max_bytes:
                             return out, position
                         out.append(events[i])
                         size += len(events[i])
-                    position += 1
+                    position = starts[i + 1] if i + 1 < len(starts) else after
                     if len(out) >= limit:
-                        break
+                        return out, position
+                if last < len(starts):
+                    break  # the next record begins at or after `stop`
             index += 1
         return out, position
 

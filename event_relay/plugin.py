@@ -1,10 +1,12 @@
 """The event relay as the broker sees it: a plugin whose event hooks append to the log.
 
-Each hook builds the event's fields from its context and appends them (event_relay/log.py):
-plain method calls, no await, no task. Hooks not listed in `hooks` are hidden (set to
-None), so the broker does not even build their contexts. The relay is loaded before every
-other plugin, so its `on_deliver` (which always answers NEXT) sees each delivery before a
-plugin may take it.
+The per-message events (on_publish, on_deliver, on_delivery_complete) come through its
+`recorder` (event_relay/recorder.py: no context per event, a message's publish and
+deliveries in one record); every other event hook builds the event's fields from its
+context and appends them (event_relay/log.py): plain method calls, no await, no task.
+Hooks not listed in `hooks` are hidden (set to None), so the broker does not even build
+their contexts. The relay is loaded before every other plugin, and the broker tells the
+recorder of a delivery before it calls any plugin's on_deliver.
 
 With `durability = "acknowledged"` the broker calls `before_ack()` before it writes any
 PUBACK / PUBREC: the events of that turn (the publish events among them) are then in the
@@ -13,7 +15,7 @@ spool, fsynced, so a QoS 1/2 message the broker acknowledged has its event on di
 
 from __future__ import annotations
 
-import random
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -23,11 +25,18 @@ from broker.config import ConfigError
 from broker.protocol import Property
 from event_relay.config import RelayConfig, check
 from event_relay.log import EventLog
+from event_relay.recorder import Recorder
+
+try:
+    from event_relay._recorder import Recorder as FastRecorder
+except ImportError:  # built without a C compiler (setup.py)
+    FastRecorder = None  # type: ignore[assignment, misc]
 from event_relay.schema import CODES
 from event_relay.server import RelayServer
 from event_relay.spool import Spool, SpoolError
 from hooks import (
     ClientContext,
+    MessageRecorder,
     Metric,
     PublishContext,
     RegisterContext,
@@ -38,42 +47,6 @@ from hooks import (
 _ON_OFFLINE_MESSAGE = CODES["on_offline_message"]
 _ON_MESSAGE_DROP = CODES["on_message_drop"]
 _time_ns = time.time_ns
-
-
-def _message_hook(hook: str) -> Callable[[EventRelay, PublishContext], None]:
-    """The relay's on_publish, on_deliver or on_delivery_complete: one per message or
-    per delivery, so written flat. They carry the same fields but the last: the ACL
-    pattern of a publish, or whether a delivery was persisted."""
-    code = CODES[hook]
-    publish = hook == "on_publish"
-
-    def record(self: EventRelay, ctx: PublishContext) -> None:
-        if self._sample and self._sampled_out(hook, ctx):
-            return
-        payload = ctx.payload
-        matched = ctx.matched_acl
-        self._append(
-            code,
-            [
-                0,
-                _time_ns(),
-                0,
-                ctx.client_id,
-                ctx.mountpoint,
-                ctx.username,
-                ctx.session_id,
-                ctx.topic,
-                ctx.qos,
-                ctx.retain,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                "" if matched is None else matched.name,
-                ("" if matched is None else matched.pattern) if publish else ctx.persisted,
-            ],
-        )
-
-    record.__name__ = record.__qualname__ = hook
-    return record
 
 
 class EventRelay:
@@ -94,12 +67,11 @@ class EventRelay:
             spool=spool,
             sync=self.acknowledged,
         )
-        self._append = self.log.append
         if self.acknowledged:
             # The broker calls it before any PUBACK / PUBREC: the turn's events go to the
             # spool first (fsynced: the log writes with sync in this mode). Without
             # acknowledged durability there is no such method, and no call per flush.
-            self.before_ack = self.log.flush
+            self.before_ack = self._before_ack
         self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
         self.server = RelayServer(self.log, config, self.epoch) if config.serve else None
         self.sidecar = None
@@ -109,10 +81,19 @@ class EventRelay:
             self.sidecar = SidecarPush(config.sidecar, self.log)
         self._full = config.payloads == "full"
         self._sizes = config.payloads != "none"
-        self._sample = {hook: rates for hook, rates in config.sample.items() if rates}
-        self.sampled_out = 0  # events not relayed by a sampling rule
         # The log holds what the relay server or the sidecar wants (both read it).
         relayed = set(config.hooks) | (set(config.sidecar.hooks) if self.sidecar else set())
+        sample = {hook: rates for hook, rates in config.sample.items() if rates}
+        # The compiled recorder when it was built; sampling rules are the Python one's.
+        recorder_class: type[Recorder | FastRecorder] = (
+            Recorder if sample or FastRecorder is None else FastRecorder
+        )
+        self._recorder = recorder_class(self.log, relayed, config.payloads, sample, _call_soon)
+        self._append = self._recorder.append  # every event goes after the open run
+        # The broker's fast path for the per-message events (hooks/recorder.py).
+        self.recorder: MessageRecorder | None = None
+        if relayed & {"on_publish", "on_deliver", "on_delivery_complete"}:
+            self.recorder = self._recorder
         # The sessions connected now (session id -> its connect's ts): a disconnect's event
         # says when its session began and how many clients are still online.
         self._connected: dict[str, int] = {}
@@ -121,6 +102,15 @@ class EventRelay:
         for hook in CODES:
             if hook not in relayed and not (hook == "on_register" and tracked):
                 setattr(self, hook, None)  # hidden: the broker skips it entirely
+
+    @property
+    def sampled_out(self) -> int:
+        """Events not relayed by a sampling rule."""
+        return self._recorder.sampled_out
+
+    def _before_ack(self) -> bool:
+        self._recorder.seal()  # the open run may hold the publish being acknowledged
+        return self.log.flush()
 
     async def start(self) -> None:
         if self.server is not None:
@@ -158,19 +148,7 @@ class EventRelay:
             ]
         return found
 
-    def _sampled_out(self, hook: str, ctx: PublishContext) -> bool:
-        """Courier's rule: events whose ACL label has a rule are relayed with that
-        probability; without a label or a rule, always."""
-        rates = self._sample.get(hook)
-        if rates is None or ctx.matched_acl is None:
-            return False
-        percentage = rates.get(ctx.matched_acl.name)
-        if percentage is None or random.random() * 100 < percentage:
-            return False
-        self.sampled_out += 1
-        return True
-
-    # -- the hooks (the message ones run per publish and per delivery: kept flat) ------
+    # -- the hooks ----------------------------------------------------------------------
 
     def on_register(self, ctx: RegisterContext) -> None:
         ts = _time_ns()
@@ -202,8 +180,7 @@ class EventRelay:
             ctx.protocol_level,
         ]
 
-    # on_publish, on_deliver (a deciding hook: the relay has no say, None is NEXT, it
-    # only records) and on_delivery_complete are made by _message_hook, below.
+    # on_publish, on_deliver and on_delivery_complete: the recorder's.
 
     def on_offline_message(self, ctx: PublishContext) -> None:
         self._append(_ON_OFFLINE_MESSAGE, self._message(ctx))
@@ -265,13 +242,13 @@ class EventRelay:
     def on_session_expired(self, ctx: ClientContext) -> None:
         self._append(CODES["on_session_expired"], self._client(ctx))
 
-    on_publish = _message_hook("on_publish")
-    on_deliver = _message_hook("on_deliver")
-    on_delivery_complete = _message_hook("on_delivery_complete")
-
     @staticmethod
     def _client(ctx: ClientContext) -> list[Any]:
         return [0, _time_ns(), 0, ctx.client_id, ctx.mountpoint, ctx.username, ctx.session_id]
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    asyncio.get_running_loop().call_soon(callback)
 
 
 def _user_properties(ctx: RegisterContext) -> list[list[str]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
+
 # Every event starts with these.
 COMMON = ("seq", "ts", "type", "client_id", "mountpoint", "username", "session_id")
 
@@ -42,6 +44,80 @@ TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
 }
 
 CODES: dict[str, int] = {name: code for code, (name, _) in TYPES.items()}
+
+# Compact records: the events about one message made in a row, as one record
+# (event_relay/recorder.py). `expand` makes them events again; their sequence numbers are
+# the record's and the ones after it, and they share its ts. Their last two fields are
+# the number of receivers and a bin holding the receivers, each a msgpack array of
+# RECEIVER's fields, one after another (a reader that only counts decodes none of them).
+DELIVERIES = 14  # on_deliver once per receiver
+PUBLISH_DELIVERIES = 15  # on_publish, then on_deliver once per receiver
+RECEIVER = ("client_id", "mountpoint", "username", "session_id", "qos", "retain", "persisted")
+RECORDS: dict[int, tuple[str, ...]] = {
+    DELIVERIES: ("topic", "payload_size", "payload", "acl_name", "receiver_count", "receivers"),
+    PUBLISH_DELIVERIES: (*TYPES[3][1], "receiver_count", "receivers"),
+}
+_ON_PUBLISH, _ON_DELIVER = CODES["on_publish"], CODES["on_deliver"]
+
+
+def event_count(record: list[Any]) -> int:
+    """How many events (sequence numbers) a record holds."""
+    code = record[2]
+    if code == PUBLISH_DELIVERIES:
+        return 1 + record[14]
+    if code == DELIVERIES:
+        return record[7]
+    return 1
+
+
+def record_codes(codes: frozenset[int]) -> frozenset[int]:
+    """The record codes to read for events of `codes`: a compact record is read when
+    one of its events is wanted (the reader drops the others)."""
+    found = set(codes)
+    if _ON_DELIVER in codes:
+        found |= {DELIVERIES, PUBLISH_DELIVERIES}
+    if _ON_PUBLISH in codes:
+        found.add(PUBLISH_DELIVERIES)
+    return frozenset(found)
+
+
+def _receivers(count: int, data: bytes) -> list[list[Any]]:
+    """A compact record's receivers, decoded (a bin of `count` msgpack arrays)."""
+    decoded: list[list[Any]] = msgpack.unpackb(b"\xdd" + count.to_bytes(4, "big") + data)
+    return decoded
+
+
+def expand(records: list[list[Any]], start: int = 0, end: int | None = None) -> list[list[Any]]:
+    """The events of `records` as plain event arrays, only those with start <= seq < end
+    (a read may begin or end inside a record)."""
+    events: list[list[Any]] = []
+    for record in records:
+        code = record[2]
+        if code == PUBLISH_DELIVERIES:
+            seq, ts, _, client_id, mountpoint, username, session_id, topic = record[:8]
+            qos, retain, size, payload, acl_name, acl_pattern, count, receivers = record[8:16]
+            publish = [seq, ts, _ON_PUBLISH, client_id, mountpoint, username, session_id]
+            publish += (topic, qos, retain, size, payload, acl_name, acl_pattern)
+            events.append(publish)
+            seq += 1
+        elif code == DELIVERIES:
+            seq, ts, _, topic, size, payload, acl_name, count, receivers = record[:9]
+        else:
+            events.append(record)
+            continue
+        for client_id, mountpoint, username, session_id, qos, retain, persisted in _receivers(
+            count, receivers
+        ):
+            deliver = [seq, ts, _ON_DELIVER, client_id, mountpoint, username, session_id]
+            deliver += (topic, qos, retain, size, payload, acl_name, persisted)
+            events.append(deliver)
+            seq += 1
+    if start or end is not None:
+        stop = end if end is not None else float("inf")
+        events = [event for event in events if start <= event[0] < stop]
+    return events
+
+
 HOOK_NAMES: tuple[str, ...] = tuple(CODES)
 
 

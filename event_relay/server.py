@@ -19,7 +19,7 @@ from typing import Any, cast
 from event_relay import frames
 from event_relay.config import RelayConfig, host_port
 from event_relay.log import EventLog, OutOfRange
-from event_relay.schema import CODES
+from event_relay.schema import CODES, record_codes
 
 log = logging.getLogger("nautilus.event_relay")
 
@@ -162,7 +162,7 @@ class Consumer(asyncio.Protocol):
             return self.fail("unauthorized", "a valid secret is required")
         self.name = body["name"]
         types = body.get("types")
-        self.codes = None if types is None else frozenset(CODES[t] for t in types)
+        self.codes = None if types is None else record_codes(frozenset(CODES[t] for t in types))
         event_log = self.server.log
         start = body.get("start")
         if start == "earliest":
@@ -203,7 +203,7 @@ class Consumer(asyncio.Protocol):
             not isinstance(types, list) or any(t not in CODES for t in types)
         ):
             return self.fail("bad_request", f"unknown event types in {types!r}")
-        self.codes = None if types is None else frozenset(CODES[t] for t in types)
+        self.codes = None if types is None else record_codes(frozenset(CODES[t] for t in types))
         self.position, self.end = body["from"], body["to"]
         self.remaining = limit if isinstance(limit, int) and limit > 0 else 2**63
         self.reading = True
@@ -254,11 +254,12 @@ class Consumer(asyncio.Protocol):
                 )
             if position == self.position and not events:
                 break  # nothing readable yet (not in the spool): woken again later
+            covered = position - self.position  # sequence numbers looked at
             self.position = position
             if events:
                 transport.write(frames.events_frame(events))
                 self.server.frames_sent += 1
-                self.server.events_sent += len(events)
+                self.server.events_sent += covered
                 if self.reading:
                     self.remaining -= len(events)
                     if self.remaining <= 0:

@@ -41,7 +41,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from event_relay.config import SidecarConfig
 from event_relay.log import EventLog, OutOfRange
-from event_relay.schema import CODES, decode_event
+from event_relay.schema import CODES, decode_event, expand, record_codes
 from event_relay.sidecar_pb import disconnect_reason_pb2 as disconnect
 from event_relay.sidecar_pb import registration_failure_reason_pb2 as registration
 from event_relay.sidecar_pb.disconnect_reason_pb2 import Reason
@@ -308,6 +308,7 @@ class SidecarPush:
         self.config = config
         self.log = log
         self._codes = frozenset(CODES[hook] for hook in config.hooks)
+        self._record_codes = record_codes(self._codes)
         self._pool = [_Connection(self, index) for index in range(config.pool_size)]
         self.position = log.next_seq  # the next event to take
         self._waiting_for: _Connection | None = None  # the connection the cursor waits for
@@ -361,7 +362,7 @@ class SidecarPush:
         if self._stopped or self._waiting_for is not None:
             return
         try:
-            raws, next_position = self.log.read(self.position, BATCH, self._codes)
+            raws, next_position = self.log.read(self.position, BATCH, self._record_codes)
         except OutOfRange as exc:
             lost = exc.first_seq - self.position
             assert lost > 0, exc  # the cursor never runs ahead of the log
@@ -378,9 +379,13 @@ class SidecarPush:
             self._wake()
             return
         pool = self._pool
-        for raw in raws:
+        codes = self._codes
+        records = [msgpack.unpackb(raw) for raw in raws]
+        for values in expand(records, self.position):  # a record may begin before it
+            if values[2] not in codes:
+                continue  # another event of a compact record
             try:
-                event = decode_event(msgpack.unpackb(raw))
+                event = decode_event(values)
                 connection = pool[zlib.crc32(event["client_id"].encode()) % len(pool)]
                 if not connection.accepts():
                     self.position = event["seq"]

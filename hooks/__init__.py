@@ -18,6 +18,7 @@ results it accepts.
 """
 
 from hooks.dispatch import Chain, Hooks, PluginError, check_plugin
+from hooks.recorder import MessageRecorder
 from hooks.results import NEXT, Error, Next, Ok, Result
 from hooks.spec import (
     HOOKS,
@@ -43,6 +44,7 @@ __all__ = [
     "HookSpec",
     "Hooks",
     "MatchedAcl",
+    "MessageRecorder",
     "Metric",
     "Next",
     "Ok",

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from hooks.recorder import MessageRecorder
 from hooks.results import CHAIN_EXHAUSTED, NEXT, Error, Next, Ok, Result
 from hooks.spec import HOOKS, check_modifiers
 
@@ -140,6 +141,17 @@ class PluginError(Exception):
         self.problem = problem
 
 
+def _recorder(plugins: list[tuple[str, Any]]) -> MessageRecorder | None:
+    """The one plugin's MessageRecorder (hooks/recorder.py), if a plugin has one."""
+    found = [
+        (name, plugin.recorder) for name, plugin in plugins if getattr(plugin, "recorder", None)
+    ]
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise PluginError(found[1][0], f"only one plugin may record messages ({names} do)")
+    return found[0][1] if found else None
+
+
 def check_plugin(name: str, plugin: Any) -> None:
     """Raise PluginError for the first method of `plugin` that looks like a hook but is
     none, or that is a hook but cannot take one context argument. Hooks are looked up on
@@ -203,6 +215,7 @@ class Hooks:
         # Running async event hooks (a broker keeps one set across rebuilt chains).
         self.tasks: set[asyncio.Task] = set() if tasks is None else tasks
         self._chains = {name: self._build(name) for name in HOOKS}
+        self.recorder = _recorder(self.plugins)
         self._versions = {
             spec.v4_fallback: (self._chains[spec.v4_fallback], self._chains[name])
             for name, spec in HOOKS.items()

@@ -15,6 +15,7 @@ from typing import Any
 from event_relay import frames
 from event_relay.client import RelayError, relay_error
 from event_relay.config import host_port
+from event_relay.schema import expand
 
 TIMEOUT = 30.0  # seconds a request may take before the relay is called unreachable
 
@@ -38,15 +39,16 @@ class RelayConnection:
         return info
 
     def read(self, start: int, end: int) -> list[list[Any]]:
-        """Every event start <= seq < end, as msgpack arrays."""
+        """Every event start <= seq < end, as msgpack arrays (the relay's compact
+        records made events)."""
         self._send(frames.READ, {"from": start, "to": end})
-        events: list[list[Any]] = []
+        records: list[list[Any]] = []
         while True:
             kind, body = self._next()
             if kind == frames.EVENTS:
-                events.extend(body)
+                records.extend(body)
             elif kind == frames.READ_END:
-                return events
+                return expand(records, start, end)
             else:
                 raise RelayError("bad_frame", f"unexpected {kind!r} during a READ")
 

@@ -17,6 +17,7 @@ import sys
 import time
 
 from event_relay.client import OutOfRange, RelayClient
+from event_relay.schema import event_count
 
 from ..brokers import HOST
 from . import run
@@ -36,8 +37,9 @@ async def follow(host: str, port: int, tally: Tally) -> None:
         position = client.start
         try:
             async for batch in client.batches():
-                tally.count += len(batch)
-                position = batch[-1][0] + 1
+                counts = list(map(event_count, batch))
+                tally.count += sum(counts)  # a record may hold several events
+                position = batch[-1][0] + counts[-1]
             return  # the relay closed the connection: the broker is stopping
         except OutOfRange:
             start = "earliest"
@@ -59,7 +61,7 @@ async def drain(port: int, events: int, decoded: bool) -> tuple[float, float]:
                     break
         else:
             async for batch in client.batches():
-                count += len(batch)
+                count += sum(map(event_count, batch))
                 if count >= events:
                     break
     return started, time.monotonic()

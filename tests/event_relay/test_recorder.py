@@ -1,0 +1,235 @@
+"""The message recorders: event_relay/recorder.py (the reference) and its C twin
+event_relay/_recorder.c, driven through the same calls, must leave the same records.
+
+The broker's own Message and Delivery are used; sessions and clients are small slotted
+classes (and an unslotted one, which the C recorder reads by getattr).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.message import Delivery, Message
+from event_relay import recorder
+from event_relay.log import EventLog
+from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, expand
+from hooks import MatchedAcl
+
+try:
+    from event_relay import _recorder
+except ImportError:  # pragma: no cover - the C recorder is built by `pip install -e .`
+    _recorder = None  # type: ignore[assignment]
+
+RECORDERS = [recorder.Recorder]
+if _recorder is not None:
+    RECORDERS.append(_recorder.Recorder)
+MESSAGE_HOOKS = {"on_publish", "on_deliver", "on_delivery_complete"}
+
+
+class Who:
+    __slots__ = ("client_id", "session_id", "username")
+
+    def __init__(self, number: int, username: str | None = "user") -> None:
+        self.client_id = f"client-{number}"
+        self.username = username
+        self.session_id = f"session-{number}"
+
+
+class LooseWho:  # no __slots__: read by getattr
+    def __init__(self, number: int) -> None:
+        self.client_id = f"loose-{number}"
+        self.username = None
+        self.session_id = f"loose-session-{number}"
+
+
+class Harness:
+    """One recorder on a log of its own, with the loop turn's end run by hand."""
+
+    def __init__(self, cls: type, relayed: set[str] = MESSAGE_HOOKS, payloads: str = "full"):
+        self.log = EventLog(memory_events=1_000_000, memory_bytes=1 << 30)
+        self.due: list[Callable[[], None]] = []
+        self.recorder = cls(self.log, relayed, payloads, {}, self.due.append)
+
+    def end_turn(self) -> None:
+        while self.due:
+            self.due.pop(0)()
+
+    def records(self) -> list[list[Any]]:
+        self.recorder.seal()
+        self.end_turn()
+        found, _ = self.log.read(1, 1 << 30)
+        return [msgpack.unpackb(data) for data in found]
+
+    def events(self) -> list[list[Any]]:
+        return expand(self.records())
+
+
+def without_ts(values: list[Any]) -> list[Any]:
+    return [values[0], *values[2:]]
+
+
+def decoded(record: list[Any]) -> list[Any]:
+    """A record with its receivers decoded and no ts (the two recorders differ there)."""
+    record = without_ts(record)
+    if record[1] in (DELIVERIES, PUBLISH_DELIVERIES):
+        count, data = record[-2], record[-1]
+        record[-1] = msgpack.unpackb(b"\xdd" + count.to_bytes(4, "big") + data)
+    return record
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_publish_and_its_deliveries_make_one_record(cls):
+    h = Harness(cls)
+    message = Message("a/b", b"hello", 1, retain=True)
+    message.acl_name = "fleet"
+    before = time.time_ns()
+    h.recorder.published(Who(0), message, MatchedAcl("fleet", "a/#"))
+    h.recorder.delivered(Who(1), Delivery(message, 1, True, ()))
+    stored = Delivery(message, 0, False, ())
+    stored.seq = 7
+    h.recorder.delivered(Who(2, None), stored)
+    records = h.records()
+    assert [r[2] for r in records] == [PUBLISH_DELIVERIES]
+    events = expand(records)
+    assert [e[0] for e in events] == [1, 2, 3]
+    assert all(before <= e[1] <= time.time_ns() for e in events)
+    on_publish, first, second = (without_ts(e) for e in events)
+    publisher = ["client-0", "", "user", "session-0"]
+    assert on_publish == [1, 3, *publisher, "a/b", 1, True, 5, b"hello", "fleet", "a/#"]
+    receiver = ["client-1", "", "user", "session-1"]
+    assert first == [2, 6, *receiver, "a/b", 1, True, 5, b"hello", "fleet", False]
+    assert second[2:7] == ["client-2", "", None, "session-2", "a/b"]
+    assert second[7:] == [0, False, 5, b"hello", "fleet", True]  # qos 0, persisted
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_anything_else_recorded_ends_the_run_so_order_is_kept(cls):
+    h = Harness(cls)
+    m1, m2 = Message("t/1", b"1", 0), Message("t/2", b"2", 0)
+    h.recorder.published(Who(0), m1, None)
+    h.recorder.delivered(Who(1), Delivery(m1, 0, False, ()))
+    h.recorder.append(CODES["on_client_wakeup"], [0, 5, 0, "client-9", "", None, "s-9"])
+    h.recorder.delivered(Who(2), Delivery(m1, 0, False, ()))  # after it: a run of its own
+    h.recorder.delivered(Who(3), Delivery(m2, 0, False, ()))  # another message
+    h.recorder.completed(Who(1), Delivery(m1, 0, False, ()))
+    records = h.records()
+    assert [r[2] for r in records] == [
+        PUBLISH_DELIVERIES,
+        CODES["on_client_wakeup"],
+        DELIVERIES,
+        DELIVERIES,
+        CODES["on_delivery_complete"],
+    ]
+    events = expand(records)
+    assert [e[0] for e in events] == list(range(1, 7))
+    assert [(e[2], e[3]) for e in events] == [
+        (3, "client-0"),
+        (6, "client-1"),
+        (10, "client-9"),
+        (6, "client-2"),
+        (6, "client-3"),
+        (7, "client-1"),
+    ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_publish_nobody_receives_is_a_plain_on_publish(cls):
+    h = Harness(cls)
+    h.recorder.published(LooseWho(1), Message("x", b"", 0), None)
+    h.end_turn()  # the run ends with the loop turn
+    records = h.records()
+    assert [without_ts(r) for r in records] == [
+        [1, 3, "loose-1", "", None, "loose-session-1", "x", 0, False, 0, b"", "", ""]
+    ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+@pytest.mark.parametrize(
+    ("relayed", "payloads", "expected"),
+    [
+        ({"on_deliver"}, "full", [(6, 4, b"data")]),
+        ({"on_publish"}, "size", [(3, 4, None)]),
+        ({"on_publish", "on_deliver"}, "none", [(3, None, None), (6, None, None)]),
+        ({"on_delivery_complete"}, "full", [(7, 4, b"data")]),
+    ],
+)
+def test_hooks_and_payloads(cls, relayed, payloads, expected):
+    h = Harness(cls, relayed, payloads)
+    message = Message("t", b"data", 1)
+    h.recorder.published(Who(0), message, None)
+    h.recorder.delivered(Who(1), Delivery(message, 1, False, ()))
+    h.recorder.completed(Who(1), Delivery(message, 1, False, ()))
+    assert [(e[2], e[10], e[11]) for e in h.events()] == expected
+
+
+@pytest.mark.skipif(_recorder is None, reason="the C recorder was not built")
+def test_the_c_recorder_refuses_sampling_rules():
+    log = EventLog(memory_events=10, memory_bytes=1 << 20)
+    with pytest.raises(ValueError, match="sampling"):
+        _recorder.Recorder(log, MESSAGE_HOOKS, "full", {"on_deliver": {"x": 5}}, print)
+
+
+@pytest.mark.skipif(_recorder is None, reason="the C recorder was not built")
+def test_the_c_recorder_raises_what_a_bad_object_raises():
+    h = Harness(_recorder.Recorder)
+    with pytest.raises(AttributeError):
+        h.recorder.delivered(Who(1), object())
+    with pytest.raises(TypeError):
+        h.recorder.published(Who(1))  # type: ignore[call-arg]
+    message = Message("t", b"x", 0)
+    h.recorder.published(Who(0), message, None)  # still works after the errors
+    h.recorder.delivered(Who(1), Delivery(message, 0, False, ()))
+    assert [e[2] for e in h.events()] == [3, 6]
+
+
+# One operation on both recorders: (kind, who, message index, qos, retain, stored)
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["publish", "deliver", "deliver", "deliver", "complete", "other", "turn"]),
+        st.integers(0, 5),
+        st.integers(0, 3),
+        st.integers(0, 2),
+        st.booleans(),
+        st.booleans(),
+    ),
+    max_size=60,
+)
+
+
+@pytest.mark.skipif(_recorder is None, reason="the C recorder was not built")
+@settings(max_examples=150, deadline=None)
+@given(
+    operations,
+    st.sampled_from(["full", "size", "none"]),
+    st.sets(st.sampled_from(sorted(MESSAGE_HOOKS)), min_size=1),
+)
+def test_the_c_recorder_leaves_the_records_the_reference_leaves(ops, payloads, relayed):
+    harnesses = [Harness(recorder.Recorder, relayed, payloads)]
+    harnesses.append(Harness(_recorder.Recorder, relayed, payloads))
+    messages = [Message(f"topic/{i}", bytes([i]) * (i * 100), i % 3) for i in range(4)]
+    whos: list[Any] = [Who(i, None if i == 3 else f"u{i}") for i in range(5)] + [LooseWho(5)]
+    for kind, who, index, qos, retain, stored in ops:
+        message = messages[index]
+        delivery = Delivery(message, qos, retain, ())
+        delivery.seq = 3 if stored else -1
+        for h in harnesses:
+            if kind == "publish":
+                h.recorder.published(whos[who], message, MatchedAcl("l", "p/#") if qos else None)
+            elif kind == "deliver":
+                h.recorder.delivered(whos[who], delivery)
+            elif kind == "complete":
+                h.recorder.completed(whos[who], delivery)
+            elif kind == "other":
+                h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
+            else:
+                h.end_turn()
+    reference, compiled = ([decoded(r) for r in h.records()] for h in harnesses)
+    assert compiled == reference
+    assert harnesses[0].log.next_seq == harnesses[1].log.next_seq
