@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python setup.cfg pyproject.toml
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml event_relay/_recorder.c
 	$(BIN)/pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
@@ -41,4 +41,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache
+	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache event_relay/*.so

@@ -11,8 +11,8 @@
  * deliveries that follow it, encoded as they happen into one buffer as a msgpack record
  * (event_relay/schema.py: PUBLISH_DELIVERIES, or DELIVERIES without the publish); the
  * receivers' count is written into its place when the run ends, then the sequence number,
- * and the records of a loop turn go to the log in one call (EventLog.append_records; up
- * to PENDING_MAX at a time). Integers are written in msgpack's smallest form except the
+ * and the records of a loop turn go to the log in one call at its end (EventLog.
+ * append_records; PENDING_MAX at most). Integers are written in msgpack's smallest form except the
  * sequence number (always uint 64, so that it can be written last): a reader decodes both
  * the same. Only the recorder writes to the log (the relay's other events go through its
  * `append`), so the numbers it gives pending records are the log's next ones.
@@ -40,10 +40,12 @@ typedef struct {
     PyObject *log;           /* EventLog */
     PyObject *append_event;  /* log.append(code, values) */
     PyObject *schedule;      /* schedule(callback): once per loop turn, the end of a run */
+    PyObject *turn_ended;    /* this recorder's _turn_ended, bound once */
     PyObject *append_records; /* log.append_records(codes, records, counts) */
     PyObject *pending;       /* records made but not yet handed to the log */
-    PyObject *pending_counts;
-    Buffer pending_codes;
+    Buffer pending_codes;    /* their type codes */
+    Buffer pending_starts;   /* their first sequence numbers (int64, native order) */
+    Py_ssize_t pending_size; /* their bytes */
     unsigned long long next_seq; /* the next record's, while some are pending */
     PyObject *identities;    /* session id -> a receiver's first four fields, encoded */
     PyObject *message;       /* the open run's message, or NULL */
@@ -263,11 +265,10 @@ static int put_message(Recorder *self, Buffer *b, PyObject *message, PyObject *o
 static int schedule_turn_end(Recorder *self) {
     if (self->end_due)
         return 0;
-    PyObject *callback = PyObject_GetAttr((PyObject *)self, s_turn_ended);
-    if (callback == NULL)
+    if (self->turn_ended == NULL &&
+        (self->turn_ended = PyObject_GetAttr((PyObject *)self, s_turn_ended)) == NULL)
         return -1;
-    PyObject *result = PyObject_CallOneArg(self->schedule, callback);
-    Py_DECREF(callback);
+    PyObject *result = PyObject_CallOneArg(self->schedule, self->turn_ended);
     if (result == NULL)
         return -1;
     Py_DECREF(result);
@@ -280,18 +281,27 @@ static int hand_over(Recorder *self) {
     Py_ssize_t n = PyList_GET_SIZE(self->pending);
     if (n == 0)
         return 0;
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return -1;
+    PyObject *records = self->pending;
+    self->pending = fresh;
     PyObject *codes = PyBytes_FromStringAndSize(self->pending_codes.data, self->pending_codes.size);
-    if (codes == NULL)
-        return -1;
-    PyObject *args[3] = {codes, self->pending, self->pending_counts};
-    PyObject *result = PyObject_Vectorcall(self->append_records, args, 3, NULL);
-    Py_DECREF(codes);
-    self->pending_codes.size = 0;
-    if (PyList_SetSlice(self->pending, 0, n, NULL) < 0 ||
-        PyList_SetSlice(self->pending_counts, 0, n, NULL) < 0) {
-        Py_XDECREF(result);
-        return -1;
+    PyObject *starts =
+        PyBytes_FromStringAndSize(self->pending_starts.data, self->pending_starts.size);
+    PyObject *size = PyLong_FromSsize_t(self->pending_size);
+    PyObject *next_seq = PyLong_FromUnsignedLongLong(self->next_seq);
+    self->pending_codes.size = self->pending_starts.size = self->pending_size = 0;
+    PyObject *result = NULL;
+    if (codes != NULL && starts != NULL && size != NULL && next_seq != NULL) {
+        PyObject *args[5] = {codes, records, starts, size, next_seq};
+        result = PyObject_Vectorcall(self->append_records, args, 5, NULL);
     }
+    Py_DECREF(records);
+    Py_XDECREF(codes);
+    Py_XDECREF(starts);
+    Py_XDECREF(size);
+    Py_XDECREF(next_seq);
     if (result == NULL)
         return -1;
     Py_DECREF(result);
@@ -316,15 +326,12 @@ static int keep(Recorder *self, int code, Buffer *b, Py_ssize_t count) {
     b->size = 0;
     if (data == NULL)
         return -1;
-    PyObject *counted = PyLong_FromSsize_t(count);
-    int rc = counted == NULL ? -1 : PyList_Append(self->pending_counts, counted);
-    Py_XDECREF(counted);
-    if (rc == 0 && PyList_Append(self->pending, data) < 0) {
-        PyList_SetSlice(self->pending_counts, PyList_GET_SIZE(self->pending), PY_SSIZE_T_MAX, NULL);
-        rc = -1;
-    }
+    int rc = PyList_Append(self->pending, data);
+    self->pending_size += PyBytes_GET_SIZE(data);
     Py_DECREF(data);
-    if (rc < 0 || put_byte(&self->pending_codes, (unsigned char)code) < 0)
+    long long start = (long long)self->next_seq;
+    if (rc < 0 || put_byte(&self->pending_codes, (unsigned char)code) < 0 ||
+        put(&self->pending_starts, &start, sizeof(start)) < 0)
         return -1;
     self->next_seq += count;
     return PyList_GET_SIZE(self->pending) >= PENDING_MAX ? hand_over(self) : 0;
@@ -375,6 +382,46 @@ static int seal_run(Recorder *self) { return end_run(self) < 0 ? -1 : hand_over(
 
 /* -- hooks.MessageRecorder ---------------------------------------------------------------- */
 
+/* A client's or session's first four fields as a receiver has them (an array 7 header,
+ * then client_id, mountpoint, username, session_id), encoded once per connection. */
+static PyObject *identity_of(Recorder *self, PyObject *who, Field **fields) {
+    PyObject *session_id = get(fields[2], who);
+    if (session_id == NULL)
+        return NULL;
+    PyObject *identity = PyDict_GetItemWithError(self->identities, session_id);
+    if (identity != NULL || PyErr_Occurred()) {
+        Py_DECREF(session_id);
+        Py_XINCREF(identity);
+        return identity;
+    }
+    Buffer b = {NULL, 0, 0};
+    if (put_byte(&b, 0x97) < 0 || put_identity(&b, who, fields) < 0) {
+        PyMem_Free(b.data);
+        Py_DECREF(session_id);
+        return NULL;
+    }
+    identity = PyBytes_FromStringAndSize(b.data, b.size);
+    PyMem_Free(b.data);
+    if (identity != NULL) {
+        if (PyDict_GET_SIZE(self->identities) >= IDENTITIES_KEPT)
+            PyDict_Clear(self->identities);
+        if (PyDict_SetItem(self->identities, session_id, identity) < 0)
+            Py_CLEAR(identity);
+    }
+    Py_DECREF(session_id);
+    return identity;
+}
+
+/* The identity's four fields, without the receiver's array header. */
+static int put_who(Recorder *self, Buffer *b, PyObject *who, Field **fields) {
+    PyObject *identity = identity_of(self, who, fields);
+    if (identity == NULL)
+        return -1;
+    int rc = put(b, PyBytes_AS_STRING(identity) + 1, PyBytes_GET_SIZE(identity) - 1);
+    Py_DECREF(identity);
+    return rc;
+}
+
 static PyObject *Recorder_published(Recorder *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "published(client, message, matched_acl)");
@@ -387,7 +434,7 @@ static PyObject *Recorder_published(Recorder *self, PyObject *const *args, Py_ss
         Py_RETURN_NONE;
     Buffer *b = &self->buffer;
     b->size = 0;
-    if (put_start(b, 16, PUBLISH_DELIVERIES) < 0 || put_identity(b, client, PUBLISHER) < 0 ||
+    if (put_start(b, 16, PUBLISH_DELIVERIES) < 0 || put_who(self, b, client, PUBLISHER) < 0 ||
         put_message(self, b, message, message, &M_QOS, &M_RETAIN) < 0)
         goto fail;
     if (matched == Py_None) {
@@ -405,34 +452,6 @@ fail:
     Py_CLEAR(self->message);
     b->size = 0;
     return NULL;
-}
-
-static PyObject *identity_of(Recorder *self, PyObject *session) {
-    PyObject *session_id = get(&R_SESSION_ID, session);
-    if (session_id == NULL)
-        return NULL;
-    PyObject *identity = PyDict_GetItemWithError(self->identities, session_id);
-    if (identity != NULL || PyErr_Occurred()) {
-        Py_DECREF(session_id);
-        Py_XINCREF(identity);
-        return identity;
-    }
-    Buffer b = {NULL, 0, 0};
-    if (put_byte(&b, 0x97) < 0 || put_identity(&b, session, RECEIVER) < 0) {
-        PyMem_Free(b.data);
-        Py_DECREF(session_id);
-        return NULL;
-    }
-    identity = PyBytes_FromStringAndSize(b.data, b.size);
-    PyMem_Free(b.data);
-    if (identity != NULL) {
-        if (PyDict_GET_SIZE(self->identities) >= IDENTITIES_KEPT)
-            PyDict_Clear(self->identities);
-        if (PyDict_SetItem(self->identities, session_id, identity) < 0)
-            Py_CLEAR(identity);
-    }
-    Py_DECREF(session_id);
-    return identity;
 }
 
 static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -466,7 +485,7 @@ static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ss
         }
     }
     Py_DECREF(message);
-    PyObject *identity = identity_of(self, session);
+    PyObject *identity = identity_of(self, session, RECEIVER);
     if (identity == NULL)
         return NULL;
     int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
@@ -517,7 +536,7 @@ static PyObject *Recorder_completed(Recorder *self, PyObject *const *args, Py_ss
     b->size = 0;
     PyObject *seq = NULL;
     if (put_start(b, 14, ON_DELIVERY_COMPLETE) < 0 ||
-        put_identity(b, session, RECEIVER) < 0 ||
+        put_who(self, b, session, RECEIVER) < 0 ||
         put_message(self, b, message, delivery, &D_QOS, &D_RETAIN) < 0 ||
         (seq = get(&D_SEQ, delivery)) == NULL) {
         Py_DECREF(message);
@@ -601,14 +620,12 @@ static int Recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
     PyObject *append_records = PyObject_GetAttrString(log, "append_records");
     PyObject *identities = PyDict_New();
     PyObject *pending = PyList_New(0);
-    PyObject *pending_counts = PyList_New(0);
     if (append_event == NULL || append_records == NULL ||
-        identities == NULL || pending == NULL || pending_counts == NULL) {
+        identities == NULL || pending == NULL) {
         Py_XDECREF(append_event);
         Py_XDECREF(append_records);
         Py_XDECREF(identities);
         Py_XDECREF(pending);
-        Py_XDECREF(pending_counts);
         return -1;
     }
     Py_INCREF(log);
@@ -619,7 +636,6 @@ static int Recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->identities, identities);
     Py_XSETREF(self->append_records, append_records);
     Py_XSETREF(self->pending, pending);
-    Py_XSETREF(self->pending_counts, pending_counts);
     return 0;
 }
 
@@ -631,7 +647,7 @@ static int Recorder_traverse(Recorder *self, visitproc visit, void *arg) {
     Py_VISIT(self->message);
     Py_VISIT(self->append_records);
     Py_VISIT(self->pending);
-    Py_VISIT(self->pending_counts);
+    Py_VISIT(self->turn_ended);
     return 0;
 }
 
@@ -643,7 +659,7 @@ static int Recorder_clear(Recorder *self) {
     Py_CLEAR(self->message);
     Py_CLEAR(self->append_records);
     Py_CLEAR(self->pending);
-    Py_CLEAR(self->pending_counts);
+    Py_CLEAR(self->turn_ended);
     return 0;
 }
 
@@ -652,6 +668,7 @@ static void Recorder_dealloc(Recorder *self) {
     Recorder_clear(self);
     PyMem_Free(self->buffer.data);
     PyMem_Free(self->pending_codes.data);
+    PyMem_Free(self->pending_starts.data);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -665,6 +682,12 @@ static PyMethodDef Recorder_methods[] = {
      "Any other event: the open run is recorded first."},
     {"seal", (PyCFunction)Recorder_seal, METH_NOARGS, "Record the open run now."},
     {"_turn_ended", (PyCFunction)Recorder_turn_ended, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyMemberDef Recorder_members[] = {
+    {"schedule", T_OBJECT_EX, offsetof(Recorder, schedule), 0,
+     "schedule(callback): call it once the loop turn ends"},
     {NULL},
 };
 
@@ -685,6 +708,7 @@ static PyTypeObject RecorderType = {
     .tp_clear = (inquiry)Recorder_clear,
     .tp_methods = Recorder_methods,
     .tp_getset = Recorder_getset,
+    .tp_members = Recorder_members,
 };
 
 static struct PyModuleDef module = {

@@ -7,6 +7,7 @@ from hooks import MatchedAcl
 
 class Recorder:
     sampled_out: int
+    schedule: Callable[[Callable[[], None]], object]
     def __init__(
         self,
         log: EventLog,

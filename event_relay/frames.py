@@ -64,21 +64,23 @@ class FrameReader:
         buffer += data
         frames = []
         start = 0
-        while len(buffer) - start >= 4:
-            size = int.from_bytes(buffer[start : start + 4], "big")
-            if size < 1 or size > self.max_frame:
-                raise FrameError(f"frame length {size} is out of bounds (1..{self.max_frame})")
-            if len(buffer) - start - 4 < size:
-                break
-            kind = bytes(buffer[start + 4 : start + 5])
-            if kind not in KINDS:
-                raise FrameError(f"unknown frame kind {kind!r}")
-            body = bytes(buffer[start + 5 : start + 4 + size])
-            try:
-                value = msgpack.unpackb(body, raw=False, strict_map_key=False)
-            except (ValueError, TypeError, msgpack.UnpackException) as exc:
-                raise FrameError(f"frame {kind.decode()} is not valid msgpack: {exc}") from None
-            frames.append((kind, value))
-            start += 4 + size
+        with memoryview(buffer) as view:  # bodies decoded in place, not copied out first
+            while len(buffer) - start >= 4:
+                size = int.from_bytes(view[start : start + 4], "big")
+                if size < 1 or size > self.max_frame:
+                    raise FrameError(f"frame length {size} is out of bounds (1..{self.max_frame})")
+                if len(buffer) - start - 4 < size:
+                    break
+                kind = bytes(view[start + 4 : start + 5])
+                if kind not in KINDS:
+                    raise FrameError(f"unknown frame kind {kind!r}")
+                try:
+                    value = msgpack.unpackb(
+                        view[start + 5 : start + 4 + size], raw=False, strict_map_key=False
+                    )
+                except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                    raise FrameError(f"frame {kind.decode()} is not valid msgpack: {exc}") from None
+                frames.append((kind, value))
+                start += 4 + size
         del buffer[:start]
         return frames

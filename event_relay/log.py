@@ -23,7 +23,6 @@ import logging
 from array import array
 from collections import deque
 from collections.abc import Callable, Container
-from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -94,6 +93,7 @@ class EventLog:
         self._turn_due = False  # _end_of_turn is scheduled
         self._turn_wanted = spool is not None  # a spool or readers: _end_of_turn has work
         self.lost = 0  # events memory let go of that the spool could not take
+        self.appended_bytes = 0  # of every record appended (what readers have to read)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -117,6 +117,7 @@ class EventLog:
         segment.codes.append(code)
         segment.starts.append(seq)
         segment.size += len(data)
+        self.appended_bytes += len(data)
         if self._unflushed is not None:
             self._unflushed.append((seq, code, count, data))
         if self.next_seq > self._trim_at:  # memory_events would be passed: the oldest go
@@ -128,27 +129,35 @@ class EventLog:
             self._call_soon(self._end_of_turn)
         return seq
 
-    def append_records(self, codes: bytes, records: list[bytes], counts: list[int]) -> None:
-        """Several encoded records at once, numbered from `next_seq` on (as their encodings
-        carry): the compiled recorder hands over its records so, a loop turn's at most
-        (event_relay/_recorder.c). The segment being written may pass SEGMENT records by
-        one such batch."""
-        starts = list(accumulate(counts, initial=self.next_seq))
-        self.next_seq = starts.pop()
+    def append_records(
+        self, codes: bytes, records: list[bytes], starts: bytes, size: int, next_seq: int
+    ) -> None:
+        """The compiled recorder's records (event_relay/_recorder.c), handed over at the
+        end of a loop turn (or when it holds too many): their type codes, the records
+        (their encodings carry their sequence numbers, from `next_seq` on), their first
+        sequence numbers (an int64 array's bytes), their size in bytes and the sequence
+        number after them. The turn's records are all in, so the readers are served now,
+        not a turn later. The segment being written may pass SEGMENT records by a batch."""
         segment = self._tail
+        held = len(segment.starts)
         segment.events += records
         segment.codes += codes
-        segment.starts.extend(starts)
-        segment.size += sum(map(len, records))
+        segment.starts.frombytes(starts)
+        segment.size += size
+        self.appended_bytes += size
         if self._unflushed is not None:
-            self._unflushed += zip(starts, codes, counts, records, strict=True)
-        if self.next_seq > self._trim_at:
+            firsts = segment.starts[held:]
+            counts = [
+                after - first for first, after in zip(firsts, [*firsts[1:], next_seq], strict=True)
+            ]
+            self._unflushed += zip(firsts, codes, counts, records, strict=True)
+        self.next_seq = next_seq
+        if next_seq > self._trim_at:
             self._trim_memory()
         if len(segment.events) >= SEGMENT or segment.size >= self._segment_bytes:
             self._segment_full()
-        elif self._turn_wanted and not self._turn_due:
-            self._turn_due = True
-            self._call_soon(self._end_of_turn)
+        elif self._turn_wanted:
+            self._end_of_turn()
 
     def _segment_full(self) -> None:
         """Start a new segment, keep memory within its bounds, and serve the readers now:

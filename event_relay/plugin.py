@@ -113,12 +113,14 @@ class EventRelay:
         return self.log.flush()
 
     async def start(self) -> None:
+        self._recorder.schedule = asyncio.get_running_loop().call_soon  # no lookup per turn
         if self.server is not None:
             await self.server.start()
         if self.sidecar is not None:
             self.sidecar.start()
 
     async def stop(self) -> None:
+        self._recorder.seal()  # the last loop turn's records, into the log (and the spool)
         if self.sidecar is not None:
             await self.sidecar.stop()
         if self.server is not None:
@@ -137,7 +139,11 @@ class EventRelay:
         if self.server is not None:
             found += [
                 Metric("event_relay_consumers", len(self.server.consumers), "gauge"),
-                Metric("event_relay_events_sent", self.server.events_sent),
+                Metric(
+                    "event_relay_records_sent",
+                    self.server.records_sent,
+                    help="records sent to consumers (an event, or a compact record of several)",
+                ),
             ]
         if self.sidecar is not None:
             found += [

@@ -62,7 +62,7 @@ class Recorder:
         self._full = payloads == "full"
         self._sizes = payloads != "none"
         self._sample = sample
-        self._schedule = schedule
+        self.schedule = schedule  # the plugin sets the loop's call_soon once it runs
         self.sampled_out = 0
         # The open run: the message its deliveries extend, the record's fields before its
         # receivers, and the receivers (identity, flags, identity, flags, ...).
@@ -175,7 +175,7 @@ class Recorder:
         self._head = head
         if not self._end_due:  # a run ends with the loop turn at the latest
             self._end_due = True
-            self._schedule(self._turn_ended)
+            self.schedule(self._turn_ended)
 
     def _turn_ended(self) -> None:
         self._end_due = False

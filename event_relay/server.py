@@ -26,6 +26,11 @@ log = logging.getLogger("nautilus.event_relay")
 VERSION = 1
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send HELLO
 WRITE_HIGH_WATER = 1024 * 1024  # bytes queued to one consumer before the server waits
+# New events wait up to LINGER seconds for those that follow, unless LINGER_BYTES of them
+# wait: a frame (and a system call) per consumer per loop turn cost a busy broker a tenth
+# of its time; this way a consumer that keeps up gets fewer, larger frames.
+LINGER = 0.002
+LINGER_BYTES = 256 * 1024
 STARTS = ("earliest", "latest", "committed")
 
 
@@ -40,7 +45,9 @@ class RelayServer:
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self.frames_sent = 0
-        self.events_sent = 0
+        self.records_sent = 0  # events, or compact records of several
+        self._served_bytes = 0  # the log's appended_bytes when the consumers were served
+        self._linger: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         host, port = host_port(self.config.address, "event_relay.address")
@@ -52,6 +59,8 @@ class RelayServer:
 
     async def stop(self) -> None:
         self.log.unlisten(self._wake)
+        if self._linger is not None:
+            self._linger.cancel()
         if self._server is not None:
             self._server.close()
             for consumer in list(self.consumers):
@@ -59,7 +68,19 @@ class RelayServer:
             await self._server.wait_closed()
 
     def _wake(self) -> None:
-        """New events: every streaming consumer at the end of the log reads on."""
+        """New events: the streaming consumers get them now if LINGER_BYTES wait, else
+        within LINGER seconds."""
+        if self.log.appended_bytes - self._served_bytes >= LINGER_BYTES:
+            self._serve()
+        elif self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(LINGER, self._serve)
+
+    def _serve(self) -> None:
+        """Every streaming consumer at the end of the log reads on."""
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        self._served_bytes = self.log.appended_bytes
         for consumer in self.consumers:
             if consumer.streaming and not consumer.paused:
                 consumer.pump()
@@ -254,12 +275,11 @@ class Consumer(asyncio.Protocol):
                 )
             if position == self.position and not events:
                 break  # nothing readable yet (not in the spool): woken again later
-            covered = position - self.position  # sequence numbers looked at
             self.position = position
             if events:
                 transport.write(frames.events_frame(events))
                 self.server.frames_sent += 1
-                self.server.events_sent += covered
+                self.server.records_sent += len(events)
                 if self.reading:
                     self.remaining -= len(events)
                     if self.remaining <= 0:

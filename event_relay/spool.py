@@ -157,6 +157,8 @@ class Spool:
         from `start` to `stop` (exclusive), only of the types in `codes` when given;
         returns (records, the position to read from next). As EventLog.read: the first
         record may begin before `start`, the last go past `stop`."""
+        if start >= stop:
+            return [], start
         out: list[bytes] = []
         size = 0
         position = start

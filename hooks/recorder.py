@@ -5,10 +5,11 @@ on_publish, on_deliver and on_delivery_complete run per message and per delivery
 hooks, each call builds a PublishContext and goes through a chain, which costs more than
 the broker's own work for a delivery. A plugin whose `recorder` attribute is a
 MessageRecorder gets those three events as plain calls with the broker's own objects
-instead, and no context is built for it. Its hooks of the same names are not called (the
-other plugins' are, as always). One plugin at most may have a recorder.
+instead, and no context is built for it (so it does not implement the hooks of the same
+names; the other plugins' are called as always). One plugin at most may have a recorder.
 
-The objects passed are the broker's and are read, never kept past the call or changed:
+The objects passed are the broker's: read them, never change them (a recorder may hold
+on to a message to know its later deliveries):
 - `client` (published) and `session` (delivered, completed) have `client_id`,
   `username` and `session_id` (the connection's UUID);
 - `message` has `topic`, `payload`, `qos`, `retain` and `acl_name` (the publisher's ACL

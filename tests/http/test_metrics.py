@@ -251,7 +251,7 @@ def test_event_relay_counts_its_events(start_broker, raw_client):
     assert m("event_relay_events") == first - 1 + 5
     assert m("event_relay_consumers") == 0
     assert m.types["event_relay_consumers"] == "gauge"
-    assert m("event_relay_events_sent") == 0
+    assert m("event_relay_records_sent") == 0
 
 
 def test_metrics_reset_brings_the_counters_to_zero_on_metrics(keyed_broker, raw_client):
