@@ -664,3 +664,31 @@ def test_the_fast_publish_context_sets_every_field_as_the_dataclass_does():
     assert fast == PublishContext(**values)
     for field in dataclasses.fields(PublishContext):
         assert hasattr(fast, field.name), field.name
+
+
+class _Recording:
+    """A plugin with a message recorder (hooks/recorder.py)."""
+
+    def __init__(self) -> None:
+        self.recorder = self  # the plugin records itself
+        self.seen: list[str] = []
+
+    def published(self, client, message, matched_acl) -> None:
+        self.seen.append("published")
+
+    def delivered(self, session, delivery) -> None:
+        self.seen.append("delivered")
+
+    def completed(self, session, delivery) -> None:
+        self.seen.append("completed")
+
+
+def test_the_recorder_of_a_plugin_is_the_hooks_recorder():
+    plugin = _Recording()
+    assert Hooks([("rec", plugin), ("other", object())]).recorder is plugin
+    assert Hooks([("other", object())]).recorder is None
+
+
+def test_only_one_plugin_may_record_messages():
+    with pytest.raises(PluginError, match=r"only one plugin may record messages \(a, b do\)"):
+        Hooks([("a", _Recording()), ("b", _Recording())])
