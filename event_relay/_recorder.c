@@ -195,13 +195,14 @@ static int put_int_object(Buffer *b, PyObject *value) {
 
 /* payload_size and payload, as `payloads` asks. */
 static int put_payload(Recorder *self, Buffer *b, PyObject *payload) {
-    char *data;
-    Py_ssize_t size;
-    if (PyBytes_AsStringAndSize(payload, &data, &size) < 0)
+    Py_buffer view; /* bytes as a rule; any bytes-like object will do */
+    if (PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE) < 0)
         return -1;
-    if ((self->sizes ? put_uint(b, size) : put_byte(b, 0xc0)) < 0)
-        return -1;
-    return self->full ? put_raw(b, data, size, 1) : put_byte(b, 0xc0);
+    int rc = self->sizes ? put_uint(b, view.len) : put_byte(b, 0xc0);
+    if (rc == 0)
+        rc = self->full ? put_raw(b, view.buf, view.len, 1) : put_byte(b, 0xc0);
+    PyBuffer_Release(&view);
+    return rc;
 }
 
 static unsigned long long now_ns(void) {

@@ -233,3 +233,13 @@ def test_the_c_recorder_leaves_the_records_the_reference_leaves(ops, payloads, r
     reference, compiled = ([decoded(r) for r in h.records()] for h in harnesses)
     assert compiled == reference
     assert harnesses[0].log.next_seq == harnesses[1].log.next_seq
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+def test_a_payload_that_is_not_bytes_is_recorded_as_its_bytes(cls, kind):
+    h = Harness(cls)
+    message = Message("t", kind(b"abc"), 0)  # type: ignore[arg-type]
+    h.recorder.published(Who(0), message, None)
+    h.recorder.delivered(Who(1), Delivery(message, 0, False, ()))
+    assert [(e[10], e[11]) for e in h.events()] == [(3, b"abc"), (3, b"abc")]
