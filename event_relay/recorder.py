@@ -39,7 +39,7 @@ _FLAGS = [
     ]
     for qos in range(3)
 ]
-_RECEIVER = b"\x97"  # a receiver is an array of 7 (schema.RECEIVER)
+_RECEIVER = b"\x97"  # a receiver is an array of 7 (event_relay/schema.py)
 _IDENTITIES_KEPT = 65_536  # receivers' encoded identities cached (then the cache starts over)
 
 

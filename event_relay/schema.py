@@ -45,18 +45,18 @@ TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
 
 CODES: dict[str, int] = {name: code for code, (name, _) in TYPES.items()}
 
-# Compact records: the events about one message made in a row, as one record
-# (event_relay/recorder.py). `expand` makes them events again; their sequence numbers are
-# the record's and the ones after it, and they share its ts. Their last two fields are
-# the number of receivers and a bin holding the receivers, each a msgpack array of
-# RECEIVER's fields, one after another (a reader that only counts decodes none of them).
+# Compact records (docs/event-relay.md, "Compact records"): the events about one message
+# made in a row, as one record (event_relay/recorder.py). `expand` makes them events
+# again; their sequence numbers are the record's and the ones after it, and they share its
+# ts. After the common fields' first three:
+#   DELIVERIES          topic, payload_size, payload, acl_name, receiver_count, receivers
+#   PUBLISH_DELIVERIES  on_publish's fields (client_id ... acl_pattern), receiver_count,
+#                       receivers
+# `receivers` is a bin holding receiver_count msgpack arrays one after another, each
+# [client_id, mountpoint, username, session_id, qos, retain, persisted] (a reader that
+# only counts decodes none of them).
 DELIVERIES = 14  # on_deliver once per receiver
 PUBLISH_DELIVERIES = 15  # on_publish, then on_deliver once per receiver
-RECEIVER = ("client_id", "mountpoint", "username", "session_id", "qos", "retain", "persisted")
-RECORDS: dict[int, tuple[str, ...]] = {
-    DELIVERIES: ("topic", "payload_size", "payload", "acl_name", "receiver_count", "receivers"),
-    PUBLISH_DELIVERIES: (*TYPES[3][1], "receiver_count", "receivers"),
-}
 _ON_PUBLISH, _ON_DELIVER = CODES["on_publish"], CODES["on_deliver"]
 
 
