@@ -486,35 +486,38 @@ static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ss
         }
     }
     Py_DECREF(message);
+    Py_ssize_t before = b->size; /* a receiver half written is taken back */
     PyObject *identity = identity_of(self, session, RECEIVER);
     if (identity == NULL)
         return NULL;
     int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
     Py_DECREF(identity);
     if (rc < 0)
-        return NULL;
+        goto undo;
     /* qos, retain, persisted (seq >= 0) */
     PyObject *qos = get(&D_QOS, delivery);
     if (qos == NULL)
-        return NULL;
+        goto undo;
     rc = put_int_object(b, qos);
     Py_DECREF(qos);
     PyObject *retain = rc < 0 ? NULL : get(&D_RETAIN, delivery);
     if (retain == NULL)
-        return NULL;
+        goto undo;
     int truth = PyObject_IsTrue(retain);
     Py_DECREF(retain);
     PyObject *seq = truth < 0 ? NULL : get(&D_SEQ, delivery);
     if (seq == NULL)
-        return NULL;
+        goto undo;
     long long stored = PyLong_AsLongLong(seq);
     Py_DECREF(seq);
-    if (stored == -1 && PyErr_Occurred())
-        return NULL;
-    if (put_bool(b, truth) < 0 || put_bool(b, stored >= 0) < 0)
-        return NULL;
+    if ((stored == -1 && PyErr_Occurred()) || put_bool(b, truth) < 0 ||
+        put_bool(b, stored >= 0) < 0)
+        goto undo;
     self->receivers++;
     Py_RETURN_NONE;
+undo:
+    b->size = before;
+    return NULL;
 fail:
     Py_DECREF(message);
     return NULL;

@@ -125,9 +125,8 @@ class Recorder:
         identity = self._identities.get(session.session_id)
         if identity is None:
             identity = self._identity(session)
-        receivers = self._receivers
-        receivers.append(identity)
-        receivers.append(_FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0])
+        flags = _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
+        self._receivers += (identity, flags)
 
     def completed(self, session: Any, delivery: Any) -> None:
         message = delivery.message

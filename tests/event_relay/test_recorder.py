@@ -243,3 +243,25 @@ def test_a_payload_that_is_not_bytes_is_recorded_as_its_bytes(cls, kind):
     h.recorder.published(Who(0), message, None)
     h.recorder.delivered(Who(1), Delivery(message, 0, False, ()))
     assert [(e[10], e[11]) for e in h.events()] == [(3, b"abc"), (3, b"abc")]
+
+
+class BrokenDelivery:
+    """A delivery whose qos cannot be read (the broker's never is)."""
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    @property
+    def qos(self) -> int:
+        raise RuntimeError("no qos")
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_delivery_that_fails_halfway_leaves_the_record_whole(cls):
+    h = Harness(cls)
+    message = Message("t", b"x", 0)
+    h.recorder.published(Who(0), message, None)
+    with pytest.raises(RuntimeError, match="no qos"):
+        h.recorder.delivered(Who(1), BrokenDelivery(message))
+    h.recorder.delivered(Who(2), Delivery(message, 0, False, ()))
+    assert [(e[0], e[2], e[3]) for e in h.events()] == [(1, 3, "client-0"), (2, 6, "client-2")]
