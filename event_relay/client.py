@@ -98,7 +98,7 @@ class RelayClient:
         """Attach as consumer `name`. start: "earliest", "latest", "committed" (where this
         name last committed), a sequence number, or None (no streaming: reads only)."""
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        hello: dict[str, Any] = {"version": 1, "name": name, "start": start, "types": types}
+        hello: dict[str, Any] = {"version": 2, "name": name, "start": start, "types": types}
         if secret is not None:
             hello["secret"] = secret
         writer.write(frames.frame(frames.HELLO, hello))

@@ -23,7 +23,7 @@ from event_relay.schema import CODES, record_codes
 
 log = logging.getLogger("nautilus.event_relay")
 
-VERSION = 1
+VERSION = 2  # 2: EVENTS carry records, compact ones included (docs/event-relay.md)
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send HELLO
 WRITE_HIGH_WATER = 1024 * 1024  # bytes queued to one consumer before the server waits
 # New events wait up to LINGER seconds for those that follow, unless LINGER_BYTES of them
