@@ -9,7 +9,7 @@
 A connection opened with `start=None` does not stream; it answers `read(a, b)` (the
 events with sequence numbers a <= seq < b) and `info()`, as Spark's executors use it.
 
-The relay sends records (docs/event-relay.md, "Records"): an event, or a compact record
+The relay sends records (docs/event-relay.md, "Compact records"): an event, or a compact record
 of a message's publish and deliveries. Iterating the client and `read` give events;
 `batches` and `read_raw` give the records as they came (`schema.expand` makes events of
 them), for a sink that forwards them or counts them cheaply (`schema.event_count`).
@@ -98,7 +98,12 @@ class RelayClient:
         """Attach as consumer `name`. start: "earliest", "latest", "committed" (where this
         name last committed), a sequence number, or None (no streaming: reads only)."""
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        hello: dict[str, Any] = {"version": 2, "name": name, "start": start, "types": types}
+        hello: dict[str, Any] = {
+            "version": frames.VERSION,
+            "name": name,
+            "start": start,
+            "types": types,
+        }
         if secret is not None:
             hello["secret"] = secret
         writer.write(frames.frame(frames.HELLO, hello))
@@ -141,14 +146,12 @@ class RelayClient:
         """The events one by one, with their fields named (event_relay.schema) and the
         relay's `node`."""
         node = self.node
-        codes = self._codes
         position = self.start or 0  # a record may begin before it
         async for batch in self.batches():
-            for values in expand(batch, position):
-                if codes is None or values[2] in codes:
-                    event = decode_event(values)
-                    event["node"] = node  # said once, in WELCOME
-                    yield event
+            for values in expand(batch, position, codes=self._codes):
+                event = decode_event(values)
+                event["node"] = node  # said once, in WELCOME
+                yield event
             position = 0
 
     # -- requests -----------------------------------------------------------------------
@@ -181,11 +184,7 @@ class RelayClient:
     ) -> list[dict[str, Any]]:
         records, _ = await self.read_raw(start, end, types=types, limit=limit)
         codes = None if types is None else {CODES[t] for t in types}
-        decoded = [
-            decode_event(values)
-            for values in expand(records, start, end)
-            if codes is None or values[2] in codes
-        ]
+        decoded = [decode_event(values) for values in expand(records, start, end, codes)]
         for event in decoded:
             event["node"] = self.node
         return decoded

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgpack
 
+VERSION = 2  # of the protocol; 2: EVENTS carry records, compact ones included
+
 # Frame kinds (one ASCII byte each).
 HELLO = b"H"  # consumer -> relay: who, which types, where to start
 WELCOME = b"W"  # relay -> consumer: the node, the epoch, the retained range

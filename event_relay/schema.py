@@ -8,6 +8,7 @@ fields in the order listed here. Readers name them with `decode_event`, so a new
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 import msgpack
@@ -87,9 +88,15 @@ def _receivers(count: int, data: bytes) -> list[list[Any]]:
     return decoded
 
 
-def expand(records: list[list[Any]], start: int = 0, end: int | None = None) -> list[list[Any]]:
+def expand(
+    records: list[list[Any]],
+    start: int = 0,
+    end: int | None = None,
+    codes: Container[int] | None = None,
+) -> list[list[Any]]:
     """The events of `records` as plain event arrays, only those with start <= seq < end
-    (a read may begin or end inside a record)."""
+    (a read may begin or end inside a record) and, when given, of the types in `codes` (a
+    compact record may hold types a reader did not ask for)."""
     events: list[list[Any]] = []
     for record in records:
         code = record[2]
@@ -112,9 +119,13 @@ def expand(records: list[list[Any]], start: int = 0, end: int | None = None) -> 
             deliver += (topic, qos, retain, size, payload, acl_name, persisted)
             events.append(deliver)
             seq += 1
-    if start or end is not None:
+    if start or end is not None or codes is not None:
         stop = end if end is not None else float("inf")
-        events = [event for event in events if start <= event[0] < stop]
+        events = [
+            event
+            for event in events
+            if start <= event[0] < stop and (codes is None or event[2] in codes)
+        ]
     return events
 
 

@@ -23,7 +23,6 @@ from event_relay.schema import CODES, record_codes
 
 log = logging.getLogger("nautilus.event_relay")
 
-VERSION = 2  # 2: EVENTS carry records, compact ones included (docs/event-relay.md)
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to send HELLO
 WRITE_HIGH_WATER = 1024 * 1024  # bytes queued to one consumer before the server waits
 # New events wait up to LINGER seconds for those that follow, unless LINGER_BYTES of them
@@ -173,9 +172,9 @@ class Consumer(asyncio.Protocol):
         problem = _hello_problem(body)
         if problem is not None:
             return self.fail("bad_handshake", problem)
-        version = body.get("version", VERSION)
-        if isinstance(version, bool) or version != VERSION:
-            return self.fail("unsupported_version", f"this relay speaks version {VERSION}")
+        version = body.get("version", frames.VERSION)
+        if isinstance(version, bool) or version != frames.VERSION:
+            return self.fail("unsupported_version", f"this relay speaks version {frames.VERSION}")
         secret = self.server.config.secret
         given = str(body.get("secret") or "").encode()
         if secret and not hmac.compare_digest(given, secret.encode()):
@@ -233,7 +232,7 @@ class Consumer(asyncio.Protocol):
     def info(self) -> dict[str, Any]:
         event_log = self.server.log
         return {
-            "version": VERSION,
+            "version": frames.VERSION,
             "node": self.server.node,
             "epoch": self.server.epoch,
             "first_seq": event_log.first_seq,

@@ -379,11 +379,9 @@ class SidecarPush:
             self._wake()
             return
         pool = self._pool
-        codes = self._codes
         records = [msgpack.unpackb(raw) for raw in raws]
-        for values in expand(records, self.position):  # a record may begin before it
-            if values[2] not in codes:
-                continue  # another event of a compact record
+        # A record may begin before the position, and hold types not pushed.
+        for values in expand(records, self.position, codes=self._codes):
             try:
                 event = decode_event(values)
                 connection = pool[zlib.crc32(event["client_id"].encode()) % len(pool)]

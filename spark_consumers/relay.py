@@ -28,7 +28,7 @@ class RelayConnection:
             raise RelayError("unreachable", f"cannot reach the relay at {address}: {exc}") from None
         self._reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
         self._frames: list[tuple[bytes, Any]] = []
-        hello: dict[str, Any] = {"version": 2, "name": name, "start": None}
+        hello: dict[str, Any] = {"version": frames.VERSION, "name": name, "start": None}
         if secret:
             hello["secret"] = secret
         self.welcome: dict[str, Any] = self._request(frames.HELLO, hello, frames.WELCOME)

@@ -275,6 +275,10 @@ def test_expand_spells_out_each_event_of_compact_records():
     assert expand(records, 17) == []
     assert expand(records, 13, 13) == []
     assert expand([records[1]], 15) == [events[5]]
+    # and by type: a compact record holds types a reader may not want.
+    assert expand(records, codes={ON_PUBLISH}) == [events[0]]
+    assert expand(records, 12, codes={ON_DELIVER}) == events[2:6]
+    assert expand(records, codes={WAKEUP}) == [events[6]]
 
 
 def test_a_publish_record_without_receivers_is_its_publish():
