@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-VERSION = 2  # of the protocol; 2: EVENTS carry records, compact ones included
+VERSION = 3  # of the protocol; 2: EVENTS carry compact records; 3: SESSION_EVENTS too
 
 # Frame kinds (one ASCII byte each).
 HELLO = b"H"  # consumer -> relay: who, which types, where to start
@@ -46,12 +46,11 @@ def frame(kind: bytes, body: Any) -> bytes:
 
 
 def events_frame(events: list[bytes]) -> bytes:
-    """An EVENTS frame from encoded events (joined in one copy: one write per frame)."""
-    body = b"".join(events)
-    size = 6 + len(body)  # kind + msgpack array 32 header + the events
-    return b"".join(
-        (size.to_bytes(4, "big"), EVENTS, b"\xdd", len(events).to_bytes(4, "big"), body)
-    )
+    """An EVENTS frame from encoded events, in one copy (one write per frame; a second
+    copy of a frame this large cost a busy broker 2% of its time)."""
+    size = 6 + sum(map(len, events))  # kind + msgpack array 32 header + the events
+    head = size.to_bytes(4, "big") + EVENTS + b"\xdd" + len(events).to_bytes(4, "big")
+    return b"".join([head, *events])
 
 
 class FrameReader:
