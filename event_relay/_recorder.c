@@ -8,9 +8,10 @@
  * and it is used when it was built and no sampling rule is set (plugin.py).
  *
  * What it does (recorder.py says why): a run is one message's on_publish and the
- * deliveries that follow it, encoded as they happen into one buffer as a msgpack record
- * (event_relay/schema.py: PUBLISH_DELIVERIES, or DELIVERIES without the publish); the
- * receivers' count is written into its place when the run ends, then the sequence number,
+ * deliveries that follow it (event_relay/schema.py: PUBLISH_DELIVERIES, or DELIVERIES
+ * without the publish), or one receiver's deliveries and completions (SESSION_EVENTS),
+ * encoded as they happen into one buffer as a msgpack record; the count of its receivers
+ * or items is written into its place when the run ends, then the sequence number,
  * and the records of a loop turn go to the log in one call at its end (EventLog.
  * append_records; PENDING_MAX at most). Integers are written in msgpack's smallest form except the
  * sequence number (always uint 64, so that it can be written last): a reader decodes both
@@ -25,7 +26,9 @@
 
 #define DELIVERIES 14
 #define PUBLISH_DELIVERIES 15
+#define SESSION_EVENTS 16
 #define ON_PUBLISH 3
+#define ON_DELIVER 6
 #define ON_DELIVERY_COMPLETE 7
 #define IDENTITIES_KEPT 65536
 #define PENDING_MAX 1024 /* records kept before they go to the log (within a loop turn) */
@@ -48,14 +51,18 @@ typedef struct {
     Py_ssize_t pending_size; /* their bytes */
     unsigned long long next_seq; /* the next record's, while some are pending */
     PyObject *identities;    /* session id -> a receiver's first four fields, encoded */
-    PyObject *message;       /* the open run's message, or NULL */
+    PyObject *message;       /* a message run's message, or NULL */
+    PyObject *who;           /* a session run's session id, or a DELIVERIES run's while it
+                                has one receiver; else NULL */
     int publish, deliver, complete, full, sizes;
-    int code;                /* of the open run */
+    int code;                /* of the open run; 0: none */
     int end_due;
-    Py_ssize_t count_at;     /* where the open record's receiver count goes */
-    Py_ssize_t receivers_at; /* where its receivers begin (after their bin's header) */
+    Py_ssize_t count_at;     /* where the open record's receiver (or item) count goes */
+    Py_ssize_t receivers_at; /* where its receivers (items) begin, after their bin's header */
+    Py_ssize_t flags_at;     /* where the last receiver's qos, retain, persisted begin */
     Py_ssize_t receivers;
     Buffer buffer;           /* the open record */
+    Buffer scratch;          /* where a DELIVERIES run is rewritten as a session run */
 } Recorder;
 
 /* -- reading the broker's objects ----------------------------------------------------------
@@ -240,25 +247,45 @@ static int put_identity(Buffer *b, PyObject *who, Field **fields) {
     return put_attr(b, who, fields[2], put_str);
 }
 
-/* topic, qos, retain, payload_size, payload, acl_name: `qos` and `retain` from `of`
- * (the message for a publish, the delivery for a delivery). */
-static int put_message(Recorder *self, Buffer *b, PyObject *message, PyObject *of, Field *qos,
-                       Field *retain_field) {
-    if (put_attr(b, message, &M_TOPIC, put_str) < 0 || put_attr(b, of, qos, put_int_object) < 0)
+static int put_truth(Buffer *b, PyObject *obj, Field *field) {
+    PyObject *value = get(field, obj);
+    if (value == NULL)
         return -1;
-    PyObject *retain = get(retain_field, of);
-    if (retain == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(retain);
-    Py_DECREF(retain);
-    if (truth < 0 || put_bool(b, truth) < 0)
-        return -1;
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth < 0 ? -1 : put_bool(b, truth);
+}
+
+/* payload_size, payload, acl_name */
+static int put_body(Recorder *self, Buffer *b, PyObject *message) {
     PyObject *payload = get(&M_PAYLOAD, message);
     if (payload == NULL)
         return -1;
     int rc = put_payload(self, b, payload);
     Py_DECREF(payload);
     return rc < 0 ? -1 : put_attr(b, message, &M_ACL, put_str);
+}
+
+/* A publish's topic, qos, retain, payload_size, payload, acl_name. */
+static int put_message(Recorder *self, Buffer *b, PyObject *message) {
+    if (put_attr(b, message, &M_TOPIC, put_str) < 0 ||
+        put_attr(b, message, &M_QOS, put_int_object) < 0 || put_truth(b, message, &M_RETAIN) < 0)
+        return -1;
+    return put_body(self, b, message);
+}
+
+/* A delivery's qos, retain and persisted (seq >= 0): a receiver's or an item's last three. */
+static int put_flags(Buffer *b, PyObject *delivery) {
+    if (put_attr(b, delivery, &D_QOS, put_int_object) < 0 || put_truth(b, delivery, &D_RETAIN) < 0)
+        return -1;
+    PyObject *seq = get(&D_SEQ, delivery);
+    if (seq == NULL)
+        return -1;
+    long long stored = PyLong_AsLongLong(seq);
+    Py_DECREF(seq);
+    if (stored == -1 && PyErr_Occurred())
+        return -1;
+    return put_bool(b, stored >= 0);
 }
 
 /* -- records ---------------------------------------------------------------------------- */
@@ -342,9 +369,11 @@ static int keep(Recorder *self, int code, Buffer *b, Py_ssize_t count) {
 static int close_run(Recorder *self) {
     Buffer *b = &self->buffer;
     int code = self->code;
+    self->code = 0;
     Py_CLEAR(self->message);
+    Py_CLEAR(self->who);
     Py_ssize_t count = self->receivers;
-    if (count == 0 && code == DELIVERIES) { /* its first receiver failed: nothing to say */
+    if (count == 0 && code != PUBLISH_DELIVERIES) { /* its first one failed: nothing to say */
         b->size = 0;
         return 0;
     }
@@ -359,8 +388,8 @@ static int close_run(Recorder *self) {
     return keep(self, code, b, count + (code == PUBLISH_DELIVERIES));
 }
 
-/* The run's last two fields: the receiver count (uint 32) and the receivers (bin 32),
- * both written when the run ends. */
+/* The run's last two fields: the receiver (item) count (uint 32) and the receivers (bin
+ * 32), both written when the run ends. `message`: a message run's, or NULL. */
 static int open_run(Recorder *self, PyObject *message, int code) {
     Buffer *b = &self->buffer;
     if (put_head(b, 0xce, 0, 4) < 0)
@@ -369,14 +398,14 @@ static int open_run(Recorder *self, PyObject *message, int code) {
     if (put_head(b, 0xc6, 0, 4) < 0)
         return -1;
     self->receivers_at = b->size;
-    Py_INCREF(message);
+    Py_XINCREF(message);
     self->message = message;
     self->code = code;
     self->receivers = 0;
     return schedule_turn_end(self); /* a run ends with the loop turn at the latest */
 }
 
-static int end_run(Recorder *self) { return self->message != NULL ? close_run(self) : 0; }
+static int end_run(Recorder *self) { return self->code ? close_run(self) : 0; }
 
 /* Everything recorded goes to the log now. */
 static int seal_run(Recorder *self) { return end_run(self) < 0 ? -1 : hand_over(self); }
@@ -423,6 +452,94 @@ static int put_who(Recorder *self, Buffer *b, PyObject *who, Field **fields) {
     return rc;
 }
 
+/* One more receiver of the open message run (taken back if it fails halfway). */
+static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
+    Buffer *b = &self->buffer;
+    Py_ssize_t before = b->size;
+    PyObject *identity = identity_of(self, session, RECEIVER);
+    if (identity == NULL)
+        return -1;
+    int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
+    Py_DECREF(identity);
+    Py_ssize_t flags_at = b->size;
+    if (rc < 0 || put_flags(b, delivery) < 0) {
+        b->size = before;
+        return -1;
+    }
+    self->flags_at = flags_at;
+    self->receivers++;
+    return 0;
+}
+
+/* One more item of the open session run: an array of 8, the event's code, the message's
+ * topic, payload_size, payload, acl_name, then the delivery's flags (taken back if it
+ * fails halfway). */
+static int add_item(Recorder *self, int code, PyObject *delivery) {
+    Buffer *b = &self->buffer;
+    Py_ssize_t before = b->size;
+    PyObject *message = get(&D_MESSAGE, delivery);
+    if (message == NULL)
+        return -1;
+    int rc = (put_byte(b, 0x98) < 0 || put_byte(b, (unsigned char)code) < 0 ||
+              put_attr(b, message, &M_TOPIC, put_str) < 0 || put_body(self, b, message) < 0 ||
+              put_flags(b, delivery) < 0)
+                 ? -1
+                 : 0;
+    Py_DECREF(message);
+    if (rc < 0) {
+        b->size = before;
+        return -1;
+    }
+    self->receivers++;
+    return 0;
+}
+
+/* A SESSION_EVENTS run of `session` (whose session id is `session_id`) opens. */
+static int open_session_run(Recorder *self, PyObject *session, PyObject *session_id) {
+    Buffer *b = &self->buffer;
+    b->size = 0;
+    if (put_start(b, 9, SESSION_EVENTS) < 0 || put_who(self, b, session, RECEIVER) < 0 ||
+        open_run(self, NULL, SESSION_EVENTS) < 0) {
+        b->size = 0;
+        self->code = 0;
+        return -1;
+    }
+    Py_INCREF(session_id);
+    self->who = session_id;
+    return 0;
+}
+
+/* The open DELIVERIES run of one receiver becomes that receiver's SESSION_EVENTS run, its
+ * delivery the first item: the same bytes, rearranged (the run's ts is kept). */
+static int to_session_run(Recorder *self) {
+    Buffer *from = &self->buffer, *to = &self->scratch;
+    Py_ssize_t identity_at = self->receivers_at + 1; /* after the receiver's array header */
+    Py_ssize_t fields_at = CODE_AT + 1, fields_end = self->count_at - 1; /* topic..acl_name */
+    to->size = 0;
+    if (put_start(to, 9, SESSION_EVENTS) < 0)
+        return -1;
+    memcpy(to->data + SEQ_AT + 9, from->data + SEQ_AT + 9, 8);
+    if (put(to, from->data + identity_at, self->flags_at - identity_at) < 0 ||
+        put_head(to, 0xce, 0, 4) < 0)
+        return -1;
+    Py_ssize_t count_at = to->size - 4;
+    if (put_head(to, 0xc6, 0, 4) < 0)
+        return -1;
+    Py_ssize_t receivers_at = to->size;
+    if (put_byte(to, 0x98) < 0 || put_byte(to, ON_DELIVER) < 0 ||
+        put(to, from->data + fields_at, fields_end - fields_at) < 0 ||
+        put(to, from->data + self->flags_at, from->size - self->flags_at) < 0)
+        return -1;
+    Buffer swap = *from;
+    *from = *to;
+    *to = swap;
+    self->count_at = count_at;
+    self->receivers_at = receivers_at;
+    self->code = SESSION_EVENTS;
+    Py_CLEAR(self->message);
+    return 0;
+}
+
 static PyObject *Recorder_published(Recorder *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "published(client, message, matched_acl)");
@@ -436,7 +553,7 @@ static PyObject *Recorder_published(Recorder *self, PyObject *const *args, Py_ss
     Buffer *b = &self->buffer;
     b->size = 0;
     if (put_start(b, 16, PUBLISH_DELIVERIES) < 0 || put_who(self, b, client, PUBLISHER) < 0 ||
-        put_message(self, b, message, message, &M_QOS, &M_RETAIN) < 0)
+        put_message(self, b, message) < 0)
         goto fail;
     if (matched == Py_None) {
         if (put_byte(b, 0xa0) < 0)
@@ -451,6 +568,7 @@ static PyObject *Recorder_published(Recorder *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 fail:
     Py_CLEAR(self->message);
+    self->code = 0;
     b->size = 0;
     return NULL;
 }
@@ -466,60 +584,45 @@ static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ss
     PyObject *message = get(&D_MESSAGE, delivery);
     if (message == NULL)
         return NULL;
+    if (self->code && message == self->message) { /* this message's run: one more receiver */
+        Py_DECREF(message);
+        Py_CLEAR(self->who); /* not one receiver's any more */
+        if (add_receiver(self, session, delivery) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *session_id = get(&R_SESSION_ID, session);
+    if (session_id == NULL) {
+        Py_DECREF(message);
+        return NULL;
+    }
+    if (self->code && session_id == self->who) { /* this receiver's run */
+        Py_DECREF(session_id);
+        Py_DECREF(message);
+        if ((self->code == DELIVERIES && to_session_run(self) < 0) ||
+            add_item(self, ON_DELIVER, delivery) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
     Buffer *b = &self->buffer;
-    if (message != self->message) {
-        if (end_run(self) < 0)
-            goto fail;
+    if (end_run(self) < 0)
+        goto fail;
+    b->size = 0;
+    if (put_start(b, 9, DELIVERIES) < 0 || put_attr(b, message, &M_TOPIC, put_str) < 0 ||
+        put_body(self, b, message) < 0 || open_run(self, message, DELIVERIES) < 0) {
         b->size = 0;
-        if (put_start(b, 9, DELIVERIES) < 0 || put_attr(b, message, &M_TOPIC, put_str) < 0)
-            goto fail;
-        PyObject *payload = get(&M_PAYLOAD, message);
-        if (payload == NULL)
-            goto fail;
-        int rc = put_payload(self, b, payload);
-        Py_DECREF(payload);
-        if (rc < 0 || put_attr(b, message, &M_ACL, put_str) < 0 ||
-            open_run(self, message, DELIVERIES) < 0) {
-            b->size = 0;
-            Py_CLEAR(self->message);
-            goto fail;
-        }
+        Py_CLEAR(self->message);
+        self->code = 0;
+        goto fail;
     }
     Py_DECREF(message);
-    Py_ssize_t before = b->size; /* a receiver half written is taken back */
-    PyObject *identity = identity_of(self, session, RECEIVER);
-    if (identity == NULL)
+    self->who = session_id; /* the run's reference now */
+    if (add_receiver(self, session, delivery) < 0)
         return NULL;
-    int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
-    Py_DECREF(identity);
-    if (rc < 0)
-        goto undo;
-    /* qos, retain, persisted (seq >= 0) */
-    PyObject *qos = get(&D_QOS, delivery);
-    if (qos == NULL)
-        goto undo;
-    rc = put_int_object(b, qos);
-    Py_DECREF(qos);
-    PyObject *retain = rc < 0 ? NULL : get(&D_RETAIN, delivery);
-    if (retain == NULL)
-        goto undo;
-    int truth = PyObject_IsTrue(retain);
-    Py_DECREF(retain);
-    PyObject *seq = truth < 0 ? NULL : get(&D_SEQ, delivery);
-    if (seq == NULL)
-        goto undo;
-    long long stored = PyLong_AsLongLong(seq);
-    Py_DECREF(seq);
-    if ((stored == -1 && PyErr_Occurred()) || put_bool(b, truth) < 0 ||
-        put_bool(b, stored >= 0) < 0)
-        goto undo;
-    self->receivers++;
     Py_RETURN_NONE;
-undo:
-    b->size = before;
-    return NULL;
 fail:
     Py_DECREF(message);
+    Py_DECREF(session_id);
     return NULL;
 }
 
@@ -531,30 +634,16 @@ static PyObject *Recorder_completed(Recorder *self, PyObject *const *args, Py_ss
     if (!self->complete)
         Py_RETURN_NONE;
     PyObject *session = args[0], *delivery = args[1];
-    if (end_run(self) < 0)
+    PyObject *session_id = get(&R_SESSION_ID, session);
+    if (session_id == NULL)
         return NULL;
-    PyObject *message = get(&D_MESSAGE, delivery);
-    if (message == NULL)
-        return NULL;
-    Buffer *b = &self->buffer;
-    b->size = 0;
-    PyObject *seq = NULL;
-    if (put_start(b, 14, ON_DELIVERY_COMPLETE) < 0 ||
-        put_who(self, b, session, RECEIVER) < 0 ||
-        put_message(self, b, message, delivery, &D_QOS, &D_RETAIN) < 0 ||
-        (seq = get(&D_SEQ, delivery)) == NULL) {
-        Py_DECREF(message);
-        b->size = 0;
-        return NULL;
-    }
-    Py_DECREF(message);
-    long long stored = PyLong_AsLongLong(seq);
-    Py_DECREF(seq);
-    if ((stored == -1 && PyErr_Occurred()) || put_bool(b, stored >= 0) < 0) {
-        b->size = 0;
-        return NULL;
-    }
-    if (keep(self, ON_DELIVERY_COMPLETE, b, 1) < 0)
+    int rc;
+    if (self->code && session_id == self->who) /* this receiver's run */
+        rc = self->code == DELIVERIES ? to_session_run(self) : 0;
+    else
+        rc = end_run(self) < 0 ? -1 : open_session_run(self, session, session_id);
+    Py_DECREF(session_id);
+    if (rc < 0 || add_item(self, ON_DELIVERY_COMPLETE, delivery) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -649,6 +738,7 @@ static int Recorder_traverse(Recorder *self, visitproc visit, void *arg) {
     Py_VISIT(self->schedule);
     Py_VISIT(self->identities);
     Py_VISIT(self->message);
+    Py_VISIT(self->who);
     Py_VISIT(self->append_records);
     Py_VISIT(self->pending);
     Py_VISIT(self->turn_ended);
@@ -661,6 +751,7 @@ static int Recorder_clear(Recorder *self) {
     Py_CLEAR(self->schedule);
     Py_CLEAR(self->identities);
     Py_CLEAR(self->message);
+    Py_CLEAR(self->who);
     Py_CLEAR(self->append_records);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->turn_ended);
@@ -671,6 +762,7 @@ static void Recorder_dealloc(Recorder *self) {
     PyObject_GC_UnTrack(self);
     Recorder_clear(self);
     PyMem_Free(self->buffer.data);
+    PyMem_Free(self->scratch.data);
     PyMem_Free(self->pending_codes.data);
     PyMem_Free(self->pending_starts.data);
     Py_TYPE(self)->tp_free((PyObject *)self);

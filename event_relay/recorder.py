@@ -1,16 +1,20 @@
 """The relay's MessageRecorder (hooks/recorder.py): on_publish, on_deliver and
-on_delivery_complete recorded from the broker's own objects, the publish and deliveries
-of one message kept as one compact record.
+on_delivery_complete recorded from the broker's own objects, the events of one message,
+or of one receiver, kept as one compact record.
 
-A run is the events about one message recorded in a row: its on_publish (when relayed)
-and the deliveries that follow it, as one record (`PUBLISH_DELIVERIES`); deliveries of a
-message whose publish is not the record before them (a queue drained later, on_publish
-not relayed) make a `DELIVERIES` record. Anything else recorded ends the run first, so the
-log keeps the order in which things happened; the run also ends with the loop turn. The
-message's fields are encoded once per record and each receiver's identity once per
-connection, which is what makes a fan-out's deliveries cheap to relay: the broker's own
-cost of a delivery is about a microsecond, and a hook call with a context per delivery
-cost more than that.
+A run is events recorded in a row that make one record:
+- a message's on_publish (when relayed) and the deliveries made while routing it
+  (`PUBLISH_DELIVERIES`), or deliveries of one message without its publish before them
+  (`DELIVERIES`: on_publish not relayed, a message from another node);
+- one receiver connection's deliveries and completions (`SESSION_EVENTS`): a queue drained
+  when the subscriber has room again, the PUBACKs it sent and the deliveries they let go
+  out. A DELIVERIES run of one receiver becomes one when that receiver's next event comes.
+Anything else recorded ends the run first, so the log keeps the order in which things
+happened; the run also ends with the loop turn. The message's fields are encoded once per
+message run and each receiver's identity once per connection, which is what makes a
+fan-out's deliveries, and a flood's queued ones, cheap to relay: the broker's own cost of a
+delivery is about a microsecond, and a hook call with a context per delivery cost more
+than that.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ from typing import Any
 import msgpack
 
 from event_relay.log import EventLog
-from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES
+from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS
 from hooks import MatchedAcl
 
 _ON_PUBLISH = CODES["on_publish"]
+_ON_DELIVER = CODES["on_deliver"]
 _ON_DELIVERY_COMPLETE = CODES["on_delivery_complete"]
 _time_ns = time.time_ns
 _pack = msgpack.Packer().pack
 _TRUE, _FALSE = b"\xc3", b"\xc2"
-# A receiver's last three fields, encoded: [qos][retain][persisted].
+# A receiver's or an item's last three fields, encoded: [qos][retain][persisted].
 _FLAGS = [
     [
         [bytes((qos,)) + retain + persisted for persisted in (_FALSE, _TRUE)]
@@ -40,6 +45,8 @@ _FLAGS = [
     for qos in range(3)
 ]
 _RECEIVER = b"\x97"  # a receiver is an array of 7 (event_relay/schema.py)
+# An item of a SESSION_EVENTS record is an array of 8 whose first field is its type code.
+_ITEM = {code: b"\x98" + bytes((code,)) for code in (_ON_DELIVER, _ON_DELIVERY_COMPLETE)}
 _IDENTITIES_KEPT = 65_536  # receivers' encoded identities cached (then the cache starts over)
 
 
@@ -64,19 +71,23 @@ class Recorder:
         self._sample = sample
         self.schedule = schedule  # the plugin sets the loop's call_soon once it runs
         self.sampled_out = 0
-        # The open run: the message its deliveries extend, the record's fields before its
-        # receivers, and the receivers (identity, flags, identity, flags, ...).
+        # The open run: its record code (0: none), the message a message run's deliveries
+        # extend, the session id of a session run's receiver (or of a DELIVERIES run's one
+        # receiver so far: `_who`), the record's fields before its receivers or items, and
+        # those (each encoded).
+        self._code = 0
         self._message: Any = None
+        self._session_id: str | None = None
+        self._who: Any = None
         self._head: list[Any] = []
-        self._code = DELIVERIES
-        self._receivers: list[bytes] = []
+        self._items: list[bytes] = []
         self._identities: dict[str, bytes] = {}  # session id -> encoded identity
         self._end_due = False
 
     # -- hooks.MessageRecorder -----------------------------------------------------------
 
     def published(self, client: Any, message: Any, matched_acl: MatchedAcl | None) -> None:
-        if self._message is not None:
+        if self._code:
             self._close()
         if not self._publish or (self._sample and self._sampled_out("on_publish", message)):
             return  # its deliveries, if relayed, make a DELIVERIES record
@@ -100,33 +111,36 @@ class Recorder:
         if not self._deliver:
             self.log.append(_ON_PUBLISH, head)
             return
-        self._open(message, PUBLISH_DELIVERIES, head)
+        self._open(PUBLISH_DELIVERIES, head, message)
 
     def delivered(self, session: Any, delivery: Any) -> None:
-        if not self._deliver or (
-            self._sample and self._sampled_out("on_deliver", delivery.message)
-        ):
-            return
         message = delivery.message
-        if message is not self._message:
-            if self._message is not None:
-                self._close()
-            payload = message.payload
-            head = [
-                0,
-                _time_ns(),
-                0,
-                message.topic,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                message.acl_name,
-            ]
-            self._open(message, DELIVERIES, head)
-        identity = self._identities.get(session.session_id)
-        if identity is None:
-            identity = self._identity(session)
-        flags = _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
-        self._receivers += (identity, flags)
+        if not self._deliver or (self._sample and self._sampled_out("on_deliver", message)):
+            return
+        code = self._code
+        if code and message is self._message:  # this message's run: one more receiver
+            self._session_id = None  # not one receiver's any more
+            self._items.append(self._receiver(session, delivery))
+            return
+        if code and session.session_id is self._session_id:  # this receiver's
+            self._session_run()
+            self._items.append(self._item(_ON_DELIVER, message, delivery))
+            return
+        if code:
+            self._close()
+        payload = message.payload
+        head = [
+            0,
+            _time_ns(),
+            0,
+            message.topic,
+            len(payload) if self._sizes else None,
+            payload if self._full else None,
+            message.acl_name,
+        ]
+        self._open(DELIVERIES, head, message)
+        self._session_id, self._who = session.session_id, session
+        self._items.append(self._receiver(session, delivery))
 
     def completed(self, session: Any, delivery: Any) -> None:
         message = delivery.message
@@ -134,65 +148,91 @@ class Recorder:
             self._sample and self._sampled_out("on_delivery_complete", message)
         ):
             return
-        payload = message.payload
-        self.append(
-            _ON_DELIVERY_COMPLETE,
-            [
-                0,
-                _time_ns(),
-                0,
-                session.client_id,
-                "",
-                session.username,
-                session.session_id,
-                message.topic,
-                delivery.qos,
-                delivery.retain,
-                len(payload) if self._sizes else None,
-                payload if self._full else None,
-                message.acl_name,
-                delivery.seq >= 0,
-            ],
-        )
+        item = self._item(_ON_DELIVERY_COMPLETE, message, delivery)
+        if self._code and session.session_id is self._session_id:
+            self._session_run()
+        else:
+            if self._code:
+                self._close()
+            self._open(SESSION_EVENTS, self._session_head(session, _time_ns()))
+            self._session_id = session.session_id
+        self._items.append(item)
 
     # -- the other events, and the end of a run ------------------------------------------
 
     def append(self, code: int, values: list[Any]) -> None:
         """Any other event: the open run is recorded first (the log keeps the order)."""
-        if self._message is not None:
+        if self._code:
             self._close()
         self.log.append(code, values)
 
     def seal(self) -> None:
         """Record the open run now (before the log is flushed for an acknowledgement)."""
-        if self._message is not None:
+        if self._code:
             self._close()
 
-    def _open(self, message: Any, code: int, head: list[Any]) -> None:
-        self._message = message
+    def _open(self, code: int, head: list[Any], message: Any = None) -> None:
         self._code = code
+        self._message = message
         self._head = head
         if not self._end_due:  # a run ends with the loop turn at the latest
             self._end_due = True
             self.schedule(self._turn_ended)
 
+    def _session_run(self) -> None:
+        """The open run is the receiver's: a DELIVERIES run of its one delivery becomes a
+        SESSION_EVENTS run holding it as its first item."""
+        if self._code == SESSION_EVENTS:
+            return
+        _, ts, _, topic, size, payload, acl_name = self._head
+        receiver = self._items[0]
+        flags = receiver[-3:]
+        fields = b"".join(map(_pack, (topic, size, payload, acl_name)))
+        self._items = [_ITEM[_ON_DELIVER] + fields + flags]
+        self._code, self._message = SESSION_EVENTS, None
+        self._head = self._session_head(self._who, ts)
+
     def _turn_ended(self) -> None:
         self._end_due = False
-        if self._message is not None:
+        if self._code:
             self._close()
 
     def _close(self) -> None:
-        head, receivers, code = self._head, self._receivers, self._code
-        self._message = None
-        count = len(receivers) >> 1
-        if count == 0:  # a publish that reached no one (now): a plain on_publish
-            self.log.append(_ON_PUBLISH, head)
+        head, items, code = self._head, self._items, self._code
+        self._code, self._message, self._session_id, self._who = 0, None, None, None
+        count = len(items)
+        if count == 0:  # its first receiver or item failed, or a publish reached no one
+            if code == PUBLISH_DELIVERIES:  # (now): a plain on_publish
+                self.log.append(_ON_PUBLISH, head)
             return
         head[0] = self.log.next_seq
         head[2] = code
-        head += (count, b"".join(receivers))
-        receivers.clear()
+        head += (count, b"".join(items))
+        self._items = []
         self.log.append_record(code, _pack(head), count + (code == PUBLISH_DELIVERIES))
+
+    def _session_head(self, session: Any, ts: int) -> list[Any]:
+        return [0, ts, 0, session.client_id, "", session.username, session.session_id]
+
+    def _receiver(self, session: Any, delivery: Any) -> bytes:
+        """A message run's receiver: its identity (encoded once per connection), then its
+        delivery's qos, retain and whether the store keeps it."""
+        identity = self._identities.get(session.session_id)
+        if identity is None:
+            identity = self._identity(session)
+        return identity + _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
+
+    def _item(self, code: int, message: Any, delivery: Any) -> bytes:
+        """A session run's item: the event's code, the message's fields, the flags."""
+        payload = message.payload
+        fields = (
+            message.topic,
+            len(payload) if self._sizes else None,
+            payload if self._full else None,
+            message.acl_name,
+        )
+        flags = _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
+        return _ITEM[code] + b"".join(map(_pack, fields)) + flags
 
     def _identity(self, session: Any) -> bytes:
         """A receiver's first four fields, encoded once per connection."""

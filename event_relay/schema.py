@@ -46,19 +46,25 @@ TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
 
 CODES: dict[str, int] = {name: code for code, (name, _) in TYPES.items()}
 
-# Compact records (docs/event-relay.md, "Compact records"): the events about one message
-# made in a row, as one record (event_relay/recorder.py). `expand` makes them events
-# again; their sequence numbers are the record's and the ones after it, and they share its
-# ts. After the common fields' first three:
+# Compact records (docs/event-relay.md, "Compact records"): the events about one message,
+# or of one receiver, made in a row, as one record (event_relay/recorder.py). `expand`
+# makes them events again; their sequence numbers are the record's and the ones after it,
+# and they share its ts. After the common fields' first three:
 #   DELIVERIES          topic, payload_size, payload, acl_name, receiver_count, receivers
 #   PUBLISH_DELIVERIES  on_publish's fields (client_id ... acl_pattern), receiver_count,
 #                       receivers
+#   SESSION_EVENTS      the receiver's client_id, mountpoint, username, session_id,
+#                       item_count, items
 # `receivers` is a bin holding receiver_count msgpack arrays one after another, each
-# [client_id, mountpoint, username, session_id, qos, retain, persisted] (a reader that
-# only counts decodes none of them).
+# [client_id, mountpoint, username, session_id, qos, retain, persisted]; `items` one of
+# item_count arrays, each [type code (on_deliver or on_delivery_complete), topic,
+# payload_size, payload, acl_name, qos, retain, persisted] (a reader that only counts
+# decodes none of them).
 DELIVERIES = 14  # on_deliver once per receiver
 PUBLISH_DELIVERIES = 15  # on_publish, then on_deliver once per receiver
+SESSION_EVENTS = 16  # one receiver's on_deliver and on_delivery_complete events
 _ON_PUBLISH, _ON_DELIVER = CODES["on_publish"], CODES["on_deliver"]
+_ON_DELIVERY_COMPLETE = CODES["on_delivery_complete"]
 
 
 def event_count(record: list[Any]) -> int:
@@ -66,7 +72,7 @@ def event_count(record: list[Any]) -> int:
     code = record[2]
     if code == PUBLISH_DELIVERIES:
         return 1 + record[14]
-    if code == DELIVERIES:
+    if code in (DELIVERIES, SESSION_EVENTS):
         return record[7]
     return 1
 
@@ -79,11 +85,13 @@ def record_codes(codes: frozenset[int]) -> frozenset[int]:
         found |= {DELIVERIES, PUBLISH_DELIVERIES}
     if _ON_PUBLISH in codes:
         found.add(PUBLISH_DELIVERIES)
+    if _ON_DELIVER in codes or _ON_DELIVERY_COMPLETE in codes:
+        found.add(SESSION_EVENTS)
     return frozenset(found)
 
 
 def _receivers(count: int, data: bytes) -> list[list[Any]]:
-    """A compact record's receivers, decoded (a bin of `count` msgpack arrays)."""
+    """A compact record's receivers or items, decoded (a bin of `count` msgpack arrays)."""
     decoded: list[list[Any]] = msgpack.unpackb(b"\xdd" + count.to_bytes(4, "big") + data)
     return decoded
 
@@ -109,6 +117,16 @@ def expand(
             seq += 1
         elif code == DELIVERIES:
             seq, ts, _, topic, size, payload, acl_name, count, receivers = record[:9]
+        elif code == SESSION_EVENTS:
+            seq, ts, _, client_id, mountpoint, username, session_id, count, items = record[:9]
+            for kind, topic, size, payload, acl_name, qos, retain, persisted in _receivers(
+                count, items
+            ):
+                event = [seq, ts, kind, client_id, mountpoint, username, session_id, topic]
+                event += (qos, retain, size, payload, acl_name, persisted)
+                events.append(event)
+                seq += 1
+            continue
         else:
             events.append(record)
             continue

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import plyvel
 
-from event_relay.schema import DELIVERIES, PUBLISH_DELIVERIES
+from event_relay.schema import DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS
 
 log = logging.getLogger("nautilus.event_relay")
 
@@ -54,7 +54,7 @@ def _count(value: bytes) -> int:
     return int.from_bytes(value[1:5], "big") if value[0] in _COMPACT else 1
 
 
-_COMPACT = (DELIVERIES, PUBLISH_DELIVERIES)  # records of several events
+_COMPACT = (DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS)  # records of several events
 
 
 class Spool:

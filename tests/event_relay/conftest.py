@@ -227,7 +227,7 @@ class RawConsumer:
         self.sock.sendall(data)
 
     def hello(self, **body: Any) -> None:
-        self.send(frames.frame(frames.HELLO, {"version": 2, **body}))
+        self.send(frames.frame(frames.HELLO, {"version": frames.VERSION, **body}))
 
     def frame(self) -> tuple[bytes, Any]:
         """The next frame (fails on EOF or timeout)."""

@@ -19,6 +19,7 @@ from tests.broker.helpers import RawClient, publish_packet, unique_id
 
 from .conftest import RelayBroker, Stream, assert_gap_free, flood, one_publish
 
+VERSION = frames.VERSION
 to_thread = asyncio.to_thread
 
 
@@ -127,7 +128,7 @@ def test_range_reads_and_info_from_memory(relay_broker):
 
             info = await client.info()
             assert info == {
-                "version": 2,
+                "version": frames.VERSION,
                 "node": "relay-node",
                 "epoch": broker.plugin.epoch,
                 "first_seq": 1,
@@ -306,21 +307,32 @@ HANDSHAKES = [
     pytest.param(frames.frame(frames.QUERY, {}), "bad_handshake", id="query-first"),
     pytest.param(frames.frame(frames.COMMIT, {"seq": 1}), "bad_handshake", id="commit-first"),
     pytest.param(frames.frame(frames.HELLO, ["tail"]), "bad_handshake", id="not-a-map"),
-    pytest.param(hello_frame(version=2, start="earliest"), "bad_handshake", id="no-name"),
-    pytest.param(hello_frame(version=2, name=""), "bad_handshake", id="empty-name"),
-    pytest.param(hello_frame(version=2, name=7), "bad_handshake", id="name-not-str"),
+    pytest.param(hello_frame(version=VERSION, start="earliest"), "bad_handshake", id="no-name"),
+    pytest.param(hello_frame(version=VERSION, name=""), "bad_handshake", id="empty-name"),
+    pytest.param(hello_frame(version=VERSION, name=7), "bad_handshake", id="name-not-str"),
     pytest.param(
-        hello_frame(version=2, name="t", types=["on_publish", "on_nothing"]),
+        hello_frame(version=VERSION, name="t", types=["on_publish", "on_nothing"]),
         "bad_handshake",
         id="unknown-type",
     ),
-    pytest.param(hello_frame(version=2, name="t", types="on_publish"), "bad_handshake", id="types"),
-    pytest.param(hello_frame(version=2, name="t", start="newest"), "bad_handshake", id="start"),
-    pytest.param(hello_frame(version=2, name="t", start=-1), "bad_handshake", id="start-neg"),
-    pytest.param(hello_frame(version=2, name="t", start=True), "bad_handshake", id="start-bool"),
-    pytest.param(hello_frame(version=2, name="t", start=1.5), "bad_handshake", id="start-float"),
+    pytest.param(
+        hello_frame(version=VERSION, name="t", types="on_publish"), "bad_handshake", id="types"
+    ),
+    pytest.param(
+        hello_frame(version=VERSION, name="t", start="newest"), "bad_handshake", id="start"
+    ),
+    pytest.param(hello_frame(version=VERSION, name="t", start=-1), "bad_handshake", id="start-neg"),
+    pytest.param(
+        hello_frame(version=VERSION, name="t", start=True), "bad_handshake", id="start-bool"
+    ),
+    pytest.param(
+        hello_frame(version=VERSION, name="t", start=1.5), "bad_handshake", id="start-float"
+    ),
     pytest.param(hello_frame(version=1, name="t"), "unsupported_version", id="version-1"),
-    pytest.param(hello_frame(version="2", name="t"), "unsupported_version", id="version-str"),
+    pytest.param(hello_frame(version=2, name="t"), "unsupported_version", id="version-2"),
+    pytest.param(
+        hello_frame(version=str(VERSION), name="t"), "unsupported_version", id="version-str"
+    ),
 ]
 
 
@@ -396,7 +408,7 @@ def test_errors_leave_the_broker_and_other_consumers_alone(watched, raw_consumer
 def test_no_hello_in_time_is_a_bad_handshake(relay_broker, raw_consumer):
     broker: RelayBroker = relay_broker()
     raw = raw_consumer(broker.address)
-    raw.send(hello_frame(version=2, name="slow")[:7])  # half a HELLO, then nothing
+    raw.send(hello_frame(version=VERSION, name="slow")[:7])  # half a HELLO, then nothing
     plugin_server = broker.plugin.server
     assert plugin_server is not None
     broker.server.wait_for(lambda: len(plugin_server.consumers) == 1)
@@ -408,7 +420,7 @@ def test_no_hello_in_time_is_a_bad_handshake(relay_broker, raw_consumer):
 @pytest.mark.parametrize(
     ("start", "request_frame"),
     [
-        pytest.param("latest", hello_frame(version=2, name="again"), id="hello-twice"),
+        pytest.param("latest", hello_frame(version=VERSION, name="again"), id="hello-twice"),
         pytest.param("latest", frames.frame(frames.WELCOME, {}), id="welcome-from-consumer"),
         pytest.param("latest", frames.frame(frames.COMMIT, {"seq": "7"}), id="commit-str"),
         pytest.param("latest", frames.frame(frames.COMMIT, [7]), id="commit-not-map"),
@@ -599,7 +611,7 @@ def test_events_frames_on_the_wire(relay_broker, raw_consumer):
     broker: RelayBroker = relay_broker()
     flood(broker, 1)
     raw = raw_consumer(broker.address)
-    raw.send(b"\x00\x00\x00\x19H" + msgpack.packb({"version": 2, "name": "w", "start": 1}))
+    raw.send(b"\x00\x00\x00\x19H" + msgpack.packb({"version": VERSION, "name": "w", "start": 1}))
     assert raw.frame()[0] == frames.WELCOME
     kind, events = raw.frame()
     assert kind == frames.EVENTS

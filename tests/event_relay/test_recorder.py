@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from broker.message import Delivery, Message
 from event_relay import recorder
 from event_relay.log import EventLog
-from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, expand
+from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS, expand
 from hooks import MatchedAcl
 
 try:
@@ -78,7 +78,7 @@ def without_ts(values: list[Any]) -> list[Any]:
 def decoded(record: list[Any]) -> list[Any]:
     """A record with its receivers decoded and no ts (the two recorders differ there)."""
     record = without_ts(record)
-    if record[1] in (DELIVERIES, PUBLISH_DELIVERIES):
+    if record[1] in (DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS):
         count, data = record[-2], record[-1]
         record[-1] = msgpack.unpackb(b"\xdd" + count.to_bytes(4, "big") + data)
     return record
@@ -125,7 +125,7 @@ def test_anything_else_recorded_ends_the_run_so_order_is_kept(cls):
         CODES["on_client_wakeup"],
         DELIVERIES,
         DELIVERIES,
-        CODES["on_delivery_complete"],
+        SESSION_EVENTS,  # client-1's completion: a run of client-1's events
     ]
     events = expand(records)
     assert [e[0] for e in events] == list(range(1, 7))
@@ -136,6 +136,80 @@ def test_anything_else_recorded_ends_the_run_so_order_is_kept(cls):
         (6, "client-2"),
         (6, "client-3"),
         (7, "client-1"),
+    ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_one_receivers_deliveries_and_completions_in_a_row_make_one_record(cls):
+    # A queue drained when the subscriber has room again: messages one after another to
+    # one connection, with the PUBACKs that made the room among them.
+    h = Harness(cls)
+    m1, m2, m3 = (Message(f"t/{i}", b"%d" % i, 1) for i in (1, 2, 3))
+    h.recorder.published(Who(0), m1, None)
+    h.recorder.delivered(Who(1), Delivery(m1, 1, False, ()))
+    h.end_turn()  # later, receiver's queue drains
+    receiver = Who(2)
+    stored = Delivery(m2, 1, True, ())
+    stored.seq = 4
+    h.recorder.delivered(receiver, Delivery(m1, 1, False, ()))  # a DELIVERIES run of m1...
+    h.recorder.delivered(receiver, stored)  # ...becomes receiver's: m2 is another message
+    h.recorder.completed(receiver, Delivery(m1, 1, False, ()))
+    h.recorder.delivered(receiver, Delivery(m3, 0, False, ()))
+    records = h.records()
+    assert [r[2] for r in records] == [PUBLISH_DELIVERIES, SESSION_EVENTS]
+    assert records[1][3:8] == ["client-2", "", "user", "session-2", 4]
+    events = expand(records)
+    assert [e[0] for e in events] == list(range(1, 7))
+    assert len({e[1] for e in events[2:]}) == 1  # a record's events share its ts
+    expected = ["client-2", "", "user", "session-2"]
+    assert [without_ts(e) for e in events[2:]] == [
+        [3, 6, *expected, "t/1", 1, False, 1, b"1", "", False],
+        [4, 6, *expected, "t/2", 1, True, 1, b"2", "", True],
+        [5, 7, *expected, "t/1", 1, False, 1, b"1", "", False],
+        [6, 6, *expected, "t/3", 0, False, 1, b"3", "", False],
+    ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_message_run_of_two_receivers_stays_one_and_a_receiver_run_ends_at_another(cls):
+    h = Harness(cls)
+    m1, m2 = Message("t/1", b"1", 0), Message("t/2", b"2", 0)
+    second = Who(2)
+    h.recorder.delivered(Who(1), Delivery(m1, 0, False, ()))
+    h.recorder.delivered(second, Delivery(m1, 0, False, ()))
+    h.recorder.delivered(second, Delivery(m2, 0, False, ()))  # not the run's one receiver
+    third = Who(3)
+    h.recorder.completed(third, Delivery(m1, 0, False, ()))
+    h.recorder.completed(third, Delivery(m2, 0, False, ()))
+    h.recorder.delivered(Who(4), Delivery(m2, 0, False, ()))  # another receiver: ends it
+    records = h.records()
+    assert [(r[2], r[7]) for r in records] == [
+        (DELIVERIES, 2),
+        (DELIVERIES, 1),
+        (SESSION_EVENTS, 2),
+        (DELIVERIES, 1),
+    ]
+    assert [(e[0], e[2], e[3], e[7]) for e in expand(records)] == [
+        (1, 6, "client-1", "t/1"),
+        (2, 6, "client-2", "t/1"),
+        (3, 6, "client-2", "t/2"),
+        (4, 7, "client-3", "t/1"),
+        (5, 7, "client-3", "t/2"),
+        (6, 6, "client-4", "t/2"),
+    ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_reconnect_in_the_same_turn_starts_a_run_of_the_new_connection(cls):
+    # The broker's Session outlives a connection; its session id is the connection's.
+    h = Harness(cls)
+    session = Who(1)
+    h.recorder.completed(session, Delivery(Message("t", b"x", 1), 1, False, ()))
+    session.session_id = "session-1-again"
+    h.recorder.completed(session, Delivery(Message("t", b"y", 1), 1, False, ()))
+    assert [(e[2], e[6], e[11]) for e in h.events()] == [
+        (7, "session-1", b"x"),
+        (7, "session-1-again", b"y"),
     ]
 
 
@@ -233,6 +307,58 @@ def test_the_c_recorder_leaves_the_records_the_reference_leaves(ops, payloads, r
     reference, compiled = ([decoded(r) for r in h.records()] for h in harnesses)
     assert compiled == reference
     assert harnesses[0].log.next_seq == harnesses[1].log.next_seq
+
+
+def expected_events(ops: list[tuple], relayed: set[str], whos: list[Any], messages) -> list:
+    """What each operation is as a plain event: (type, client id, topic, qos, retain,
+    persisted or None), in the order the calls were made."""
+    wanted = {CODES[hook] for hook in relayed}
+    kinds = {"publish": 3, "deliver": 6, "complete": 7, "other": 13}
+    events: list[tuple] = []
+    for kind, who, index, qos, retain, stored in ops:
+        code = kinds.get(kind)
+        if code is None or (code != 13 and code not in wanted):
+            continue
+        message = messages[index]
+        if code == 3:
+            events.append((3, whos[who].client_id, message.topic, message.qos, False, None))
+        elif code == 13:
+            events.append((13, "c", None, None, None, None))
+        else:
+            events.append((code, whos[who].client_id, message.topic, qos, retain, stored))
+    return events
+
+
+def as_expected(event: list[Any]) -> tuple:
+    if event[2] == 13:
+        return (13, event[3], None, None, None, None)
+    persisted = event[13] if event[2] in (6, 7) else None
+    return (event[2], event[3], event[7], event[8], event[9], persisted)
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+@settings(max_examples=100, deadline=None)
+@given(operations, st.sets(st.sampled_from(sorted(MESSAGE_HOOKS)), min_size=1))
+def test_the_records_expand_to_every_event_in_the_order_it_happened(cls, ops, relayed):
+    h = Harness(cls, relayed)
+    messages = [Message(f"topic/{i}", bytes([i]) * 3, i % 3) for i in range(4)]
+    whos: list[Any] = [Who(i) for i in range(5)] + [LooseWho(5)]
+    for kind, who, index, qos, retain, stored in ops:
+        delivery = Delivery(messages[index], qos, retain, ())
+        delivery.seq = 3 if stored else -1
+        if kind == "publish":
+            h.recorder.published(whos[who], messages[index], None)
+        elif kind == "deliver":
+            h.recorder.delivered(whos[who], delivery)
+        elif kind == "complete":
+            h.recorder.completed(whos[who], delivery)
+        elif kind == "other":
+            h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
+        else:
+            h.end_turn()
+    events = h.events()
+    assert [e[0] for e in events] == list(range(1, len(events) + 1))
+    assert [as_expected(e) for e in events] == expected_events(ops, relayed, whos, messages)
 
 
 @pytest.mark.parametrize("cls", RECORDERS)

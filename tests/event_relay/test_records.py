@@ -32,6 +32,7 @@ from event_relay.schema import (
     CODES,
     DELIVERIES,
     PUBLISH_DELIVERIES,
+    SESSION_EVENTS,
     TYPES,
     decode_event,
     event_count,
@@ -82,9 +83,32 @@ def receivers_of(seq: int, count: int) -> list[list[Any]]:
     ]
 
 
+def items_of(seq: int, count: int) -> list[list[Any]]:
+    """`count` items of a SESSION_EVENTS record: deliveries and completions in turn, of
+    messages told apart by the record's seq and their place."""
+    return [
+        [
+            ON_DELIVER if i % 2 == 0 else ON_COMPLETE,
+            f"drain/{seq}/{i}",
+            i,
+            b"x" * i,
+            "fleet" if i % 3 else "",
+            i % 3,
+            i % 2 == 1,
+            i % 4 == 3,
+        ]
+        for i in range(count)
+    ]
+
+
 def make_record(code: int, seq: int, receivers: int = 0) -> list[Any]:
-    """A record numbered from `seq`: compact (PUBLISH_DELIVERIES, DELIVERIES) with
-    `receivers` receivers, or one plain event of type `code` (its own fields made up)."""
+    """A record numbered from `seq`: compact (PUBLISH_DELIVERIES, DELIVERIES,
+    SESSION_EVENTS) with `receivers` receivers (items), or one plain event of type `code`
+    (its own fields made up)."""
+    if code == SESSION_EVENTS:
+        items = items_of(seq, receivers)
+        packed = pack_receivers(items)
+        return [seq, TS + seq, code, f"sub-{seq}", "", "bob", f"session-{seq}", receivers, packed]
     if code == PUBLISH_DELIVERIES:
         return [
             seq,
@@ -141,6 +165,7 @@ SPEC = st.one_of(
     st.tuples(st.sampled_from(PLAIN_CODES), st.just(0)),
     st.tuples(st.just(DELIVERIES), st.integers(1, 6)),
     st.tuples(st.just(PUBLISH_DELIVERIES), st.integers(0, 6)),
+    st.tuples(st.just(SESSION_EVENTS), st.integers(1, 6)),
 )
 # A mix with large fan-outs, for the logs that fill segments.
 MIX: list[Spec] = [
@@ -151,6 +176,7 @@ MIX: list[Spec] = [
     (PUBLISH_DELIVERIES, 1),
     (ON_COMPLETE, 0),
     (DELIVERIES, 5),
+    (SESSION_EVENTS, 4),
 ]
 
 
@@ -289,17 +315,13 @@ def test_a_publish_record_without_receivers_is_its_publish():
 
 
 def test_record_codes_add_the_compact_records_that_hold_the_types_asked_for():
-    assert record_codes(frozenset({ON_DELIVER})) == {ON_DELIVER, DELIVERIES, PUBLISH_DELIVERIES}
+    compact = {DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS}
+    assert record_codes(frozenset({ON_DELIVER})) == {ON_DELIVER, *compact}
     assert record_codes(frozenset({ON_PUBLISH})) == {ON_PUBLISH, PUBLISH_DELIVERIES}
-    assert record_codes(frozenset({ON_PUBLISH, ON_DELIVER})) == {
-        ON_PUBLISH,
-        ON_DELIVER,
-        DELIVERIES,
-        PUBLISH_DELIVERIES,
-    }
-    assert record_codes(frozenset({ON_COMPLETE, WAKEUP})) == {ON_COMPLETE, WAKEUP}
+    assert record_codes(frozenset({ON_PUBLISH, ON_DELIVER})) == {ON_PUBLISH, ON_DELIVER, *compact}
+    assert record_codes(frozenset({ON_COMPLETE, WAKEUP})) == {ON_COMPLETE, WAKEUP, SESSION_EVENTS}
     assert record_codes(frozenset()) == frozenset()
-    assert record_codes(frozenset(TYPES)) == frozenset(TYPES) | {DELIVERIES, PUBLISH_DELIVERIES}
+    assert record_codes(frozenset(TYPES)) == frozenset(TYPES) | compact
 
 
 @settings(max_examples=300, deadline=None)
@@ -501,6 +523,7 @@ CODE_SETS: list[frozenset[int] | None] = [
     record_codes(frozenset({ON_PUBLISH})),
     record_codes(frozenset({ON_COMPLETE, WAKEUP})),
     frozenset({DELIVERIES}),
+    frozenset({SESSION_EVENTS}),
 ]
 
 
@@ -533,7 +556,7 @@ def test_log_reads_begin_and_end_inside_records():
     assert expand(decoded(raws), 12) == events[11:] and position == log.next_seq
 
 
-@pytest.mark.parametrize("codes", CODE_SETS, ids=["all", "deliver", "publish", "other", "14"])
+@pytest.mark.parametrize("codes", CODE_SETS, ids=["all", "deliver", "publish", "other", "14", "16"])
 def test_log_reads_page_by_limit_and_bytes(codes):
     log = EventLog(memory_events=BIG, memory_bytes=BIG)
     held = Held()
@@ -1095,8 +1118,9 @@ def test_stored_messages_are_delivered_as_persisted_deliveries(
             assert_gap_free([*sent, register, wakeup, *rest], first=start)
         async with await broker.connect(start=None) as reader:
             records, _ = await reader.read_raw(delivers[0]["seq"], delivers[1]["seq"] + 1)
-            # The queue drained on the reconnect: deliveries records of a message each.
-            assert [r[2] for r in records if r[2] != ON_COMPLETE] == [DELIVERIES, DELIVERIES]
+            # The queue drained on the reconnect: one record of the keeper's events.
+            assert (records[0][2], records[0][3]) == (SESSION_EVENTS, keeper_id)
+            assert event_count(records[0]) >= 2
 
     asyncio.run(scenario())
 

@@ -226,7 +226,7 @@ def test_reads_go_to_the_spool_for_what_memory_let_go(tmp_path):
 
 def test_frames_split_across_feeds_byte_by_byte():
     data = (
-        frames.frame(frames.HELLO, {"version": 2, "name": "tail", "start": "earliest"})
+        frames.frame(frames.HELLO, {"version": frames.VERSION, "name": "tail", "start": "earliest"})
         + frames.events_frame([msgpack.packb([1, 2, 3]), msgpack.packb([2, 2, 10, "c"])])
         + frames.frame(frames.COMMIT, {"seq": 3})
     )
@@ -235,7 +235,7 @@ def test_frames_split_across_feeds_byte_by_byte():
     for i in range(len(data)):
         got += reader.feed(data[i : i + 1])
     assert got == [
-        (frames.HELLO, {"version": 2, "name": "tail", "start": "earliest"}),
+        (frames.HELLO, {"version": frames.VERSION, "name": "tail", "start": "earliest"}),
         (frames.EVENTS, [[1, 2, 3], [2, 2, 10, "c"]]),
         (frames.COMMIT, {"seq": 3}),
     ]
