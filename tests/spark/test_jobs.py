@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from event_relay.schema import decode_event
+from event_relay.schema import decode_event, expand
 from spark_consumers import jobs
 from tests.event_relay.conftest import PASSWORDS
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.timeout(240)
 
 def events_of(relay, hook: str) -> list[dict]:
     """The `hook` events the relay's log holds."""
-    events, _ = relay.log.read(relay.log.first_seq, 1_000_000)
-    decoded = (decode_event(msgpack.unpackb(data)) for data in events)
+    records, _ = relay.log.read(relay.log.first_seq, 1_000_000)
+    decoded = map(decode_event, expand([msgpack.unpackb(data) for data in records]))
     return [event for event in decoded if event["type"] == hook]
 
 
