@@ -140,16 +140,25 @@ address = "{host}:{port}"
 RELAY_TALLIES = "BENCH_RELAY_TALLIES"
 
 
-def _nautilus_relay(mode: Mode, consumer: bool) -> Callable[[Path, int], list[str]]:
+def _nautilus_relay(
+    mode: Mode, consumer: bool, durability: str = "none"
+) -> Callable[[Path, int], list[str]]:
     """Nautilus with the relay on; `consumer`: with one consumer reading every event, in
-    a process of its own (bench/relay/broker.py runs the broker and the consumer)."""
+    a process of its own (bench/relay/broker.py runs the broker and the consumer);
+    `durability` other than none: with a spool in the broker's working directory."""
 
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "nautilus.toml"
         relay = free_port()
+        spool = (
+            f'durability = "{durability}"\nspool_path = "{workdir / "spool"}"\n'
+            if durability != "none"
+            else ""
+        )
         config.write_text(
             nautilus_toml(mode).format(host=HOST, port=port)
             + RELAY_TOML.format(host=HOST, port=relay)
+            + spool
         )
         broker = [sys.executable, "-m", "broker", "--config", str(config)]
         if not consumer:
@@ -269,6 +278,17 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
         ),
         "nautilus-relay": nautilus(
             "nautilus-relay", "Nautilus, relay on, one consumer", _nautilus_relay(mode, True)
+        ),
+        # The relay's spool, for its cost (bench/relay/spool.py).
+        "nautilus-relay-spool": nautilus(
+            "nautilus-relay-spool",
+            "Nautilus, relay with a spool",
+            _nautilus_relay(mode, False, "spool"),
+        ),
+        "nautilus-relay-acked": nautilus(
+            "nautilus-relay-acked",
+            "Nautilus, relay with acknowledged durability",
+            _nautilus_relay(mode, False, "acknowledged"),
         ),
         # No queue limits to set, no drop counter: the same in every mode.
         "amqtt": BrokerSpec(

@@ -6,6 +6,7 @@
 #   overhead   broker throughput, relay off vs on with a consumer, bounded and flood (overhead.py)
 #   sinks      the same events via webhooks, the relay and the Courier sidecar push (sinks.py)
 #   memory     broker RSS under a flood with a consumer that stops reading (memory.py)
+#   spool      broker throughput with the relay's spool, by durability (spool.py)
 #
 # Every process started (brokers, the relay's log server, consumers, sinks) is stopped in
 # `finally`, on Ctrl-C and SIGTERM too.
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from . import consumers, memory, overhead, page, sinks
+from . import consumers, memory, overhead, page, sinks, spool
 
 Command = Callable[[list[str]], tuple[str | None, str | None]]
 COMMANDS: dict[str, tuple[Command, str]] = {
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "overhead": (overhead.main, overhead.HEADING),
     "sinks": (sinks.main, sinks.HEADING),
     "memory": (memory.main, memory.HEADING),
+    "spool": (spool.main, spool.HEADING),
 }
 
 
