@@ -616,9 +616,11 @@ static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ss
         goto fail;
     }
     Py_DECREF(message);
-    self->who = session_id; /* the run's reference now */
-    if (add_receiver(self, session, delivery) < 0)
+    if (add_receiver(self, session, delivery) < 0) {
+        Py_DECREF(session_id);
         return NULL;
+    }
+    self->who = session_id; /* one receiver so far: the run's reference now */
     Py_RETURN_NONE;
 fail:
     Py_DECREF(message);

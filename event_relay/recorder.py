@@ -128,6 +128,7 @@ class Recorder:
             return
         if code:
             self._close()
+        receiver = self._receiver(session, delivery)
         payload = message.payload
         head = [
             0,
@@ -139,8 +140,8 @@ class Recorder:
             message.acl_name,
         ]
         self._open(DELIVERIES, head, message)
-        self._session_id, self._who = session.session_id, session
-        self._items.append(self._receiver(session, delivery))
+        self._items.append(receiver)
+        self._session_id, self._who = session.session_id, session  # its one receiver so far
 
     def completed(self, session: Any, delivery: Any) -> None:
         message = delivery.message

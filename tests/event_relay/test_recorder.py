@@ -391,3 +391,19 @@ def test_a_delivery_that_fails_halfway_leaves_the_record_whole(cls):
         h.recorder.delivered(Who(1), BrokenDelivery(message))
     h.recorder.delivered(Who(2), Delivery(message, 0, False, ()))
     assert [(e[0], e[2], e[3]) for e in h.events()] == [(1, 3, "client-0"), (2, 6, "client-2")]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_first_delivery_that_fails_leaves_no_run_of_that_receiver(cls):
+    # Its next event, of another message, must not be taken for the failed run's second.
+    h = Harness(cls)
+    receiver = Who(1)
+    m1, m2 = Message("t/1", b"1", 0), Message("t/2", b"2", 0)
+    with pytest.raises(RuntimeError, match="no qos"):
+        h.recorder.delivered(receiver, BrokenDelivery(m1))
+    h.recorder.delivered(receiver, Delivery(m2, 0, False, ()))
+    h.recorder.completed(receiver, Delivery(m2, 0, False, ()))
+    assert [(e[0], e[2], e[3], e[7]) for e in h.events()] == [
+        (1, 6, "client-1", "t/2"),
+        (2, 7, "client-1", "t/2"),
+    ]
