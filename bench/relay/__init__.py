@@ -38,3 +38,31 @@ def parse(
     )
     args = parser.parse_args(argv)
     return parser.parse_args([*quick, *argv]) if args.quick else args
+
+
+def compare_args(
+    argv: list[str],
+    prog: str,
+    description: str,
+    brokers: str,
+    scenarios: str,
+    defaults: dict[str, str],
+    quick: dict[str, str],
+) -> argparse.Namespace:
+    """bench.compare's options for a subcommand that measures with it: `defaults` (or
+    with --quick, `quick`) unless the caller gives them, and --write."""
+    from .. import compare  # bench.compare is heavy; the other subcommands do without it
+
+    chosen = quick if "--quick" in argv else defaults
+    argv = [a for a in argv if a != "--quick"]
+    given = {a.partition("=")[0] for a in argv}
+    argv = [*(x for k, v in chosen.items() if k not in given for x in (k, v)), *argv]
+    return compare.parse_args(
+        argv,
+        prog=prog,
+        description=f"{description} (--quick: a smoke run).",
+        brokers=brokers,
+        scenarios=scenarios,
+        calibrate=False,
+        write_help="regenerate this table's subsection in the Event relay section of this page",
+    )

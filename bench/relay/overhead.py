@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import compare, report
 from ..brokers import RELAY_TALLIES
 from ..scenarios import Measurement, Scenario
-from . import page, tally
+from . import compare_args, page, tally
 
 PROG = "python -m bench.relay overhead"
 BROKERS = "nautilus,nautilus-relay-log,nautilus-relay"
@@ -51,19 +51,14 @@ retained range missed (it then goes on from the oldest event retained).
 
 def main(argv: list[str]) -> tuple[str | None, str | None]:
     """The subsection (None when interrupted), and where to write it."""
-    defaults = QUICK if "--quick" in argv else DEFAULTS
-    argv = [a for a in argv if a != "--quick"]
-    given = {a.partition("=")[0] for a in argv}
-    argv = [*(x for k, v in defaults.items() if k not in given for x in (k, v)), *argv]
-    args = compare.parse_args(
+    args = compare_args(
         argv,
-        prog=PROG,
-        description="Broker throughput with the event relay off and on, bounded and flooded "
-        "(--quick: a smoke run).",
-        brokers=BROKERS,
-        scenarios=SCENARIOS,
-        calibrate=False,
-        write_help="regenerate the relay overhead table in the Event relay section of this page",
+        PROG,
+        "Broker throughput with the event relay off and on, bounded and flooded",
+        BROKERS,
+        SCENARIOS,
+        DEFAULTS,
+        QUICK,
     )
     with tempfile.TemporaryDirectory(prefix="bench-relay-tallies-") as tallies:
         os.environ[RELAY_TALLIES] = tallies

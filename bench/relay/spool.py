@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import compare, report
 from ..scenarios import Measurement
-from . import page
+from . import compare_args, page
 
 PROG = "python -m bench.relay spool"
 DURABILITIES = {  # broker -> the durability it runs with
@@ -37,19 +37,14 @@ The spool is on the same disk as everything else. QoS 0 acknowledges nothing, so
 
 def main(argv: list[str]) -> tuple[str | None, str | None]:
     """The subsection (None when interrupted), and where to write it."""
-    defaults = QUICK if "--quick" in argv else DEFAULTS
-    argv = [a for a in argv if a != "--quick"]
-    given = {a.partition("=")[0] for a in argv}
-    argv = [*(x for k, v in defaults.items() if k not in given for x in (k, v)), *argv]
-    args = compare.parse_args(
+    args = compare_args(
         argv,
-        prog=PROG,
-        description="Broker throughput with the event relay's spool, by durability "
-        "(--quick: a smoke run).",
-        brokers=BROKERS,
-        scenarios=SCENARIOS,
-        calibrate=False,
-        write_help="regenerate the spool table in the Event relay section of this page",
+        PROG,
+        "Broker throughput with the event relay's spool, by durability",
+        BROKERS,
+        SCENARIOS,
+        DEFAULTS,
+        QUICK,
     )
     run = compare.measure_all(args)
     if run is None:

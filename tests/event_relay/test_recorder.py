@@ -277,6 +277,24 @@ operations = st.lists(
 )
 
 
+def play(h: Harness, op: tuple, whos: list[Any], messages: list[Message]) -> None:
+    """One of `operations` on a harness's recorder."""
+    kind, who, index, qos, retain, stored = op
+    message = messages[index]
+    delivery = Delivery(message, qos, retain, ())
+    delivery.seq = 3 if stored else -1
+    if kind == "publish":
+        h.recorder.published(whos[who], message, MatchedAcl("l", "p/#") if qos else None)
+    elif kind == "deliver":
+        h.recorder.delivered(whos[who], delivery)
+    elif kind == "complete":
+        h.recorder.completed(whos[who], delivery)
+    elif kind == "other":
+        h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
+    else:
+        h.end_turn()
+
+
 @pytest.mark.skipif(_recorder is None, reason="the C recorder was not built")
 @settings(max_examples=150, deadline=None)
 @given(
@@ -289,21 +307,9 @@ def test_the_c_recorder_leaves_the_records_the_reference_leaves(ops, payloads, r
     harnesses.append(Harness(_recorder.Recorder, relayed, payloads))
     messages = [Message(f"topic/{i}", bytes([i]) * (i * 100), i % 3) for i in range(4)]
     whos: list[Any] = [Who(i, None if i == 3 else f"u{i}") for i in range(5)] + [LooseWho(5)]
-    for kind, who, index, qos, retain, stored in ops:
-        message = messages[index]
-        delivery = Delivery(message, qos, retain, ())
-        delivery.seq = 3 if stored else -1
+    for op in ops:
         for h in harnesses:
-            if kind == "publish":
-                h.recorder.published(whos[who], message, MatchedAcl("l", "p/#") if qos else None)
-            elif kind == "deliver":
-                h.recorder.delivered(whos[who], delivery)
-            elif kind == "complete":
-                h.recorder.completed(whos[who], delivery)
-            elif kind == "other":
-                h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
-            else:
-                h.end_turn()
+            play(h, op, whos, messages)
     reference, compiled = ([decoded(r) for r in h.records()] for h in harnesses)
     assert compiled == reference
     assert harnesses[0].log.next_seq == harnesses[1].log.next_seq
@@ -343,19 +349,8 @@ def test_the_records_expand_to_every_event_in_the_order_it_happened(cls, ops, re
     h = Harness(cls, relayed)
     messages = [Message(f"topic/{i}", bytes([i]) * 3, i % 3) for i in range(4)]
     whos: list[Any] = [Who(i) for i in range(5)] + [LooseWho(5)]
-    for kind, who, index, qos, retain, stored in ops:
-        delivery = Delivery(messages[index], qos, retain, ())
-        delivery.seq = 3 if stored else -1
-        if kind == "publish":
-            h.recorder.published(whos[who], messages[index], None)
-        elif kind == "deliver":
-            h.recorder.delivered(whos[who], delivery)
-        elif kind == "complete":
-            h.recorder.completed(whos[who], delivery)
-        elif kind == "other":
-            h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
-        else:
-            h.end_turn()
+    for op in ops:
+        play(h, op, whos, messages)
     events = h.events()
     assert [e[0] for e in events] == list(range(1, len(events) + 1))
     assert [as_expected(e) for e in events] == expected_events(ops, relayed, whos, messages)
