@@ -9,10 +9,11 @@
 A connection opened with `start=None` does not stream; it answers `read(a, b)` (the
 events with sequence numbers a <= seq < b) and `info()`, as Spark's executors use it.
 
-The relay sends records (docs/event-relay.md, "Compact records"): an event, or a compact record
-of a message's publish and deliveries. Iterating the client and `read` give events;
-`batches` and `read_raw` give the records as they came (`schema.expand` makes events of
-them), for a sink that forwards them or counts them cheaply (`schema.event_count`).
+The relay sends records (docs/event-relay.md, "Compact records"): an event, or a compact
+record of several (a message's publish and deliveries, or one receiver's deliveries and
+completions). Iterating the client and `read` give events; `batches` and `read_raw` give
+the records as they came (`schema.expand` makes events of them), for a sink that forwards
+them or counts them cheaply (`schema.event_count`).
 Errors the relay sends (docs/event-relay.md, "Errors") are raised as RelayError, with
 OutOfRange for a position the relay no longer holds.
 """

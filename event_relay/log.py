@@ -2,7 +2,8 @@
 ones (optionally) in the spool on disk.
 
 The log holds records: an event, or a compact record of several events about one message
-(event_relay/schema.py, `expand`) numbered by its first sequence number and the ones after.
+or one receiver (event_relay/schema.py, `expand`) numbered by its first sequence number and
+the ones after.
 Appending is O(1) and never awaits: the encoded record goes to the end of the last memory
 segment. Memory holds whole segments (of SEGMENT events, or fewer large ones: a sixteenth
 of `memory_bytes` at most, one event past it), and the oldest segment goes when

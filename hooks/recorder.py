@@ -9,7 +9,7 @@ instead, and no context is built for it (so it does not implement the hooks of t
 names; the other plugins' are called as always). One plugin at most may have a recorder.
 
 The objects passed are the broker's: read them, never change them (a recorder may hold
-on to a message to know its later deliveries):
+on to a message or a session until the loop turn ends, to know what belongs to one run):
 - `client` (published) and `session` (delivered, completed) have `client_id`,
   `username` and `session_id` (the connection's UUID);
 - `message` has `topic`, `payload`, `qos`, `retain` and `acl_name` (the publisher's ACL
