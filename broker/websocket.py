@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from websockets.frames import OP_BINARY, OP_CONT, OP_TEXT, CloseCode, Frame
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -140,9 +140,9 @@ class WebSocketProtocol(Layer):
         connection = self.connection
         if connection is None:
             return
-        if frame.opcode in (OP_BINARY, OP_CONT):
+        if frame.opcode in (Opcode.BINARY, Opcode.CONT):
             self._unread += frame.data  # handed over by _feed
-        elif frame.opcode == OP_TEXT:  # MQTT travels in binary frames only [MQTT-6.0.0-1]
+        elif frame.opcode == Opcode.TEXT:  # MQTT travels in binary frames only [MQTT-6.0.0-1]
             log.info("%s: a text frame; closing", connection.client.name())
             self.websocket.fail(CloseCode.UNSUPPORTED_DATA, "MQTT needs binary frames")
         # Ping, pong and close frames are answered by the protocol itself.
