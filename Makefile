@@ -1,21 +1,34 @@
 # The two commands of the README: `make run` and `make test`.
-# Everything is installed into .venv; system packages come from scripts/system-packages.sh.
+# Everything is installed into .venv from the lock file (requirements/lock.txt); system
+# packages come from scripts/system-packages.sh. `make lock` regenerates the lock;
+# `make test-latest` and `make test-lowest` run the suite at both ends of the allowed ranges.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?=
 STAMP := $(VENV)/.installed
+LOCK := requirements/lock.txt
+EXTRAS := test,bench,spark,lint
+# amqtt (the tests' interop client, the benchmarks' reference broker) has a venv of its
+# own: it pins websockets==15.0.1, which must not hold back Nautilus's own dependencies.
+AMQTT_VENV := .venv-amqtt
+AMQTT_STAMP := $(AMQTT_VENV)/.installed
+export NAUTILUS_AMQTT_PYTHON ?= $(CURDIR)/$(AMQTT_VENV)/bin/python
 
-.PHONY: run test lint typecheck format bench clean
+.PHONY: run test lint typecheck format bench clean lock smoke test-latest test-lowest system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml event_relay/_recorder.c
-	$(BIN)/pip install -q -e '.[test,bench,spark]'
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml event_relay/_recorder.c $(LOCK)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+$(AMQTT_STAMP): requirements/amqtt.txt
+	$(PYTHON) -m venv $(AMQTT_VENV)
+	$(AMQTT_VENV)/bin/pip install -q -r requirements/amqtt.txt
+	touch $(AMQTT_STAMP)
 
 run: $(STAMP)
 	$(BIN)/nautilus $(if $(CONFIG),--config $(CONFIG),)
@@ -31,14 +44,38 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: $(STAMP) lint typecheck
+system-packages:
 	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's
 	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server
+
+test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+# The package as a user gets it: wheel and sdist built, the wheel installed (not
+# editable) into a clean venv from the lock file, then served and used over TCP,
+# WebSocket and TLS (scripts/smoke.sh).
+smoke: $(STAMP)
+	bash scripts/smoke.sh $(BIN)/python -c $(LOCK)
+
+# The newest versions the ranges in setup.cfg allow, and the lowest: each in a venv of
+# its own, the whole suite. Run both before a release (README, "Development").
+test-latest: $(AMQTT_STAMP) system-packages
+	bash scripts/test-range.sh .venv-latest --upgrade
+	bash scripts/smoke.sh .venv-latest/bin/python --upgrade
+
+test-lowest: $(AMQTT_STAMP) system-packages
+	bash scripts/test-range.sh .venv-lowest -c requirements/lowest.txt
+	bash scripts/smoke.sh .venv-lowest/bin/python -c requirements/lowest.txt
+
+# The lock (exact versions of everything make run / make test install) and the lowest
+# versions the ranges allow, both from setup.cfg's ranges.
+lock: $(BIN)/python
+	bash scripts/lock.sh $(BIN)/python
+
+bench: $(STAMP) $(AMQTT_STAMP)
 	bash scripts/system-packages.sh mosquitto
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache event_relay/*.so
+	rm -rf $(VENV) $(AMQTT_VENV) .venv-latest .venv-lowest build dist *.egg-info \
+		.hypothesis .mypy_cache event_relay/*.so

@@ -17,7 +17,7 @@ import asyncio
 import ssl
 from typing import Any
 
-from websockets.frames import OP_BINARY, OP_CONT, Frame
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -101,7 +101,7 @@ class _WebSocket(asyncio.Protocol):
                 websocket.send_response(websocket.accept(event))
                 if websocket.state is State.OPEN:
                     self._inner.connection_made(_Frames(self._socket))
-            elif isinstance(event, Frame) and event.opcode in (OP_BINARY, OP_CONT):
+            elif isinstance(event, Frame) and event.opcode in (Opcode.BINARY, Opcode.CONT):
                 self._inner.data_received(bytes(event.data))
         for chunk in websocket.data_to_send():
             if chunk:
