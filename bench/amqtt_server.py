@@ -1,9 +1,14 @@
-# amqtt as the benchmark runs it: `python -m bench.amqtt_server --port N`.
+# amqtt as the benchmark runs it: `NAUTILUS_AMQTT_PYTHON bench/amqtt_server.py --port N`.
+#
+# amqtt pins websockets==15.0.1, so it is not installed beside Nautilus: it has a venv of
+# its own, .venv-amqtt (`make .venv-amqtt/.installed`, from requirements/amqtt.txt), and
+# bench/brokers.py runs this file, by its path, with that venv's interpreter. So it
+# imports amqtt, uvloop and the standard library only, nothing from the project.
 #
 # The same broker as the `amqtt` command, minus what a benchmark should not pay for:
 # logging at WARNING instead of INFO and only the anonymous-auth plugin (no packet logger,
-# no $SYS publisher). It runs on uvloop when installed, like Nautilus, so the comparison
-# is between brokers and not between event loops.
+# no $SYS publisher). It runs on uvloop (in amqtt's venv too), like Nautilus, so the
+# comparison is between brokers and not between event loops.
 from __future__ import annotations
 
 import argparse
@@ -31,7 +36,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description="amqtt, configured for the benchmarks")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=1883)
     args = parser.parse_args()

@@ -4,13 +4,13 @@
 # file generated into a temporary directory and its output captured in a log file there.
 # Readiness is a TCP connect polled with a deadline. Every child is stopped in `finally`,
 # so an exception or Ctrl-C never leaves a broker behind. Children import from this
-# checkout (PYTHONPATH is set to REPO), so the broker measured is the one beside the bench.
+# checkout (PYTHONPATH is set to REPO), so the broker measured is the one beside the bench;
+# amqtt is the exception, run from a venv of its own (see _amqtt).
 # A broker's configuration depends on the mode of the scenario (MODES): bounded rows keep
 # the queue limits of every earlier run, flood rows the brokers' default queue length.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import pwd
 import resource
@@ -113,6 +113,9 @@ class BrokerSpec:
     unsupported: Mapping[str, str] = field(default_factory=dict)
     inflight: int | None = None  # QoS 1 deliveries per subscriber before it waits for acks
     drops: SysCounter | None = None  # its queue drop counter, when the mode reads it
+    # Why the broker cannot run on this machine, in one line (None: it can); compare
+    # skips such a broker and measures the others.
+    missing: Callable[[], str | None] | None = None
 
 
 def _nautilus(mode: Mode, store: str | None = None) -> Callable[[Path, int], list[str]]:
@@ -187,8 +190,41 @@ def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[
     return command
 
 
+# amqtt pins websockets==15.0.1, and Nautilus is tested with the newest websockets, so
+# amqtt has a venv of its own, .venv-amqtt (`make .venv-amqtt/.installed`); the Makefile
+# exports its interpreter in this variable. That interpreter runs bench/amqtt_server.py as
+# a file, in isolated mode (-I: no PYTHONPATH, so nothing of this checkout is imported).
+AMQTT_PYTHON = "NAUTILUS_AMQTT_PYTHON"
+AMQTT_SERVER = REPO / "bench" / "amqtt_server.py"
+
+
+def amqtt_python() -> str:
+    return os.environ.get(AMQTT_PYTHON) or str(REPO / ".venv-amqtt" / "bin" / "python")
+
+
+def amqtt_missing() -> str | None:
+    """Why amqtt cannot run here (its venv's interpreter is not there), or None."""
+    python = amqtt_python()
+    if os.access(python, os.X_OK):
+        return None
+    return f"amqtt's venv is missing (no {python}): run `make .venv-amqtt/.installed`"
+
+
 def _amqtt(workdir: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "bench.amqtt_server", "--host", HOST, "--port", str(port)]
+    if why := amqtt_missing():
+        raise BrokerError(why)
+    script = [amqtt_python(), "-I", str(AMQTT_SERVER)]
+    return [*script, "--host", HOST, "--port", str(port)]
+
+
+def _amqtt_version() -> str:
+    """Asked of amqtt's own interpreter: amqtt is not installed in ours."""
+    ask = 'import importlib.metadata as m; print(m.version("amqtt"))'
+    try:
+        out = subprocess.run([amqtt_python(), "-I", "-c", ask], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def _null(workdir: Path, port: int) -> list[str]:
@@ -295,8 +331,9 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "amqtt",
             "amqtt",
             _amqtt,
-            lambda: importlib.metadata.version("amqtt"),
+            _amqtt_version,
             unsupported={"shared": "no shared subscriptions"},
+            missing=amqtt_missing,
         ),
         # A byte pipe, not a broker: calibrates the load generator (see bench/nullbroker.py).
         "null": BrokerSpec("null", "null broker", _null, lambda: "-"),

@@ -70,7 +70,9 @@ def measure_all(args: argparse.Namespace) -> report.Run | None:
     signal.signal(signal.SIGTERM, _interrupt)
     chosen = [BY_NAME[name] for name in args.scenarios.split(",")]
     scenarios = in_modes(chosen, args.modes.split(","))
-    brokers = [BROKERS[name] for name in args.brokers.split(",")]
+    brokers, skipped = _available([BROKERS[name] for name in args.brokers.split(",")])
+    if not brokers:
+        raise SystemExit("nothing to measure: every broker asked for was skipped")
     busy = report.cpu_busy()
     if busy > 0.1:
         print(f"warning: CPUs already {busy:.0%} busy, figures will be low", file=sys.stderr)
@@ -88,12 +90,28 @@ def measure_all(args: argparse.Namespace) -> report.Run | None:
         "CPU busy before the run": f"{busy:.0%}",
         "Other processes during the run": f"{others:.2f} CPUs on average",
     }
+    if skipped:
+        load["Brokers skipped"] = "; ".join(skipped)
     for key, after in _versions(brokers).items():
         if after != versions[key]:  # a commit in the checkout while it was measured
             print(f"warning: {key} changed during the run: {after}", file=sys.stderr)
             versions[key] += f", {after} by the end of the run"
     _save_raw(raw, calibration)
     return _summary(args, scenarios, brokers, raw, calibration, load, versions)
+
+
+def _available(brokers: list[BrokerSpec]) -> tuple[list[BrokerSpec], list[str]]:
+    """The brokers that can run here, and why each of the others cannot (printed at
+    once, one line each): amqtt without its venv is skipped, the others still run."""
+    available, skipped = [], []
+    for broker in brokers:
+        why = broker.missing() if broker.missing else None
+        if why:
+            print(f"skipping {broker.label}: {why}", file=sys.stderr, flush=True)
+            skipped.append(f"{broker.label}: {why}")
+        else:
+            available.append(broker)
+    return available, skipped
 
 
 def _versions(brokers: list[BrokerSpec]) -> dict[str, str]:

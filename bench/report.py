@@ -27,9 +27,10 @@ METHOD = """\
 - One broker at a time on 127.0.0.1, a fresh process for every measurement (configs in
   `bench/brokers.py`). Nautilus: memory store (the LevelDB variants: an empty store in
   the broker's temporary directory). Mosquitto: persistence off (`persistence true` in
-  its variant), TCP_NODELAY on (asyncio sets it on every socket). amqtt: the
-  anonymous-auth plugin only, logging at WARNING, on uvloop like Nautilus; it has no
-  queue limits. Bounded rows, the latency and idle rows: Nautilus and Mosquitto with {bi}
+  its variant), TCP_NODELAY on (asyncio sets it on every socket). amqtt: from its own
+  venv (`.venv-amqtt`, `requirements/amqtt.txt`), the anonymous-auth plugin only, logging
+  at WARNING, on uvloop like Nautilus; it has no queue
+  limits. Bounded rows, the latency and idle rows: Nautilus and Mosquitto with {bi}
   messages in flight and {bq} queued per client, as in every earlier run. Flood rows: both
   with {fi} in flight and the default queue length users run them with, {fq} messages per
   client, and their $SYS tree published every second.

@@ -1,9 +1,10 @@
 """Shared fixtures: a real Nautilus broker on an ephemeral 127.0.0.1 port.
 
 The broker runs in-process on its own event loop in a background thread, so blocking
-clients (paho-mqtt) and asyncio clients (amqtt) can both talk to it, and tests can look at
-the broker's state. `start_broker(**overrides)` takes config sections as dicts, e.g.
-`start_broker(broker={"max_offline_messages": 2})`.
+clients in the test thread (paho-mqtt, raw sockets) and clients in other processes (amqtt,
+run by the interpreter of its own venv, .venv-amqtt: tests/broker/amqtt_peer.py) can
+talk to it, and tests can look at the broker's state. `start_broker(**overrides)` takes
+config sections as dicts, e.g. `start_broker(broker={"max_offline_messages": 2})`.
 
 Time. The broker reads one clock, its loop's `time()` (broker/clock.py), for every expiry
 and deadline. The loop here is a `ClockLoop`, whose clock a test moves forward with
