@@ -23,7 +23,6 @@ from broker.authorization import (
     session_limits,
 )
 from broker.client import AUTHENTICATING, CONNECTED
-from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.message import Message, TopicAliases
 from broker.protocol import (
@@ -42,6 +41,7 @@ from hooks import AuthContext, Chain, Ok, RegisterContext, Result
 from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
+    from broker.cluster.metadata import Registration
     from broker.connection import Connection
 
 log = logging.getLogger("nautilus.connection")
@@ -270,6 +270,8 @@ async def _register_in_cluster(
     has released it (its queue follows) before the CONNACK goes out."""
     cluster = conn.broker.cluster
     assert cluster is not None
+    from broker.cluster.metadata import MetadataUnavailable, StaleRequest  # cluster only
+
     client_id = conn.client.client_id
     try:
         registration = await cluster.register(client_id, expiry == 0)

@@ -12,17 +12,22 @@ of the config (`plugins.acl.acl_file: expected str, got int`). The plugin is bui
 broker. Order: plugins with a `priority` first, lowest number first; then config order.
 Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt hook or a
 hook with the wrong signature stops start-up like a config error, naming the plugin.
+
+A plugin whose module is there but a library it imports is missing or broken
+(broker/optional.py) does not stop start-up: one ERROR line names the library and the fix,
+and an `Unavailable` stand-in takes the plugin's place, refusing every auth decision the
+plugin might have made. An unknown plugin (its own module not found) is a config error.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Any
 
+from broker import optional
 from broker.config import Config, ConfigError, build_section
-from hooks import PluginError, check_plugin
+from hooks import Error, PluginError, check_plugin
 
 log = logging.getLogger("nautilus.plugins")
 
@@ -53,24 +58,22 @@ def load_plugins(
         priority = section.get("priority")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigError(f"{where}.priority: expected an integer, got {priority!r}")
-        cls = _plugin_class(name, section.get("module"), where)
-        settings = {k: v for k, v in section.items() if k not in RESERVED_KEYS}
-        config_cls = getattr(cls, "Config", None)
-        if config_cls is not None:
-            plugin = cls(build_section(config_cls, settings, where))
-        elif settings:
-            raise ConfigError(f"unknown config key '{where}.{next(iter(settings))}'")
-        else:
-            plugin = cls()
+        order = (0, priority, position) if priority is not None else (1, 0, position)
+        try:
+            plugin = _build(name, section, where)
+        except optional.MissingLibrary as exc:
+            log.error("%s", exc)
+            loaded.append((order, name, Unavailable(str(exc))))
+            continue
         try:
             check_plugin(name, plugin)
         except PluginError as exc:
             raise ConfigError(f"{where}: {exc.problem}") from None
-        order = (0, priority, position) if priority is not None else (1, 0, position)
         loaded.append((order, name, plugin))
     loaded.sort(key=lambda item: item[0])
-    for _, name, _ in loaded:
-        log.info("plugin %s enabled", name)
+    for _, name, plugin in loaded:
+        if not isinstance(plugin, Unavailable):
+            log.info("plugin %s enabled", name)
     return [(name, plugin) for _, name, plugin in loaded]
 
 
@@ -92,10 +95,46 @@ def _relay_section(table: dict[str, Any], node_name: str) -> dict[str, Any] | No
     if not (serve or push):
         if settings.keys() - {"node_name"}:  # keys of a relay that is off: checked all the
             # same, so that a misspelt `enabled` is an error, not a relay silently off
-            relay = _plugin_class("event_relay", EVENT_RELAY, "event_relay")
+            try:
+                relay = _plugin_class("event_relay", EVENT_RELAY, "event_relay")
+            except optional.MissingLibrary:
+                return None  # not checked: it is off, so nothing needs its library
             build_section(relay.Config, settings, "event_relay")  # type: ignore[attr-defined]
         return None
     return {"enabled": True, "module": EVENT_RELAY, "priority": -1, "serve": serve, **settings}
+
+
+def _build(name: str, section: dict[str, Any], where: str) -> Any:
+    """The plugin of one enabled table. MissingLibrary when a library it imports cannot
+    be imported, when its module is imported or as it is built (a part it imports only
+    when its config asks for it, as the event relay's sidecar push does)."""
+    module = section.get("module")
+    cls = _plugin_class(name, module, where)
+    settings = {k: v for k, v in section.items() if k not in RESERVED_KEYS}
+    config_cls = getattr(cls, "Config", None)
+    try:
+        if config_cls is not None:
+            return cls(build_section(config_cls, settings, where))
+        if settings:
+            raise ConfigError(f"unknown config key '{where}.{next(iter(settings))}'")
+        return cls()
+    except ImportError as exc:
+        path = module.split(":")[0] if module else f"plugins.{name}"
+        missing = optional.missing(exc, _skipped(where), _own(path))
+        if missing is None:
+            raise
+        raise missing from exc
+
+
+def _skipped(where: str) -> str:
+    """What the log line says of a plugin skipped for a missing library."""
+    refused = "CONNECT without allow_anonymous, PUBLISH, SUBSCRIBE"
+    return f"{where} skipped (refused in its place: {refused})"
+
+
+def _own(path: str) -> tuple[str, ...]:
+    """The packages whose ImportErrors are a plugin's own, not a library's."""
+    return (*optional.OWN, path.split(".")[0])
 
 
 def _plugin_class(name: str, module: Any, where: str) -> type:
@@ -105,15 +144,46 @@ def _plugin_class(name: str, module: Any, where: str) -> type:
         path, attribute = module.split(":")
     else:
         raise ConfigError(f"{where}.module: expected 'package.module:Class', got {module!r}")
+    # A library it imports that cannot be imported: MissingLibrary (the caller skips
+    # the plugin). Its own modules not found, or an error in them: a config error.
     try:
-        imported = importlib.import_module(path)
+        imported = optional.load(path, _skipped(where), _own(path))
     except ImportError as exc:
-        what = "no built-in plugin of that name" if module is None else str(exc)
+        unknown = isinstance(exc, ModuleNotFoundError) and _is_prefix(exc.name, path)
+        what = "no built-in plugin of that name" if module is None and unknown else str(exc)
         raise ConfigError(f"{where}: cannot load plugin: {what}") from None
     cls = getattr(imported, attribute, None)
     if not inspect.isclass(cls):
         raise ConfigError(f"{where}: {path} has no plugin class {attribute!r}")
     return cls
+
+
+def _is_prefix(name: str | None, path: str) -> bool:
+    """Whether module `name` is `path` or one of its parent packages."""
+    return name is not None and (path == name or path.startswith(name + "."))
+
+
+class Unavailable:
+    """Stands in for a plugin that could not be loaded (a library it needs is missing or
+    broken). Which hooks the plugin has is unknown, so this one refuses every auth
+    decision it might have made: a client's CONNECT (when `allow_anonymous` is false),
+    PUBLISH, SUBSCRIBE and enhanced authentication. Without it a missing library could let
+    in what the plugin would have refused (with no plugin implementing auth_on_publish or
+    auth_on_subscribe, everything is allowed). Its events are not called at all."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem  # the ERROR line logged at start-up
+
+    def __repr__(self) -> str:
+        return f"<Unavailable: {self.problem}>"
+
+    def _refuse(self, context: Any) -> Error:
+        return Error("plugin_unavailable")  # CONNACK / PUBACK / SUBACK: not authorized
+
+    auth_on_register = auth_on_register_m5 = _refuse
+    auth_on_publish = auth_on_publish_m5 = _refuse
+    auth_on_subscribe = auth_on_subscribe_m5 = _refuse
+    on_auth_m5 = _refuse
 
 
 async def call_all(plugins: list[tuple[str, Any]], method: str) -> None:

@@ -12,20 +12,18 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker.cluster.node import Cluster
+from broker import optional
 from broker.config import Config, ConfigError
 from broker.connection import Connection
 from broker.flow import FlowControl, Subscriber
 from broker.hook_callers import HookCallers
-from broker.http.app import HttpServer
 from broker.message import Delivery, Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
-from broker.plugins import call_all, configured_plugins
+from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
-from broker.proxy_protocol import ProxyHeaderReader
 from broker.registry import Registry
 from broker.retain import RetainedMessages
 from broker.router import Router, SharedGroup, SubOptions
@@ -33,9 +31,12 @@ from broker.session import Session
 from broker.store import SessionRecord, open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
-from broker.tls_stream import TlsStream
-from broker.websocket import WebSocketProtocol
 from hooks import HOOKS, Hooks
+
+if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
+    from broker.cluster.node import Cluster
+    from broker.http.app import HttpServer
+    from broker.proxy_protocol import ProxyHeaderReader
 
 log = logging.getLogger("nautilus")
 
@@ -67,13 +68,15 @@ class Broker:
         self.before_ack = _before_ack(self.plugins)
         self.started_at = time.time()
         self.stopping = False
-        self.http = HttpServer(self) if config.http.enabled else None
+        self.http = self._http() if config.http.enabled else None
         self.connections: set[Connection] = set()
         # proxy_protocol listeners' connections before their header (then a Connection).
         self.awaiting_header: set[ProxyHeaderReader] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
         self.connack_properties = self._connack_properties()
+        # (host, port) bound, per listener; ("", 0) for one not started (`listeners_down`).
         self.listening: list[tuple[str, int]] = []
+        self.listeners_down: dict[int, str] = {}  # listener index -> why (a library missing)
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self._servers: list[asyncio.Server] = []
         # TLS listeners' contexts, by listener index (a file that will not load: ConfigError).
@@ -86,13 +89,35 @@ class Broker:
         self.cluster = self._cluster() if config.cluster.address else None
 
     def _cluster(self) -> Cluster:
-        """This node's part in a cluster, over the metadata backend a plugin provides."""
+        """This node's part in a cluster, over the metadata backend a plugin provides. A
+        library it needs that cannot be imported stops start-up (ConfigError): a node of a
+        cluster does not serve alone."""
+        try:
+            optional.load("broker.cluster.node", "[cluster] cannot start")
+        except optional.MissingLibrary as exc:
+            raise ConfigError(str(exc)) from None
+        from broker.cluster.node import Cluster
+
         wanted = self.config.cluster.metadata
         for _, plugin in self.plugins:
             if getattr(plugin, "metadata", None) == wanted:
                 backend = plugin.metadata_backend(self.config.cluster.dead_after)
                 return Cluster(self, self.config.cluster, backend)
-        raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}")
+        skipped = [name for name, plugin in self.plugins if isinstance(plugin, Unavailable)]
+        also = f" (skipped, a library missing: {', '.join(skipped)})" if skipped else ""
+        raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}{also}")
+
+    def _http(self) -> HttpServer | None:
+        """The HTTP side; None when a library it needs cannot be imported (logged once):
+        the MQTT side serves without it."""
+        try:
+            optional.load("broker.http.app", f"[http] on {self.config.http.address} not started")
+        except optional.MissingLibrary as exc:
+            log.error("%s", exc)
+            return None
+        from broker.http.app import HttpServer
+
+        return HttpServer(self)
 
     def _connack_properties(self) -> dict:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
@@ -112,7 +137,13 @@ class Broker:
             await self.cluster.start()  # before clients: registrations need it
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
-            factory, tls = self._protocols(index)
+            try:
+                factory, tls = self._protocols(index)
+            except optional.MissingLibrary as exc:  # this listener only: the others serve
+                log.error("%s", exc)
+                self.listeners_down[index] = str(exc)
+                self.listening.append(("", 0))  # keeps the list indexed by listener
+                continue
             server = await self.loop.create_server(
                 factory,
                 host,
@@ -136,16 +167,27 @@ class Broker:
     ) -> tuple[Callable[[], asyncio.Protocol], ssl.SSLContext | None]:
         """A listener's protocol factory, and the context for asyncio's own TLS, if it is
         the one to use: the layers are PROXY header, TLS, WebSocket, then MQTT, each there
-        if the listener has it."""
+        if the listener has it. Resolved once per listener, at start: the modules of the
+        layers it has are imported here (MissingLibrary if a library they need is not
+        there), never per connection."""
         listener = self.config.listeners[index]
+        down = f"listeners[{index}] ({listener.type} on {listener.address}) not started"
         connection = functools.partial(Connection, self, index)
         factory: Callable[[], asyncio.Protocol] = connection
         if listener.type in ("ws", "wss"):
+            optional.load("broker.websocket", down)
+            from broker.websocket import WebSocketProtocol
+
             factory = functools.partial(WebSocketProtocol, self, connection, listener.path)
         context = self.tls[index].server if index in self.tls else None
         if not listener.proxy_protocol:
             return factory, context
+        optional.load("broker.proxy_protocol", down)
+        from broker.proxy_protocol import ProxyHeaderReader
+
         if context is not None:  # TLS after the header: ours, over memory BIOs
+            from broker.tls_stream import TlsStream
+
             timeout = self.settings.connect_timeout
             factory = functools.partial(TlsStream, context, factory, self.loop, timeout)
         return functools.partial(ProxyHeaderReader, self, factory), None

@@ -70,11 +70,11 @@ def write_config(path: Path, *, store: str = 'backend = "memory"', port: int = 0
 class BrokerProcess:
     """A running `python -m broker --config FILE`, its stderr read line by line."""
 
-    def __init__(self, config: Path, cwd: Path) -> None:
+    def __init__(self, config: Path, cwd: Path, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "--config", str(config)],
             cwd=cwd,
-            env=clean_env(),
+            env=env or clean_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -84,7 +84,11 @@ class BrokerProcess:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.port = int(self.wait_for(LISTENING)[1])
+        try:
+            self.port = int(self.wait_for(LISTENING)[1])
+        except BaseException:  # no caller holds it yet to clean it up
+            self.kill()
+            raise
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -106,6 +110,14 @@ class BrokerProcess:
             self.lines.append(line)
             if match := pattern.search(line):
                 return match
+
+    def drain(self, timeout: float = TIMEOUT) -> list[str]:
+        """Every line up to the end of stderr (the process exiting), then all lines read."""
+        deadline = time.monotonic() + timeout
+        while (line := self._queue.get(timeout=max(deadline - time.monotonic(), 0))) is not None:
+            self.lines.append(line)
+        self._queue.put(None)  # still the end, for a later call
+        return self.lines
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
         """Send `signum` and return the exit status (fails if it takes over TIMEOUT)."""

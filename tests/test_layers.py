@@ -6,7 +6,7 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   0 protocol       the sans-I/O codec
   1 foundations    topics, clock, metrics, config, router (the trie only matches),
                    authorization, enhanced_auth, hook_callers, tls (listeners' contexts),
-                   logs
+                   logs, optional (importing what needs an optional library)
   2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
   3 store          the message stores
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
@@ -25,6 +25,10 @@ Connection it runs on) without importing it at run time.
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +46,7 @@ LAYERS = {
     "broker.enhanced_auth": 1,
     "broker.hook_callers": 1,
     "broker.logs": 1,
+    "broker.optional": 1,  # importing what needs an optional library, when it is needed
     "broker.tls": 1,
     "broker.message": 2,
     "broker.client": 2,
@@ -163,3 +168,52 @@ def test_plugins_use_only_the_contract_and_the_brokers_public_values(path):
 def test_the_spark_jobs_talk_to_the_relay_over_tcp_only(path):
     core = [m for m, _ in imports(path) if m.split(".")[0] in {"broker", "hooks", "plugins"}]
     assert not core, f"{module_name(path)} imports {core}"
+
+
+# What a config must ask for before it is imported (broker/optional.py): a ws/wss or
+# proxy_protocol listener, [http], [cluster], a plugin.
+OPTIONAL = (
+    "websockets",
+    "proxyprotocol",
+    "aiohttp",
+    "redis",
+    "event_relay",
+    "broker.cluster",
+    "broker.http",
+)
+TCP_ONLY = """
+import asyncio, json, sys
+import broker.server
+from broker.config import config_from_dict
+imported = sorted(sys.modules)
+
+async def serve():
+    config = config_from_dict({
+        "listeners": [{"type": "tcp", "address": "127.0.0.1:0"}],
+        "http": {"enabled": False},
+        "store": {"backend": "memory"},
+    })
+    node = broker.server.Broker(config)
+    await node.start()
+    assert node.listening[0][1] > 0
+    await node.stop()
+
+asyncio.run(serve())
+print(json.dumps({"import broker.server": imported, "a TCP-only broker": sorted(sys.modules)}))
+"""
+
+
+def test_optional_pieces_are_imported_only_when_the_config_asks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NAUTILUS_")}
+    result = subprocess.run(
+        [sys.executable, "-c", TCP_ONLY],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    for when, modules in json.loads(result.stdout).items():
+        loaded = [m for m in modules if any(m == o or m.startswith(f"{o}.") for o in OPTIONAL)]
+        assert not loaded, f"{when} imports {loaded}"

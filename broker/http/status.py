@@ -9,6 +9,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from broker import __version__
+from broker.plugins import Unavailable
 from broker.systree import gauges
 
 if TYPE_CHECKING:
@@ -20,6 +21,9 @@ def problems(broker: Broker) -> list[str]:
     found = []
     if len(broker.listening) < len(broker.config.listeners):
         found.append("listeners are not all open")
+    # What a missing library left out (broker/optional.py): each its start-up ERROR line.
+    found += broker.listeners_down.values()
+    found += [plugin.problem for _, plugin in broker.plugins if isinstance(plugin, Unavailable)]
     if broker.store.failed:
         found.append("the store cannot write (QoS 1/2 publishes are refused)")
     if broker.stopping:
@@ -60,7 +64,9 @@ def nodes(broker: Broker) -> list[dict[str, Any]]:
         "listeners": [
             {
                 "type": listener.type,
-                "status": "running" if index < len(broker.listening) else "stopped",
+                "status": "running"
+                if index < len(broker.listening) and index not in broker.listeners_down
+                else "stopped",
                 "ip": broker.listening[index][0] if index < len(broker.listening) else "",
                 "port": broker.listening[index][1] if index < len(broker.listening) else 0,
                 "mountpoint": "",

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 
+from broker import optional
 from broker.config import StoreSettings
 from broker.store.base import MessageStore, SessionRecord, StoredEntry, StoreError
 from broker.store.memory import MemoryStore
 
 
 def open_store(settings: StoreSettings, loop: asyncio.AbstractEventLoop) -> MessageStore:
-    """The configured store; StoreError (one line) when it cannot be opened."""
+    """The configured store; StoreError (one line) when it cannot be opened, also when
+    the library it needs cannot be imported (the broker does not start without it)."""
     if settings.backend == "memory":
         return MemoryStore()
+    try:
+        optional.load("broker.store.leveldb", "[store] backend = leveldb cannot open")
+    except optional.MissingLibrary as exc:
+        raise StoreError(str(exc)) from None
     from broker.store.leveldb import LevelDBStore
 
     return LevelDBStore(settings.path, loop, sync=settings.sync)
