@@ -250,9 +250,14 @@ class Unsupported:
 Validators = Mapping[str, Callable[[Any], bool] | Unsupported]
 
 _NO_MOUNTPOINTS = Unsupported('mountpoints are not implemented (only "" is accepted)', _one_of(""))
-_NO_NETSPLIT = Unsupported("it is a netsplit switch, and Nautilus has no clustering (no netsplit)")
+_NO_NETSPLIT = Unsupported(
+    "it is a per-client netsplit switch; a Nautilus cluster (over Redis) never refuses "
+    "work because another node is away, and while Redis is away "
+    "cluster.allow_register_during_outage decides for every client"
+)
 _NO_MIGRATION = Unsupported(
-    "it paces queue migration between nodes, and Nautilus has no clustering"
+    "it paces queue migration between nodes per client; Nautilus moves every queue in "
+    "chunks of broker.max_msgs_per_drain_step"
 )
 
 _REGISTER: Validators = {

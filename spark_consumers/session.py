@@ -1,10 +1,11 @@
 """A SparkSession set up the way the relay's data source needs: on `local[*]` by default,
 or on the cluster spark-submit names.
 
-The pitfalls it handles (../shared/reference/spark-python-source.md): Spark's Python
-workers must be this interpreter (PYSPARK_PYTHON; another one lacks pyarrow and fails as
-a 10 s "worker failed to connect back"), a local session wants few shuffle partitions
-(200 by default make a windowed query take seconds per batch), and binds to loopback.
+The pitfalls it handles (docs/spark.md, "Pitfalls handled"): Spark's Python workers
+must be this interpreter (PYSPARK_PYTHON; another one lacks pyarrow and fails as a 10 s
+"worker failed to connect back"), a local session wants few shuffle partitions (200 by
+default make a windowed query take seconds per batch), binds to loopback, and starts a
+smaller JVM (options that count only in the process's first session).
 """
 
 from __future__ import annotations
