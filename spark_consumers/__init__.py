@@ -8,3 +8,22 @@ messages), `session.py` a SparkSession set up for the source, and `cli.py` the
 `nautilus-spark` command. Imports none of the broker, only parts of `event_relay` (its
 frames, event schema, client errors and address parsing).
 """
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`nautilus-spark`: cli.main, or one line saying how to install PySpark when the
+    `spark` extra is not installed (the broker's own install does not need it)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"nautilus-spark: PySpark cannot be imported ({exc}); "
+            "install it with: pip install 'nautilus-mqtt[spark]' (Spark also needs Java 17)",
+            file=sys.stderr,
+        )
+        return 1
+    from spark_consumers.cli import main as cli_main
+
+    return cli_main(argv)

@@ -352,3 +352,15 @@ def test_a_library_a_plugin_imports_as_it_is_built_also_skips_it(monkeypatch, ca
     assert record.getMessage().startswith("event_relay skipped")
     assert "the protobuf library cannot be imported" in plugin.problem
     assert plugin.problem.endswith(f"fix: pip install '{optional.requirement('protobuf')}'")
+
+
+def test_nautilus_spark_without_pyspark_says_how_to_install_it_in_one_line(tmp_path):
+    env = env_with_broken(broken_libraries(tmp_path, "pyspark"))
+    code = "import sys, spark_consumers; sys.exit(spark_consumers.main(['--help']))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("nautilus-spark: PySpark cannot be imported")
+    assert "pip install 'nautilus-mqtt[spark]'" in line
