@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from broker.authorization import (
@@ -24,6 +25,7 @@ from broker.authorization import (
 )
 from broker.client import AUTHENTICATING, CONNECTED
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
+from broker.logs import RepeatedLine
 from broker.message import Message, TopicAliases
 from broker.protocol import (
     V3_CONNACK_CODE,
@@ -43,11 +45,27 @@ from hooks.results import NO_HOOK
 if TYPE_CHECKING:
     from broker.cluster.metadata import Registration
     from broker.connection import Connection
+    from broker.server import Broker
 
 log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never" [3.1.2.11.2]
+REFUSALS_INTERVAL = 10.0  # seconds between two lines counting CONNECTs refused (an outage)
+
+# Per broker: the CONNECTs refused because the cluster's metadata is away. During a Redis
+# outage every client refused retries at once, thousands a second: the first refusal is
+# logged, then a count per REFUSALS_INTERVAL, then the first registration that works.
+_refusals: weakref.WeakKeyDictionary[Broker, RepeatedLine] = weakref.WeakKeyDictionary()
+
+
+def _cluster_refusals(broker: Broker) -> RepeatedLine:
+    refusals = _refusals.get(broker)
+    if refusals is None:
+        refusals = _refusals[broker] = RepeatedLine(
+            log, "connects refused", broker.loop, interval=REFUSALS_INTERVAL
+        )
+    return refusals
 
 
 def on_connect(conn: Connection, packet: Connect) -> None:
@@ -275,11 +293,28 @@ async def _register_in_cluster(
     client_id = conn.client.client_id
     try:
         registration = await cluster.register(client_id, expiry == 0)
-    except (MetadataUnavailable, StaleRequest) as exc:
+    except MetadataUnavailable as exc:
+        # The first refusal of an outage in full, then counts (a line per 10 s).
+        _cluster_refusals(conn.broker).occurred(
+            "metadata unavailable",
+            "%s: connection refused (reason 0x88): cannot register in the cluster: %s "
+            "(while this lasts, refused CONNECTs are counted: one line per %d s)",
+            conn.client.name(),
+            exc,
+            REFUSALS_INTERVAL,
+        )
+        if not conn.closing:
+            refuse(conn, ReasonCode.SERVER_UNAVAILABLE, quiet=True)
+        return
+    except StaleRequest as exc:
         log.warning("%s: cannot register in the cluster: %s", conn.client.name(), exc)
         if not conn.closing:
             refuse(conn, ReasonCode.SERVER_UNAVAILABLE)
         return
+    if registration is not None:
+        refusals = _refusals.get(conn.broker)
+        if refusals is not None and refusals.active:
+            refusals.ended("cluster registrations work again: connects accepted")
     args = (conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive)
     _attach(*args, registration)
 
@@ -414,10 +449,14 @@ def _connack_properties(conn: Connection, assigned_id: str | None) -> dict:
     return props
 
 
-def refuse(conn: Connection, reason: int, properties: dict | None = None) -> None:
+def refuse(
+    conn: Connection, reason: int, properties: dict | None = None, *, quiet: bool = False
+) -> None:
+    """CONNACK with a refusal, then the close. `quiet`: the caller logged it already."""
     # 3.x has five codes; "not authorized" stands for every other refusal.
     v3_code = V3_CONNACK_CODE.get(ReasonCode(reason), ConnectReturnCode.NOT_AUTHORIZED)
-    log.info("%s: connection refused (reason %#04x)", conn.client.name(), reason)
+    if not quiet:
+        log.info("%s: connection refused (reason %#04x)", conn.client.name(), reason)
     if conn.client.protocol_level == MQTT5:
         conn.send(ConnAck(reason, False, properties or {}))
     elif reason != ReasonCode.TOPIC_NAME_INVALID:

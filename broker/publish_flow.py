@@ -52,11 +52,13 @@ def on_publish(conn: Connection, packet: Publish) -> None:
     if properties and Property.TOPIC_ALIAS in properties and not _resolve_alias(conn, packet):
         return None
     if not valid_topic_name(packet.topic):
-        return conn.close(ReasonCode.TOPIC_NAME_INVALID)
+        return _protocol_error(conn, ReasonCode.TOPIC_NAME_INVALID, "invalid topic name", packet)
     depth = conn.broker.settings.topic_max_depth
     if depth and packet.topic.count("/") >= depth:
         conn.broker.metrics.topic_depth_exceeded += 1
-        return conn.close(ReasonCode.TOPIC_NAME_INVALID)
+        levels = packet.topic.count("/") + 1
+        why = f"topic of {levels} levels, deeper than topic_max_depth ({depth})"
+        return _protocol_error(conn, ReasonCode.TOPIC_NAME_INVALID, why, packet)
     if (
         properties
         and properties.get(Property.PAYLOAD_FORMAT_INDICATOR) == 1
@@ -78,12 +80,26 @@ def on_publish(conn: Connection, packet: Publish) -> None:
         if packet.packet_id in received:  # a resend: acknowledge, do not route twice
             return conn.send(PubRec(_packet_id(packet)))
         if len(received) >= conn.broker.settings.receive_max_broker:
-            return conn.close(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+            why = "more QoS 2 messages unreleased than receive_max_broker"
+            return _protocol_error(conn, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, why)
     chain = conn.broker.chains.auth_on_publish[conn.client.protocol_level == MQTT5]
     if not chain:  # no authorization plugin: publishing is allowed
         return _route(conn, packet, None, False)
     context = publish_context(conn, packet)
     conn.decide(chain, context, _authorized_publish, conn, packet, context)
+
+
+def _protocol_error(conn: Connection, code: int, why: str, packet: Publish | None = None) -> None:
+    """A PUBLISH that closes its connection, with the one INFO line every protocol error
+    gets (docs/operations.md, Logs), as broker/connection.py logs the decoder's."""
+    topic = f" ({_shown(packet.topic)})" if packet is not None else ""
+    log.info("%s: protocol error: PUBLISH: %s%s", conn.client.name(), why, topic)
+    conn.close(code)
+
+
+def _shown(topic: str, limit: int = 100) -> str:
+    """A topic for a log line: quoted and escaped, and cut if long (a client chose it)."""
+    return repr(topic if len(topic) <= limit else topic[:limit] + "...")
 
 
 def _refuse_unstorable(conn: Connection, packet: Publish) -> None:
@@ -101,8 +117,9 @@ def _resolve_alias(conn: Connection, packet: Publish) -> bool:
     """Apply a client's Topic Alias [3.3.2.3.4]: a topic sets it, an empty topic uses it.
     The alias is this connection's business: it is removed before routing."""
     alias = packet.properties.pop(Property.TOPIC_ALIAS)
-    if alias > conn.broker.settings.topic_alias_max_broker:
-        conn.close(ReasonCode.TOPIC_ALIAS_INVALID)  # above what we announced
+    if alias > conn.broker.settings.topic_alias_max_broker:  # above what we announced
+        why = f"topic alias {alias} above topic_alias_max_broker"
+        _protocol_error(conn, ReasonCode.TOPIC_ALIAS_INVALID, why)
         return False
     aliases = conn.client.aliases_in
     if aliases is None:  # the first alias: the client gets a table of its own
@@ -112,7 +129,7 @@ def _resolve_alias(conn: Connection, packet: Publish) -> bool:
     else:
         topic = aliases.get(alias)
         if topic is None:  # an alias never set on this connection [MQTT-3.3.2-12]
-            conn.close(ReasonCode.PROTOCOL_ERROR)
+            _protocol_error(conn, ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} never set")
             return False
         packet.topic = topic
     packet.raw = None  # the bytes carry the alias, not (necessarily) the topic

@@ -9,6 +9,7 @@
 --   P.."nodes"            HASH node -> "<address>\n<boot id>"
 --   P.."retain"           HASH topic -> packed retained message; P.."retain_ts" its ts
 --   P.."changes"          STREAM of every change, numbered by P.."seq" without gaps
+--   P.."reaped:"<node>    LIST the last reap's caller, ts and answer (a minute)
 --
 -- Courier's staleness rule: a write whose timestamp is not newer than the stored one is
 -- refused with "stale_request"; a write about a subscriber another node owns, with
@@ -116,17 +117,30 @@ end
 -- reap(P, dead node, this node, limit, dead after ms, ts) -> {"alive"} if the node
 -- refreshed its entry meanwhile; {"done"} once it owns nothing (then it is forgotten);
 -- else {"moved", client id, subs, ...}: clean sessions deleted, the others now ours.
+-- The same call again (same node and ts: the client sent it twice because its
+-- connection died before the answer) gets the same "moved" answer, kept in
+-- P.."reaped:"<dead>, so that the sessions the first moved are not lost with it.
 local function reap(keys, args)
   local p, dead, node, limit, dead_ms, ts = args[1], args[2], args[3], args[4], args[5], args[6]
+  local last = p .. 'reaped:' .. dead
+  local head = redis.call('LRANGE', last, 0, 1)
+  if head[1] == node and head[2] == ts then
+    local out = redis.call('LRANGE', last, 2, -1)
+    table.insert(out, 1, 'moved')
+    return out
+  end
   local seen = redis.call('ZSCORE', p .. 'cluster', dead)
   if seen and now_ms() - tonumber(seen) < tonumber(dead_ms) then return {'alive'} end
   local owned = p .. 'node:' .. dead
   local members = redis.call('SRANDMEMBER', owned, tonumber(limit))
+  redis.call('DEL', last)
   if #members == 0 then
     redis.call('ZREM', p .. 'cluster', dead)
     redis.call('HDEL', p .. 'nodes', dead)
     return {'done'}
   end
+  redis.call('RPUSH', last, node, ts)
+  redis.call('EXPIRE', last, 60)
   local out = {'moved'}
   for _, cid in ipairs(members) do
     local key = p .. 'sub:' .. cid
@@ -139,6 +153,7 @@ local function reap(keys, args)
       redis.call('HSET', key, 'node', node, 'ts', ts)
       redis.call('SADD', p .. 'node:' .. node, cid)
       emit(p, {'c', cid, 'n', node, 'k', '0', 'd', record[2]})
+      redis.call('RPUSH', last, cid, record[2])
       table.insert(out, cid)
       table.insert(out, record[2])
     end

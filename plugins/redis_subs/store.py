@@ -4,21 +4,31 @@ Every write runs in one of the Redis functions of functions.lua (atomic, with Co
 staleness and ownership rules); reads of the whole state are pipelined. Nodes follow the
 change stream (a Redis Stream whose entries carry a gap-free sequence number) with a
 blocking XREAD on a connection of their own.
+
+Every call is sent again, once and at once, when its connection turns out to be dead
+(redis-py's Retry, see RETRY): a pooled connection that Redis, a restart of it or the
+network closed is found only when used. Each call is safe to send twice: see RETRY.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgpack
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from broker.cluster.metadata import (
@@ -40,6 +50,45 @@ log = logging.getLogger("nautilus.redis_subs")
 FUNCTIONS = resources.files("plugins.redis_subs").joinpath("functions.lua").read_text("utf-8")
 BLOCK_MS = 1000  # one XREAD waits at most this long, so a closing node is not held up
 READ_COUNT = 1000  # changes read per XREAD
+
+# A call whose connection fails (ConnectionError: reset, closed, refused; or uvloop's
+# RuntimeError "unable to perform operation on <TCPTransport closed=True ...>; the
+# handler is closed", which a write to a connection that the peer reset raises instead
+# of an OSError: MagicStack/uvloop#506) is sent once more at once, on a new connection.
+# A timeout is not retried (a Redis that does not answer would only be waited for
+# twice). A call may thus reach Redis twice, when the connection died after Redis ran it
+# and before its answer came: each is safe so.
+#   nautilus_register, _set_subscriber, _delete_subscriber, _retain: the second carries
+#     the first's timestamp, so the staleness rule refuses it (stale_request) and nothing
+#     is applied or announced twice. The caller sees the refusal: a registration is
+#     refused (the client is refused with 0x88, as it was before the retry, and its next
+#     CONNECT finds this node the owner; a node it was taken from releases it on the
+#     change), a record write is written again with a new timestamp (sync.py), a retained
+#     message's refusal is ignored. A delete whose record is gone answers 0, no error.
+#   nautilus_heartbeat (it sets this node's entries again), nautilus_position, FUNCTION
+#     LOAD REPLACE, and the reads (HGETALL, HKEYS, ZRANGE, SMEMBERS, HMGET, XREAD from
+#     the same stream position) change nothing.
+#   nautilus_reap: the second with the same node and timestamp gets the first's answer
+#     again (functions.lua keeps it a minute), so the sessions it moved are adopted.
+RETRY_ON: tuple[type[Exception], ...] = (RedisConnectionError, RuntimeError)
+# redis-py types supported_errors as its own errors; it catches whatever it is given.
+RETRY = Retry(NoBackoff(), 1, supported_errors=RETRY_ON)  # type: ignore[arg-type]
+# What a failed call raises, turned into MetadataUnavailable (after its retry).
+FAILURES = (RedisError, OSError, RuntimeError)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """redis-py's version as numbers ("5.0.1" -> (5, 0, 1); "5.1.0b4" -> (5, 1, 0))."""
+    numbers = []
+    for part in text.split(".")[:3]:
+        digits = re.match(r"\d+", part)
+        numbers.append(int(digits[0]) if digits else 0)
+    return tuple(numbers)
+
+
+# redis-py retries a pipeline on a ConnectionError from 5.0.2 on (redis-py #3134); 5.0.1,
+# the lowest version allowed, only a single command: its pipelines are retried here.
+PIPELINES_RETRIED = _version(redis.__version__) >= (5, 0, 2)
 
 
 def pack_subscriptions(subscriptions: dict[str, SubOptions]) -> bytes:
@@ -92,8 +141,12 @@ class RedisStore:
             socket_timeout=None,
             username=username,
             password=password,
+            # No PING before a command on an idle connection: it would cost a round trip
+            # on a CONNECT's path and still miss a connection that dies under a command;
+            # the retry covers both.
             health_check_interval=0,
-            retry_on_timeout=False,
+            retry=RETRY,
+            retry_on_error=list(RETRY_ON),  # 5.0.x retries a command only on these
         )
         if sentinels:
             sentinel = Sentinel(sentinels, **options)
@@ -120,7 +173,7 @@ class RedisStore:
                 await self._load_functions()
                 return await self._call(function, *args)
             raise MetadataUnavailable(f"{self.where}: {message}") from None
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
 
     async def _load_functions(self) -> None:
@@ -131,7 +184,7 @@ class RedisStore:
                 f"{self.where}: cannot load the cluster's functions ({exc}); Redis 7 or "
                 "later is needed"
             ) from None
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
 
     # -- MetadataBackend ---------------------------------------------------------------
@@ -185,21 +238,40 @@ class RedisStore:
         replies: list[Any]
         try:
             replies = await self._pipeline([call for call, _ in batch])
-        except MetadataUnavailable as exc:
+        except Exception as exc:  # whatever it is, no CONNECT may wait for ever
+            if not isinstance(exc, MetadataUnavailable):
+                log.exception("%s: registering %d clients failed", self.where, len(batch))
             replies = [exc] * len(batch)
         for (_, future), reply in zip(batch, replies, strict=True):
             if not future.done():
                 future.set_result(reply)
 
-    async def _pipeline(self, calls: list[tuple[Any, ...]]) -> list[Any]:
-        """FCALLs in one round trip; the functions are loaded again if Redis lost them."""
+    async def _execute(
+        self, build: Callable[[Pipeline], None], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """One pipeline (not a transaction) that `build` fills, and its replies. Sent once
+        more on a dead connection, as every call is."""
         for attempt in (1, 2):
             pipe = self.redis.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return await pipe.execute(raise_on_error=raise_on_error)
+            except RETRY_ON:
+                if PIPELINES_RETRIED or attempt == 2:  # redis-py has sent it again already
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _pipeline(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """FCALLs in one round trip; the functions are loaded again if Redis lost them."""
+
+        def build(pipe: Pipeline) -> None:
             for function, *args in calls:
                 pipe.fcall(function, 0, self.prefix, *args)
+
+        for attempt in (1, 2):
             try:
-                replies = await pipe.execute(raise_on_error=False)
-            except (RedisError, OSError) as exc:
+                replies = await self._execute(build, raise_on_error=False)
+            except FAILURES as exc:
                 raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
             lost = any(
                 isinstance(r, ResponseError) and "Function not found" in str(r) for r in replies
@@ -253,7 +325,7 @@ class RedisStore:
         subscribers = await self.subscribers()
         try:
             retained = await self.redis.hgetall(self.prefix + "retain")
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
         self._stream_id = stream_id.decode()  # changes() reads on from here
         return Snapshot(
@@ -266,16 +338,20 @@ class RedisStore:
             nodes.update(
                 n.decode() for n in await self.redis.zrange(self.prefix + "cluster", 0, -1)
             )
-            pipe = self.redis.pipeline(transaction=False)
-            for node in sorted(nodes):
-                pipe.smembers(f"{self.prefix}node:{node}")
-            members = await pipe.execute()
-            client_ids = sorted({m.decode() for owned in members for m in owned})
-            pipe = self.redis.pipeline(transaction=False)
-            for client_id in client_ids:
-                pipe.hmget(f"{self.prefix}sub:{client_id}", "node", "clean", "subs")
-            records = await pipe.execute()
-        except (RedisError, OSError) as exc:
+
+            def owned_by_each(pipe: Pipeline) -> None:
+                for node in sorted(nodes):
+                    pipe.smembers(f"{self.prefix}node:{node}")
+
+            owned = await self._execute(owned_by_each)
+            client_ids = sorted({m.decode() for members in owned for m in members})
+
+            def records_of_each(pipe: Pipeline) -> None:
+                for client_id in client_ids:
+                    pipe.hmget(f"{self.prefix}sub:{client_id}", "node", "clean", "subs")
+
+            records = await self._execute(records_of_each)
+        except FAILURES as exc:
             raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
         return {
             client_id: Subscriber(node.decode(), clean == b"1", unpack_subscriptions(subs))
@@ -297,7 +373,7 @@ class RedisStore:
                 reply = await self.redis.xread(
                     {stream: self._stream_id}, count=READ_COUNT, block=BLOCK_MS
                 )
-            except (RedisError, OSError) as exc:
+            except FAILURES as exc:
                 raise MetadataUnavailable(f"{self.where}: {exc or type(exc).__name__}") from None
             for _, entries in reply:
                 for entry_id, fields in entries:

@@ -1,6 +1,8 @@
 """plugins/redis_subs/store.py's RedisStore against a real redis-server: the functions of
 functions.lua (Courier's staleness and ownership rules), the snapshot and the change
-stream, liveness, reaping a dead node, and what an unreachable Redis looks like.
+stream, liveness, reaping a dead node, what an unreachable Redis looks like, and calls
+on a connection that died under the pool (reset through tests/cluster/proxy.py, or
+CLIENT KILL): each is sent again once.
 
 Each test runs one coroutine with `run()` (asyncio.run under a deadline); stores are
 opened with `opened()` and closed at the end of the coroutine. Waits poll with a deadline.
@@ -28,6 +30,7 @@ from broker.cluster.metadata import (
 )
 from broker.router import SubOptions
 from plugins.redis_subs.store import FUNCTIONS, RedisStore
+from tests.cluster.proxy import TcpProxy
 from tests.cluster.redis_server import RedisServer
 
 T = TypeVar("T")
@@ -38,10 +41,17 @@ S1 = SubOptions(1)
 S2 = SubOptions(2, no_local=True, retain_as_published=True, retain_handling=2, subscription_id=7)
 
 
-def run(coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+def run(coroutine: Coroutine[Any, Any, T], timeout: float = 10.0, loop: str = "asyncio") -> T:
+    """Run `coroutine` on a new event loop: asyncio's, or uvloop's (the broker's, when
+    installed; it fails writes to a dead connection differently)."""
+
     async def bounded() -> T:
         return await asyncio.wait_for(coroutine, timeout)
 
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(bounded())
     return asyncio.run(bounded())
 
 
@@ -745,5 +755,160 @@ def test_unavailable_message_has_no_password_from_the_query(own_redis: RedisServ
             assert "secret" not in str(caught.value)
         finally:
             await store.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- dead connections
+
+
+def _through(proxy: TcpProxy) -> str:
+    return f"redis://127.0.0.1:{proxy.port}/0"
+
+
+async def _reset_connections(proxy: TcpProxy) -> None:
+    """Every connection through the proxy reset (an RST each way), then new ones pass.
+    The store's pooled connection is dead but looks fine to its pool until used."""
+    await asyncio.to_thread(proxy.reset)
+    await asyncio.to_thread(proxy.pass_through)
+
+
+# Each kind of call: a function (FCALL), a pipeline of functions, plain commands and
+# pipelines of them (snapshot), and the one that keeps an answer for a second sending.
+DEAD_CONNECTION_CALLS: dict[str, Callable[[RedisStore, Clock], Awaitable[Any]]] = {
+    "heartbeat (FCALL)": lambda a, clock: a.heartbeat(),
+    "register (pipeline)": lambda a, clock: a.register("c1", False, clock()),
+    "write (pipeline)": lambda a, clock: a.write(
+        [Write("c1", Subscriber("a", False, {}), clock())]
+    ),
+    "retain (pipeline)": lambda a, clock: a.retain([("t", b"m", clock())]),
+    "snapshot (commands, pipelines)": lambda a, clock: a.snapshot(),
+    "subscribers (pipelines)": lambda a, clock: a.subscribers(),
+    "reap (FCALL)": lambda a, clock: a.reap("gone", 10),
+}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("call", DEAD_CONNECTION_CALLS)
+def test_a_call_on_a_connection_reset_under_the_pool_is_sent_again(
+    redis_server: RedisServer,
+    redis_url: str,
+    start_proxy: Callable[..., TcpProxy],
+    call: str,
+    loop: str,
+) -> None:
+    """The probe's "Error UNKNOWN while writing to socket. Connection lost.": a pooled
+    connection that died while idle made the next call fail, and a CONNECT with it.
+    (Under uvloop the write raises RuntimeError "... the handler is closed" instead.)"""
+    proxy = start_proxy(("127.0.0.1", redis_server.port))
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(_through(proxy), "a") as (a,):
+            await _reset_connections(proxy)
+            await DEAD_CONNECTION_CALLS[call](a, clock)
+            await _reset_connections(proxy)  # and again: each call gets its retry
+            await DEAD_CONNECTION_CALLS[call](a, clock)
+
+    run(main(), loop=loop)
+
+
+def test_a_call_is_sent_again_once_only(
+    redis_server: RedisServer, redis_url: str, start_proxy: Callable[..., TcpProxy]
+) -> None:
+    """With every connection reset as it comes, the call fails (MetadataUnavailable) at
+    once: one retry, no backoff, no loop."""
+    proxy = start_proxy(("127.0.0.1", redis_server.port))
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(_through(proxy), "a") as (a,):
+            await asyncio.to_thread(proxy.reset)  # and stays so
+            for operation in (
+                lambda: a.heartbeat(),
+                lambda: a.register("c1", False, clock()),
+                lambda: a.snapshot(),
+            ):
+                started = time.monotonic()
+                with pytest.raises(MetadataUnavailable):
+                    await operation()
+                assert time.monotonic() - started < 1.0
+
+    run(main())
+
+
+def test_a_blocked_change_read_whose_connection_is_killed_reads_on(redis_url: str) -> None:
+    """CLIENT KILL of the connection waiting in XREAD: the read is sent again from the
+    same position, and the change written meanwhile arrives (no MetadataUnavailable,
+    which would make the node reload everything)."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(redis_url, "a", "b") as (a, b):
+            seq = (await a.snapshot()).seq
+            changes = a.changes(seq)
+            reading = asyncio.ensure_future(take(changes, 2))
+            with sync_client(redis_url) as admin:
+
+                async def blocked() -> list[int]:
+                    listed = await asyncio.to_thread(admin.client_list)
+                    return [int(c["id"]) for c in listed if c.get("cmd") == "xread"]
+
+                (xread,) = await eventually(blocked)
+                assert await asyncio.to_thread(admin.client_kill_filter, _id=xread) == 1
+                await b.register("c1", False, clock())
+                await eventually(lambda: blocked())  # it reads again, on a new connection
+                await b.register("c2", False, clock())
+            got = await reading
+            assert [(change.seq, change.client_id) for change in got] == [
+                (seq + 1, "c1"),
+                (seq + 2, "c2"),
+            ]
+
+    run(main())
+
+
+def test_client_kill_of_every_pooled_connection(redis_url: str) -> None:
+    """CLIENT KILL TYPE normal from another connection: the store's calls go on."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(redis_url, "a") as (a,):
+            await a.register("c1", False, clock())
+            with sync_client(redis_url) as admin:
+                assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+            assert (await a.register("c1", False, clock())).previous_node == "a"
+            assert set((await a.snapshot()).subscribers) == {"c1"}
+
+    run(main())
+
+
+def test_a_reap_sent_twice_answers_the_same(redis_url: str) -> None:
+    """A reap whose answer was lost with its connection is sent again with the same
+    timestamp: the second gets the first's answer (the sessions it moved), not the next
+    batch nor "done"."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(redis_url, "a", "b", dead_after=60) as (_, b):
+            for i in range(3):
+                await b.write([Write(f"p{i}", Subscriber("b", False, {"t": S1}), clock())])
+            with sync_client(redis_url) as client:
+                client.zadd(PREFIX + "cluster", {"b": 0})  # long dead
+                ts = clock()
+
+                def reap() -> Any:
+                    return client.fcall("nautilus_reap", 0, PREFIX, "b", "a", 2, 60_000, ts)
+
+                first = reap()
+                assert first[0] == b"moved" and len(first) == 5
+                assert reap() == first  # the same call again: the same answer
+                ts = clock()  # a new call: the next batch, then done
+                third = reap()
+                assert third[0] == b"moved" and len(third) == 3
+                assert set(third[1::2]).isdisjoint(first[1::2])
+                ts = clock()
+                assert reap() == [b"done"]
+                assert client.exists(PREFIX + "reaped:b") == 0
 
     run(main())
