@@ -133,6 +133,12 @@ class HttpSettings:
     # metric names as they are in $SYS and VerneMQ's dashboards.
     prometheus_namespace: str = ""
     api_keys_file: str = "./data/api-keys"  # `nautilus api-key add|list|delete` edits it
+    # Limits (broker/http/connections.py): seconds a request may take to arrive whole
+    # (line and headers) and a response to be taken, seconds an idle kept-alive
+    # connection is kept, and connections open at once (at most half of RLIMIT_NOFILE).
+    request_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+    max_connections: int = 256
 
 
 @dataclass(slots=True)
@@ -309,6 +315,8 @@ def _integer(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name}: expected an integer, got {value!r}")
     key = name.rpartition(".")[2]
+    if name == "http.max_connections" and value < 1:  # HTTP always has a cap
+        raise ConfigError(f"{name}: must be 1 or more, got {value}")
     if key in _NON_NEGATIVE and value < 0:
         raise ConfigError(f"{name}: must be 0 or more, got {value}")
     if key in _AT_LEAST_MINUS_ONE and value < -1:

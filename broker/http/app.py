@@ -5,10 +5,15 @@ broker/http/status.py, the operations from broker/admin.py. The admin API follow
 VerneMQ's `/api/v1/<command path>?<arguments>`, answering `{"type": "table", "table":
 [...]}`; its API key travels as the HTTP basic-auth username (empty password, as
 VerneMQ's) or in an `x-api-key` header, and a request without a valid key gets 401.
+
+Connections are held to `[http]`'s limits (max_connections, request_timeout,
+keepalive_timeout) by broker/http/connections.py, the protocol of the asyncio server
+started here around aiohttp's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -22,6 +27,8 @@ from broker import admin
 from broker.config import host_port
 from broker.http import prometheus, status
 from broker.http.api_keys import ApiKeys, KeysFileError
+from broker.http.connections import HttpConnection, HttpConnections
+from broker.http.limits import check_http_reserve, describe_reserve
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -30,6 +37,10 @@ log = logging.getLogger("nautilus.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN = "/api/v1/"
+UNAUTHORIZED = (
+    "an API key is needed: the basic-auth user name with an empty password (curl -u KEY:), "
+    "or an x-api-key header"
+)
 
 
 class HttpServer:
@@ -37,9 +48,12 @@ class HttpServer:
         self.broker = broker
         self.settings = broker.config.http
         self.keys = ApiKeys(self.settings.api_keys_file)
+        check_http_reserve(broker.config)  # ConfigError: HTTP could starve MQTT
         self.address: tuple[str, int] | None = None  # bound (host, port), once started
         self._runner: web.AppRunner | None = None
-        self.app = web.Application(middlewares=[self._authenticate])
+        self._server: asyncio.Server | None = None
+        self.connections: HttpConnections | None = None  # while started
+        self.app = web.Application(middlewares=[self._watch, self._authenticate])
         routes: list[tuple[str, Handler]] = [
             ("/metrics", self.metrics),
             ("/health", self.health),
@@ -54,17 +68,63 @@ class HttpServer:
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
-        self._runner = web.AppRunner(self.app, access_log=None)
+        timeout = self.settings.request_timeout
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            keepalive_timeout=self.settings.keepalive_timeout,
+            lingering_time=timeout,  # a body no handler reads: thrown away for this long
+        )
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, reuse_address=True).start()
-        bound = self._runner.addresses[0]  # the port chosen for port 0
+        loop = self.broker.loop
+        assert self._runner.server is not None  # made by setup()
+        self.connections = HttpConnections(self.settings, loop, self._runner.server)
+        # Our own asyncio server rather than aiohttp's TCPSite: its protocol caps and
+        # times out connections (broker/http/connections.py).
+        self._server = await loop.create_server(
+            self.connections, host, port, reuse_address=True, backlog=1024
+        )
+        bound = self._server.sockets[0].getsockname()  # the port chosen for port 0
         self.address = (bound[0], bound[1])
-        log.info("HTTP on %s:%s (/metrics, /health, /status, /api/v1)", *self.address)
+        log.info(
+            "HTTP on %s:%s (/metrics, /health, /status, /api/v1); max_connections %d, "
+            "request_timeout %gs, keepalive_timeout %gs",
+            *self.address,
+            self.settings.max_connections,
+            timeout,
+            self.settings.keepalive_timeout,
+        )
+        log.log(*describe_reserve(self.broker.config))  # what that leaves MQTT
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()  # no new connections; aiohttp closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        if self.connections is not None:
+            self.connections.close()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.connections.open) if self.connections is not None else 0
+
+    @web.middleware
+    async def _watch(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Tells the connection its request reached a handler, and when it is handled
+        (request_timeout: broker/http/connections.py)."""
+        transport = request.transport
+        connection = transport.get_protocol() if transport is not None else None
+        if not isinstance(connection, HttpConnection):
+            return await handler(request)
+        connection.request_started(request)
+        try:
+            return await handler(request)
+        finally:
+            connection.request_handled()
 
     # -- open to anyone who can reach the port ------------------------------------------
 
@@ -104,7 +164,7 @@ class HttpServer:
             return web.json_response({"type": "error", "error": str(exc)}, status=503)
         if not allowed:
             return web.json_response(
-                {"type": "error", "error": "an API key is needed (basic-auth username)"},
+                {"type": "error", "error": UNAUTHORIZED},
                 status=401,
                 headers={"WWW-Authenticate": 'Basic realm="nautilus"'},
             )
@@ -194,6 +254,10 @@ def _dumps(value: Any) -> str:
 
 
 def _api_key(request: web.Request) -> str:
+    """The key a request presents; "" (never a key) for none, or for basic-auth
+    credentials that are not exactly `KEY:` (the user name, an empty password: what the
+    docs and `nautilus admin` send): a key as the password, a password beside the key,
+    no colon at all, or anything but strict base64 is refused."""
     header = request.headers.get("x-api-key")
     if header:
         return header
@@ -204,4 +268,7 @@ def _api_key(request: web.Request) -> str:
         decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return ""
-    return decoded.partition(":")[0]
+    user, colon, password = decoded.partition(":")
+    if not colon or password:
+        return ""
+    return user

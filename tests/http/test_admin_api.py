@@ -77,11 +77,26 @@ def test_every_command_takes_the_key_either_way(keyed_broker, command):
 
 def test_the_key_must_be_the_username_and_well_formed(keyed_broker):
     server, key = keyed_broker()
-    as_password = "Basic " + base64.b64encode(f"admin:{key}".encode()).decode()
-    bearer = f"Bearer {key}"
-    for authorization in (as_password, bearer, "Basic !!not base64!!"):
+
+    def encoded(credentials: str) -> str:
+        return "Basic " + base64.b64encode(credentials.encode()).decode()
+
+    for authorization in (
+        encoded(f"admin:{key}"),  # the key as the password
+        encoded(key),  # no colon: not user:password at all
+        encoded(f"{key}:secret"),  # a password beside the key: only an empty one is
+        encoded(f":{key}"),
+        f"Bearer {key}",
+        "Basic !!not base64!!",
+        encoded(f"{key}:")[:-1],  # base64 cut short
+        f"Basic  {encoded(f'{key}:')[6:]}",  # two spaces
+    ):
         reply = get(server, "/api/v1/plugins", headers={"Authorization": authorization})
-        assert error(reply, 401)
+        assert "user name with an empty password" in error(reply, 401), authorization
+        assert reply.headers["WWW-Authenticate"] == 'Basic realm="nautilus"'
+    for authorization in (encoded(f"{key}:"), "basic " + encoded(f"{key}:")[6:]):
+        reply = get(server, "/api/v1/plugins", headers={"Authorization": authorization})
+        assert reply.status == 200, authorization  # KEY: exactly (the scheme in any case)
 
 
 def test_without_a_keys_file_no_key_works(start_broker, tmp_path):

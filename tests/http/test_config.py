@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from broker.config import ConfigError, HttpSettings, config_from_dict
+from broker.config import ConfigError, HttpSettings, config_from_dict, load_config
 from tests.test_cli import clean_env, nautilus, write_config
 
 from .conftest import get
@@ -26,6 +26,9 @@ def test_defaults():
         address="127.0.0.1:8888",
         prometheus_namespace="",
         api_keys_file="./data/api-keys",
+        request_timeout=10.0,
+        keepalive_timeout=75.0,
+        max_connections=256,
     )
 
 
@@ -62,6 +65,32 @@ def test_other_bad_values_name_their_key():
         config_from_dict({"http": {"enabled": "sometimes"}})
     with pytest.raises(ConfigError, match=r"http\.api_key_file"):
         config_from_dict({"http": {"api_key_file": "typo"}})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("request_timeout", 0, "expected a number of seconds above 0, got 0"),
+        ("request_timeout", "10s", "expected a number of seconds above 0, got '10s'"),
+        ("keepalive_timeout", -1, "expected a number of seconds above 0, got -1"),
+        ("keepalive_timeout", True, "expected a number of seconds above 0, got True"),
+        ("max_connections", 0, "must be 1 or more, got 0"),
+        ("max_connections", -5, "must be 1 or more, got -5"),
+        ("max_connections", 1.5, "expected an integer, got 1.5"),
+    ],
+)
+def test_a_bad_limit_is_one_line_naming_its_key(key, value, says):
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict({"http": {key: value}})
+    assert str(raised.value) == f"http.{key}: {says}"
+
+
+def test_limits_take_fractions_of_seconds_and_the_environment():
+    config = config_from_dict({"http": {"request_timeout": 0.5, "keepalive_timeout": 2}})
+    assert (config.http.request_timeout, config.http.keepalive_timeout) == (0.5, 2.0)
+    env = {"NAUTILUS_HTTP__MAX_CONNECTIONS": "64", "NAUTILUS_HTTP__REQUEST_TIMEOUT": "3"}
+    assert load_config(None, env).http.max_connections == 64
+    assert load_config(None, env).http.request_timeout == 3.0
 
 
 def test_the_command_says_which_key_in_one_line(tmp_path):

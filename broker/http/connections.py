@@ -1,0 +1,209 @@
+"""HTTP connections held to the broker's limits, around aiohttp's own protocol.
+
+aiohttp's server caps nothing and has no timeout on reading a request: a connection that
+never finishes its headers stays open (for good with aiohttp 3.9.1; with 3.14 until its
+keep-alive timeout, 3630 seconds by default). So asyncio's server here creates an
+`HttpConnection` per connection, with aiohttp's RequestHandler inside it:
+
+- over `[http] max_connections`, a new connection gets a 503 and is closed at once (one
+  line when that starts, one when it stops: broker/http/limits.py's `Cap`);
+- a request must arrive whole (request line and headers) within `request_timeout` of
+  the connection opening, or of its first byte on a kept-alive connection (bytes that
+  follow a request are its body's until its end: see `data_received`); a response
+  must be taken by the client within `request_timeout` of its handler returning; else
+  the connection is dropped (one line, rate-limited). A body no handler reads is read
+  and thrown away for `request_timeout` at most (aiohttp's lingering time); an idle
+  kept-alive connection is aiohttp's to close, after `keepalive_timeout`;
+- what aiohttp logs about a connection goes through `ConnectionLog`: a malformed request
+  is one line, rate-limited, never a traceback.
+
+The handlers tell a connection where its request is through `request_started` and
+`request_handled` (the app's outermost middleware: broker/http/app.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from broker.http.limits import Cap, RateLimitedLog, one_line
+
+if TYPE_CHECKING:
+    from aiohttp import StreamReader
+    from aiohttp.web_protocol import RequestHandler
+
+    from broker.config import HttpSettings
+
+log = logging.getLogger("nautilus.http")
+
+# Sent to a connection over max_connections before it is closed, so that an HTTP client
+# (a Prometheus scrape, a probe) sees why rather than a reset.
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 32\r\n"
+    b"Connection: close\r\n\r\nhttp.max_connections is reached\n"
+)
+
+
+class HttpConnections:
+    """One HTTP server's open connections, its limits and its rate-limited lines; called,
+    the protocol factory of its asyncio server."""
+
+    def __init__(
+        self, settings: HttpSettings, loop: asyncio.AbstractEventLoop, server: web.Server
+    ) -> None:
+        self.settings = settings
+        self.loop = loop
+        self.server = server  # aiohttp's: one RequestHandler per connection
+        self.open: set[HttpConnection] = set()
+        self.cap = Cap(log, "http", settings.max_connections)
+        self.bad_requests = RateLimitedLog(log, loop, "http: bad request")
+        self.timeouts = RateLimitedLog(log, loop, "http: dropped")
+        self.errors = RateLimitedLog(log, loop, "http: error")
+
+    def __call__(self) -> HttpConnection:
+        return HttpConnection(self)
+
+    def close(self) -> None:
+        for lines in (self.bad_requests, self.timeouts, self.errors):
+            lines.close()
+
+
+class HttpConnection(asyncio.Protocol):
+    """One connection: aiohttp's protocol inside, under the limits (module docstring)."""
+
+    def __init__(self, connections: HttpConnections) -> None:
+        self.connections = connections
+        self.loop = connections.loop
+        self.timeout = connections.settings.request_timeout
+        self.transport: asyncio.Transport | None = None
+        self.handler: RequestHandler | None = None  # None: refused (or not yet made)
+        self.peer = "?"
+        # Loop times by which a request must have reached its handler, and by which the
+        # client must have taken a response; None: no such deadline now.
+        self.request_due: float | None = None
+        self.response_due: float | None = None
+        self._body: StreamReader | None = None  # the last request's
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        connections = self.connections
+        transport = cast(asyncio.Transport, transport)
+        if not connections.cap.admits(len(connections.open)):
+            transport.write(REFUSED)
+            transport.close()
+            return
+        connections.open.add(self)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.handler = handler = connections.server()
+        handler.logger = cast(logging.Logger, ConnectionLog(self))
+        self.request_due = self.loop.time() + self.timeout
+        self._watch()
+        handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is None:
+            return
+        if self.request_due is None and (self._body is None or self._body.is_eof()):
+            self.request_due = self.loop.time() + self.timeout  # a request's first bytes
+            self._watch()
+        self.handler.data_received(data)
+
+    def eof_received(self) -> None:  # None: the transport closes (aiohttp's answer too)
+        if self.handler is not None:
+            self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.handler is None:
+            return  # refused at connection_made
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        connections = self.connections
+        connections.open.discard(self)
+        connections.cap.update(len(connections.open))
+        self.handler.connection_lost(exc)
+
+    # -- where the request is (the app's middleware) ----------------------------------
+
+    def request_started(self, request: web.BaseRequest) -> None:
+        self.request_due = None
+        self._body = request.content  # bytes that follow, until its end, are the body's
+
+    def request_handled(self) -> None:
+        self.response_due = self.loop.time() + self.timeout
+        self._watch()
+
+    # -- the deadlines ------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """A timer for the nearest deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+        due = [t for t in (self.request_due, self.response_due) if t is not None]
+        self._timer = self.loop.call_at(min(due), self._check) if due else None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.transport is None:
+            return
+        now = self.loop.time() + 0.001  # a timer may run a hair early
+        if self.request_due is not None and now >= self.request_due:
+            self._drop(f"no complete request within {self.timeout:g}s")
+            return
+        if self.response_due is not None and now >= self.response_due:
+            self.response_due = None
+            if self.transport.get_write_buffer_size():
+                self._drop(f"its response not read within {self.timeout:g}s")
+                return
+        self._watch()
+
+    def _drop(self, why: str) -> None:
+        self.connections.timeouts.log(logging.INFO, f"{self.peer}: {why}")
+        assert self.transport is not None
+        self.transport.abort()  # at once: nothing is owed to it, and its descriptor is freed
+
+
+class ConnectionLog(logging.LoggerAdapter):
+    """What aiohttp logs about one connection (its RequestHandler's `logger`).
+
+    A malformed request (HttpProcessingError: a bad request line, a header too long, ...)
+    is one INFO line with the client's address, rate-limited with all the others; aiohttp
+    would log it as a traceback (3.9.1; 3.14 too, but for a bad method on a connection's
+    first request, which it logs at debug). An
+    error of a handler (a bug of ours: aiohttp answers 500) keeps its traceback, at most
+    one a second too. aiohttp's debug lines pass through as they are."""
+
+    def __init__(self, connection: HttpConnection) -> None:
+        super().__init__(log, {})
+        self.connection = connection
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        connections = self.connection.connections
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            message = one_line(exc.message).removesuffix(" ^")  # llhttp's pointer
+            detail = f"from {self.connection.peer}: {exc.code} {message}"
+            connections.bad_requests.log(logging.INFO, detail)
+        elif level >= logging.WARNING:
+            text = str(msg) % args if args else str(msg)
+            detail = f"{self.connection.peer}: {one_line(text)}"
+            traceback = exc if isinstance(exc, BaseException) else None
+            connections.errors.log(level, detail, traceback)
+        elif self.logger.isEnabledFor(level):
+            self.logger.log(level, msg, *args)
