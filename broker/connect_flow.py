@@ -25,7 +25,7 @@ from broker.authorization import (
 )
 from broker.client import AUTHENTICATING, CONNECTED
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
-from broker.logs import RepeatedLine
+from broker.episodes import Episode
 from broker.message import Message, TopicAliases
 from broker.protocol import (
     V3_CONNACK_CODE,
@@ -56,13 +56,13 @@ REFUSALS_INTERVAL = 10.0  # seconds between two lines counting CONNECTs refused 
 # Per broker: the CONNECTs refused because the cluster's metadata is away. During a Redis
 # outage every client refused retries at once, thousands a second: the first refusal is
 # logged, then a count per REFUSALS_INTERVAL, then the first registration that works.
-_refusals: weakref.WeakKeyDictionary[Broker, RepeatedLine] = weakref.WeakKeyDictionary()
+_refusals: weakref.WeakKeyDictionary[Broker, Episode] = weakref.WeakKeyDictionary()
 
 
-def _cluster_refusals(broker: Broker) -> RepeatedLine:
+def _cluster_refusals(broker: Broker) -> Episode:
     refusals = _refusals.get(broker)
     if refusals is None:
-        refusals = _refusals[broker] = RepeatedLine(
+        refusals = _refusals[broker] = Episode(
             log, "connects refused", broker.loop, interval=REFUSALS_INTERVAL
         )
     return refusals
@@ -296,12 +296,12 @@ async def _register_in_cluster(
     except MetadataUnavailable as exc:
         # The first refusal of an outage in full, then counts (a line per 10 s).
         _cluster_refusals(conn.broker).occurred(
-            "metadata unavailable",
             "%s: connection refused (reason 0x88): cannot register in the cluster: %s "
             "(while this lasts, refused CONNECTs are counted: one line per %d s)",
             conn.client.name(),
             exc,
             REFUSALS_INTERVAL,
+            reason="metadata unavailable",
         )
         if not conn.closing:
             refuse(conn, ReasonCode.SERVER_UNAVAILABLE, quiet=True)
@@ -313,7 +313,7 @@ async def _register_in_cluster(
         return
     if registration is not None:
         refusals = _refusals.get(conn.broker)
-        if refusals is not None and refusals.active:
+        if refusals is not None:
             refusals.ended("cluster registrations work again: connects accepted")
     args = (conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive)
     _attach(*args, registration)

@@ -216,7 +216,7 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.broker.connections.discard(self)
-        self.broker.listener_connections[self.listener] -= 1
+        self.broker.release(self)
         self.broker.metrics.socket_close += 1
         self._out.clear()
         self._leave()

@@ -7,19 +7,18 @@ matches the topic in the router and offers the message to each matching session.
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import logging
-import os
-import resource
 import ssl
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker import optional
-from broker.config import Config, ConfigError
+from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
+from broker.descriptors import FileDescriptors
+from broker.episodes import Cap
 from broker.flow import FlowControl, Subscriber
 from broker.hook_callers import HookCallers
 from broker.message import Delivery, Message
@@ -81,8 +80,10 @@ class Broker:
         self.listening: list[tuple[str, int]] = []
         self.listeners_down: dict[int, str] = {}  # listener index -> why (a library missing)
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
-        # Listeners at their max_connections: index -> connections refused since (`admit`).
-        self.listeners_full: dict[int, int] = {}
+        self.caps = [  # each listener's max_connections
+            Cap(log, _listener_name(i, c), c.max_connections, self.loop)
+            for i, c in enumerate(config.listeners)
+        ]
         self.descriptors = FileDescriptors(self.loop, self._connections_open)
         self._servers: list[asyncio.Server] = []
         # TLS listeners' contexts, by listener index (a file that will not load: ConfigError).
@@ -178,7 +179,7 @@ class Broker:
         layers it has are imported here (MissingLibrary if a library they need is not
         there), never per connection."""
         listener = self.config.listeners[index]
-        down = f"listeners[{index}] ({listener.type} on {listener.address}) not started"
+        down = f"{_listener_name(index, listener)} not started"
         connection = functools.partial(Connection, self, index)
         factory: Callable[[], asyncio.Protocol] = connection
         if listener.type in ("ws", "wss"):
@@ -297,38 +298,20 @@ class Broker:
             self.store.put_session(record)
 
     def admit(self, connection: Connection) -> bool:
-        """Whether the connection's listener has room for it (`max_connections`). The
-        first refusal is a line, and so is accepting again, once the connections open are
-        down to 90% of the cap (not at the first free slot: a count that sways at the cap
-        must not log every refusal; [http]'s cap does the same, broker/http/limits.py)."""
+        """Whether the connection's listener has room for it (`max_connections`; its
+        episodes are logged by the listener's Cap, broker/episodes.py)."""
         index = connection.listener
-        limit = self.config.listeners[index].max_connections
-        open_now = self.listener_connections[index]
-        if limit and open_now >= limit:
+        if not self.caps[index].admits(self.listener_connections[index]):
             self.metrics.listener_connections_refused += 1
-            if index not in self.listeners_full:
-                self.listeners_full[index] = 0
-                log.warning(
-                    "%s: %d connections open, max_connections %d: refusing new ones",
-                    self._listener_name(index),
-                    open_now,
-                    limit,
-                )
-            self.listeners_full[index] += 1
             return False
-        if index in self.listeners_full and open_now <= limit * 9 // 10:
-            log.info(
-                "%s: accepting again (%d open, %d refused while full)",
-                self._listener_name(index),
-                open_now,
-                self.listeners_full.pop(index),
-            )
         self.listener_connections[index] += 1
         return True
 
-    def _listener_name(self, index: int) -> str:
-        host, port = self.listening[index]
-        return f"listeners[{index}] ({self.config.listeners[index].type} on {host}:{port})"
+    def release(self, connection: Connection) -> None:
+        """An admitted connection is gone: its place on the listener is free."""
+        index = connection.listener
+        self.listener_connections[index] -= 1
+        self.caps[index].closed(self.listener_connections[index])
 
     def _connections_open(self) -> str:
         mqtt = sum(self.listener_connections) + len(self.awaiting_header)
@@ -502,74 +485,11 @@ class Broker:
             session.deliver(Delivery(message, min(message.qos, options.qos), True, sub_ids))
 
 
+def _listener_name(index: int, listener: ListenerSettings) -> str:
+    return f"listeners[{index}] ({listener.type} on {listener.address})"
+
+
 def _before_ack(plugins: list[tuple[str, Any]]) -> list[Callable[[], bool]]:
     return [
         plugin.before_ack for _, plugin in plugins if callable(getattr(plugin, "before_ack", None))
     ]
-
-
-class FileDescriptors:
-    """Running out of file descriptors (RLIMIT_NOFILE), said once per episode.
-
-    asyncio's loop reports every accept() that fails for want of them to the loop's
-    exception handler, with a traceback each (as many as a listener's backlog, every
-    second, while it lasts): this handler makes them one line, and passes on anything
-    else. uvloop reports none (libuv accepts and closes such connections itself), so a
-    probe also opens /dev/null every second. The episode ends when the probe succeeds and
-    no accept() has failed for two seconds. `describe()`: the connections open."""
-
-    ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
-    OUT = (errno.EMFILE, errno.ENFILE)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, describe: Callable[[], str]) -> None:
-        self.loop = loop
-        self.describe = describe
-        self.out = False  # in an episode
-        self._failed_at = 0.0  # loop time of the last failure seen
-        self._probe: asyncio.TimerHandle | None = None
-        self._previous: Any = None  # the loop's exception handler before this one
-
-    def start(self) -> None:
-        self._previous = self.loop.get_exception_handler()
-        self.loop.set_exception_handler(self._exception)
-        self._probe = self.loop.call_later(1.0, self.probe)
-
-    def stop(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            self._probe = None
-            self.loop.set_exception_handler(self._previous)
-
-    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if context.get("message") == self.ACCEPT_FAILED and isinstance(exc, OSError):
-            self.ran_out(exc)
-        elif self._previous is not None:
-            self._previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def probe(self) -> None:
-        self._probe = self.loop.call_later(1.0, self.probe)
-        try:
-            os.close(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:
-            if exc.errno in self.OUT:
-                self.ran_out(exc)
-            return
-        if self.out and self.loop.time() - self._failed_at >= 2.0:
-            self.out = False
-            log.info("listeners accept again: file descriptors are free (%s)", self.describe())
-
-    def ran_out(self, exc: OSError) -> None:
-        self._failed_at = self.loop.time()
-        if not self.out:
-            self.out = True
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            log.warning(
-                "listeners cannot accept connections: %s (RLIMIT_NOFILE %s; %s): new "
-                "connections are refused until some close",
-                exc.strerror or exc,
-                "unlimited" if soft == resource.RLIM_INFINITY else soft,
-                self.describe(),
-            )

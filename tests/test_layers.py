@@ -6,7 +6,9 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   0 protocol       the sans-I/O codec
   1 foundations    topics, clock, metrics, config, router (the trie only matches),
                    authorization, enhanced_auth, hook_callers, tls (listeners' contexts),
-                   logs, optional (importing what needs an optional library)
+                   logs, episodes (a repeated line logged once per episode; connection
+                   caps), descriptors (the process's file descriptors), optional
+                   (importing what needs an optional library)
   2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
   3 store          the message stores
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
@@ -46,6 +48,8 @@ LAYERS = {
     "broker.enhanced_auth": 1,
     "broker.hook_callers": 1,
     "broker.logs": 1,
+    "broker.episodes": 1,  # a repeated condition logged once per episode; connection caps
+    "broker.descriptors": 1,  # RLIMIT_NOFILE, and the listeners running out of it
     "broker.optional": 1,  # importing what needs an optional library, when it is needed
     "broker.tls": 1,
     "broker.message": 2,

@@ -6,16 +6,19 @@ keep-alive timeout, 3630 seconds by default). So asyncio's server here creates a
 `HttpConnection` per connection, with aiohttp's RequestHandler inside it:
 
 - over `[http] max_connections`, a new connection gets a 503 and is closed at once (one
-  line when that starts, one when it stops: broker/http/limits.py's `Cap`);
+  line when that starts, one when it stops: broker/episodes.py's `Cap`);
 - a request must arrive whole (request line and headers) within `request_timeout` of
   the connection opening, or of its first byte on a kept-alive connection (bytes that
   follow a request are its body's until its end: see `data_received`); a response
   must be taken by the client within `request_timeout` of its handler returning; else
-  the connection is dropped (one line, rate-limited). A body no handler reads is read
-  and thrown away for `request_timeout` at most (aiohttp's lingering time); an idle
-  kept-alive connection is aiohttp's to close, after `keepalive_timeout`;
+  the connection is dropped (one line, at most one a second). A body no handler reads
+  is read and thrown away for `request_timeout` at most (aiohttp's lingering time); an
+  idle kept-alive connection is aiohttp's to close, after `keepalive_timeout`;
 - what aiohttp logs about a connection goes through `ConnectionLog`: a malformed request
-  is one line, rate-limited, never a traceback.
+  is one line, at most one a second, never a traceback.
+
+Each kind of those lines is an episode (broker/episodes.py): its first line at once, the
+others counted in a line a second, until a second without one.
 
 The handlers tell a connection where its request is through `request_started` and
 `request_handled` (the app's outermost middleware: broker/http/app.py).
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from broker.http.limits import Cap, RateLimitedLog, one_line
+from broker.episodes import Cap, Episode
 
 if TYPE_CHECKING:
     from aiohttp import StreamReader
@@ -59,17 +62,27 @@ class HttpConnections:
         self.loop = loop
         self.server = server  # aiohttp's: one RequestHandler per connection
         self.open: set[HttpConnection] = set()
-        self.cap = Cap(log, "http", settings.max_connections)
-        self.bad_requests = RateLimitedLog(log, loop, "http: bad request")
-        self.timeouts = RateLimitedLog(log, loop, "http: dropped")
-        self.errors = RateLimitedLog(log, loop, "http: error")
+        self.cap = Cap(log, "http", settings.max_connections, loop)
+        self.bad_requests = _once_a_second(loop, "http: bad request", "bad requests")
+        self.timeouts = _once_a_second(loop, "http: dropped", "connections dropped")
+        self.errors = _once_a_second(loop, "http: error", "errors", logging.ERROR)
 
     def __call__(self) -> HttpConnection:
         return HttpConnection(self)
 
     def close(self) -> None:
+        """What the last second counted, if anything."""
         for lines in (self.bad_requests, self.timeouts, self.errors):
             lines.close()
+
+
+def _once_a_second(
+    loop: asyncio.AbstractEventLoop, what: str, noun: str, level: int = logging.INFO
+) -> Episode:
+    """Lines `<what> <detail>`, at most one a second: the others are counted, in one line
+    when the second is over (`<what>: 57 more in the last 1s, the last <detail>`)."""
+    counted = f"{what}: %d more in the last %ds, the last %s"
+    return Episode(log, noun, loop, interval=1.0, counted=counted, level=level, end_when_quiet=True)
 
 
 class HttpConnection(asyncio.Protocol):
@@ -136,7 +149,7 @@ class HttpConnection(asyncio.Protocol):
             self._timer = None
         connections = self.connections
         connections.open.discard(self)
-        connections.cap.update(len(connections.open))
+        connections.cap.closed(len(connections.open))
         self.handler.connection_lost(exc)
 
     # -- where the request is (the app's middleware) ----------------------------------
@@ -174,7 +187,8 @@ class HttpConnection(asyncio.Protocol):
         self._watch()
 
     def _drop(self, why: str) -> None:
-        self.connections.timeouts.log(logging.INFO, f"{self.peer}: {why}")
+        detail = f"{self.peer}: {why}"
+        self.connections.timeouts.occurred("http: dropped %s", detail, reason=detail)
         assert self.transport is not None
         self.transport.abort()  # at once: nothing is owed to it, and its descriptor is freed
 
@@ -183,11 +197,12 @@ class ConnectionLog(logging.LoggerAdapter):
     """What aiohttp logs about one connection (its RequestHandler's `logger`).
 
     A malformed request (HttpProcessingError: a bad request line, a header too long, ...)
-    is one INFO line with the client's address, rate-limited with all the others; aiohttp
-    would log it as a traceback (3.9.1; 3.14 too, but for a bad method on a connection's
-    first request, which it logs at debug). An
-    error of a handler (a bug of ours: aiohttp answers 500) keeps its traceback, at most
-    one a second too. aiohttp's debug lines pass through as they are."""
+    is one INFO line with the client's address, at most one a second with all the others;
+    aiohttp would log it as a traceback (3.9.1; 3.14 too, but for a bad method on a
+    connection's first request, which it logs at debug). An error of a handler (a bug of
+    ours: aiohttp answers 500; aiohttp logs it with logger.exception) is an ERROR line with
+    its traceback, at most one a second too. aiohttp's debug lines pass through as they
+    are."""
 
     def __init__(self, connection: HttpConnection) -> None:
         super().__init__(log, {})
@@ -199,11 +214,19 @@ class ConnectionLog(logging.LoggerAdapter):
         if isinstance(exc, HttpProcessingError):
             message = one_line(exc.message).removesuffix(" ^")  # llhttp's pointer
             detail = f"from {self.connection.peer}: {exc.code} {message}"
-            connections.bad_requests.log(logging.INFO, detail)
+            connections.bad_requests.occurred("http: bad request %s", detail, reason=detail)
         elif level >= logging.WARNING:
             text = str(msg) % args if args else str(msg)
             detail = f"{self.connection.peer}: {one_line(text)}"
             traceback = exc if isinstance(exc, BaseException) else None
-            connections.errors.log(level, detail, traceback)
+            connections.errors.occurred("http: error %s", detail, reason=detail, exc_info=traceback)
         elif self.logger.isEnabledFor(level):
             self.logger.log(level, msg, *args)
+
+
+def one_line(text: object, limit: int = 200) -> str:
+    """`text` as one printable line of at most `limit` characters (a client's bytes may be
+    in it)."""
+    flat = " ".join(str(text).split())
+    flat = "".join(c if c.isprintable() else "?" for c in flat)
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -1,6 +1,7 @@
-"""Resources the listeners run out of, said once per episode (broker/server.py): an MQTT
-listener's max_connections, and the process's file descriptors (RLIMIT_NOFILE) when
-accept() fails with EMFILE. ([http]'s own: tests/http/test_limits.py.)
+"""Resources the listeners run out of, said once per episode (broker/episodes.py, and its
+rules: tests/unit/test_episodes.py): an MQTT listener's max_connections (its Cap), and the
+process's file descriptors (RLIMIT_NOFILE, broker/descriptors.py) when accept() fails
+with EMFILE. ([http]'s own cap: tests/http/test_limits.py.)
 
 The descriptor test lowers this process's own soft RLIMIT_NOFILE to a few above what is
 open (the broker serves on a thread of it) and opens connections until none is left; the
@@ -36,16 +37,19 @@ def test_a_listener_at_max_connections_says_so_once_and_again_when_it_accepts(
     raw_client(server, V311).connect(unique_id())
     for _ in range(3):
         assert raw_client(server, V311).expect_closed() == []
-    name = f"listeners[0] (tcp on 127.0.0.1:{server.port})"
+    name = "listeners[0] (tcp on 127.0.0.1:0)"  # as configured
     assert [(r.levelno, r.getMessage()) for r in records(caplog, "listeners[0]")] == [
         (logging.WARNING, f"{name}: 2 connections open, max_connections 2: refusing new ones")
     ]
-    first.close()
+    first.close()  # 1 open: 90% of 2
     server.wait_for(lambda: server.broker.listener_connections[0] < 2)
+    (again,) = records(caplog, "accepting again")
+    assert again.levelno == logging.INFO
+    assert re.fullmatch(
+        rf"{re.escape(name)}: accepting again, 1 open \(3 connections refused in \d+ s\)",
+        again.getMessage(),
+    ), again.getMessage()
     raw_client(server, V311).connect(unique_id())
-    assert [r.getMessage() for r in records(caplog, "accepting again")] == [
-        f"{name}: accepting again (1 open, 3 refused while full)"
-    ]
 
 
 def test_running_out_of_file_descriptors_is_one_line_and_so_is_the_recovery(
@@ -61,7 +65,7 @@ def test_running_out_of_file_descriptors_is_one_line_and_so_is_the_recovery(
             for _ in range(100):
                 clients.append(socket.create_connection((server.host, server.port), 2))
         assert len(clients) < 100
-        server.wait_for(lambda: server.broker.descriptors.out)  # a failed accept, or the probe
+        server.wait_for(lambda: server.broker.descriptors.out.active)  # an accept or the probe
         for _ in range(3):  # accept() is tried again every second, the probe runs each second
             server.advance(1)
         out = records(caplog, "listeners cannot accept connections")
@@ -79,13 +83,18 @@ def test_running_out_of_file_descriptors_is_one_line_and_so_is_the_recovery(
         server.wait_for(lambda: sum(server.broker.listener_connections) == 0)
         server.advance(1)  # accept() again: the connections waiting are taken (and closed)
         server.advance(3)  # the probe opens a descriptor, and no accept failed meanwhile
-        server.wait_for(lambda: not server.broker.descriptors.out)
+        server.wait_for(lambda: not server.broker.descriptors.out.active)
     finally:
         for client in clients:
             client.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    back = records(caplog, "listeners accept again: file descriptors are free")
-    assert [r.levelno for r in back] == [logging.INFO]
+    (back,) = records(caplog, "listeners accept again")
+    assert back.levelno == logging.INFO
+    assert re.fullmatch(
+        r"listeners accept again: file descriptors are free, connections open: \d+ MQTT, 0 HTTP "
+        r"\(\d+ failed accepts and probes in \d+ s\)",
+        back.getMessage(),
+    ), back.getMessage()
     assert not records(caplog, "socket.accept() out of system resource")  # asyncio's
     assert not [r for r in caplog.records if r.exc_info]
     raw_client(server, V311).connect(unique_id())
