@@ -142,15 +142,32 @@ def decode_session(client_id: str, data: bytes) -> SessionRecord:
         raise RecordError(f"session record of {client_id!r} does not decode: {exc}") from exc
 
 
-_COUNTERS = struct.Struct(">QQ")
+_COUNTERS = struct.Struct(">QQ")  # layout 2: entries, next seq
+_COUNTERS_3 = struct.Struct(">QQQB")  # layout 3: entries, next seq, floor, flags
+
+# Flags of a layout-3 counters record: the session may have in-flight records (f/) or
+# inbound QoS 2 ids (i/) in the store. Clear: it has none, and they need not be looked for.
+HAS_INFLIGHT = 0x01
+HAS_RECEIVED = 0x02
+MAY_HAVE_ANY = HAS_INFLIGHT | HAS_RECEIVED  # what a record that does not say means
 
 
-def encode_counters(queued: int, next_seq: int) -> bytes:
-    return _COUNTERS.pack(queued, next_seq)
+def encode_counters(
+    queued: int, next_seq: int, floor: int | None = None, flags: int = MAY_HAVE_ANY
+) -> bytes:
+    """A queue's counters record; without `floor`, the layout-2 form (entries, next seq)."""
+    if floor is None:
+        return _COUNTERS.pack(queued, next_seq)
+    return _COUNTERS_3.pack(queued, next_seq, floor, flags)
 
 
-def decode_counters(data: bytes) -> tuple[int, int]:
+def decode_counters(data: bytes) -> tuple[int, int, int, int]:
+    """(entries, next seq, floor, flags): no entry has a seq below `floor`; a layout-2
+    record says nothing of either (floor 0, flags MAY_HAVE_ANY)."""
+    if len(data) == _COUNTERS_3.size:
+        queued, next_seq, floor, flags = _COUNTERS_3.unpack(data)
+        return queued, next_seq, floor, flags
     if len(data) != _COUNTERS.size:
         raise RecordError("queue counters record has the wrong size")
     queued, next_seq = _COUNTERS.unpack(data)
-    return queued, next_seq
+    return queued, next_seq, 0, MAY_HAVE_ANY

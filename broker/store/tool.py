@@ -17,6 +17,7 @@ from broker.store import records
 from broker.store.base import StoreError
 from broker.store.leveldb import (
     BODY,
+    BODY_IDS,
     COUNTERS,
     INFLIGHT,
     INLINE_ENTRY,
@@ -25,6 +26,7 @@ from broker.store.leveldb import (
     REFS,
     RETAINED,
     SESSION,
+    VERSION,
     open_db,
 )
 
@@ -61,10 +63,13 @@ def _count_reference(found: Survey, what: str, entry: bytes) -> None:
 def survey(db: plyvel.DB) -> Survey:
     found = Survey()
     sessions: set[str] = set()
-    counters: dict[str, int] = {}
+    counters: dict[str, tuple[int, int, int, int]] = {}  # entries, next seq, floor, flags
     ref_counts: dict[int, int] = {}
     bodies: set[int] = set()
     inflight_clients: set[str] = set()
+    received_clients: set[str] = set()
+    seqs: dict[str, list[int]] = {}  # client id -> [lowest, highest] queue entry seq
+    layout_3 = db.get(VERSION) == b"3"  # counters with floors and flags
     for key, value in db.iterator():
         if key.startswith(SESSION):
             sessions.add(key[len(SESSION) :].decode(errors="replace"))
@@ -72,11 +77,18 @@ def survey(db: plyvel.DB) -> Survey:
             found.retained += 1
         elif key.startswith(COUNTERS):
             try:
-                counters[key[len(COUNTERS) :].decode()] = records.decode_counters(value)[0]
+                counters[key[len(COUNTERS) :].decode()] = records.decode_counters(value)
             except records.RecordError as exc:
                 found.problems.append(f"counters {key!r}: {exc}")
         elif key.startswith(QUEUE):
-            found.entries[_client(key, QUEUE)] += 1
+            client = _client(key, QUEUE)
+            found.entries[client] += 1
+            seq = int.from_bytes(key[-8:], "big")
+            span = seqs.get(client)
+            if span is None:
+                seqs[client] = [seq, seq]
+            else:
+                span[1] = seq
             _count_reference(found, f"queue entry {key!r}", value)
         elif key.startswith(INFLIGHT):
             found.inflight += 1
@@ -85,21 +97,34 @@ def survey(db: plyvel.DB) -> Survey:
                 _count_reference(found, f"in-flight record {key!r}", value[9:])
         elif key.startswith(RECEIVED):
             found.received += 1
+            received_clients.add(_client(key, RECEIVED))
         elif key.startswith(BODY):
             bodies.add(int.from_bytes(key[len(BODY) :], "big"))
         elif key.startswith(REFS):
             ref_counts[int.from_bytes(key[len(REFS) :], "big")] = int.from_bytes(value, "big")
     found.sessions = len(sessions)
     for client in sorted(inflight_clients - sessions):  # f/ keys sort before s/ ones
-        if client not in sessions:
-            found.problems.append(f"in-flight records of {client!r}, which has no session")
+        found.problems.append(f"in-flight records of {client!r}, which has no session")
+    if layout_3:  # the flags say where records may be: a clear one must be true
+        none = (0, 0, 0, 0)
+        for client in sorted(inflight_clients & sessions):
+            if not counters.get(client, none)[3] & records.HAS_INFLIGHT:
+                found.problems.append(f"{client!r}: in-flight records, its counters say none")
+        for client in sorted(received_clients & sessions):
+            if not counters.get(client, none)[3] & records.HAS_RECEIVED:
+                found.problems.append(f"{client!r}: inbound QoS 2 ids, its counters say none")
     found.bodies = len(bodies)
     for client, count in sorted(found.entries.items()):
         if client not in sessions:
             found.problems.append(f"{count} queue entries of {client!r}, which has no session")
-        elif counters.get(client, 0) != count:
+            continue
+        entries, next_seq, floor, _ = counters.get(client, (0, 0, 0, 0))
+        if entries != count:
+            found.problems.append(f"{client!r}: counter says {entries} entries, found {count}")
+        lowest, highest = seqs[client]
+        if client in counters and (lowest < floor or highest >= next_seq):
             found.problems.append(
-                f"{client!r}: counter says {counters.get(client, 0)} entries, found {count}"
+                f"{client!r}: entries {lowest}..{highest} lie outside {floor}..{next_seq - 1}"
             )
     for body_id, count in found.references.items():
         if body_id not in bodies:
@@ -110,6 +135,12 @@ def survey(db: plyvel.DB) -> Survey:
             )
     for body_id in bodies - found.references.keys():
         found.problems.append(f"body {body_id} is referenced by no entry (orphan)")
+    bound = db.get(BODY_IDS)
+    if bound is not None and bodies and max(bodies) >= int.from_bytes(bound, "big"):
+        found.problems.append(
+            f"body {max(bodies)} is not below the bound of body ids given out, "
+            f"{int.from_bytes(bound, 'big')}"
+        )
     return found
 
 

@@ -10,8 +10,8 @@ from broker.message import Delivery, Message
 from broker.protocol import Property
 from broker.router import SubOptions
 from broker.session import AWAITING_ACK, AWAITING_COMP
-from broker.store import SessionRecord, StoreError
-from broker.store.leveldb import BODY, QUEUE, REFS, LevelDBStore, open_db
+from broker.store import SessionRecord, StoreError, records
+from broker.store.leveldb import BODY, INLINE_ENTRY, QUEUE, REFS, LevelDBStore, open_db
 from broker.store.tool import survey
 
 
@@ -269,5 +269,183 @@ def test_a_fan_out_sent_at_once_shares_one_body_too(tmp_path, loop):
     second.delete_inflight("b", 2)
     second.delete_session("c")  # never attached: its record is read to find the body
     assert keys(second, BODY) == [] and keys(second, REFS) == []
+    assert survey(second._db).problems == []
+    second.close()
+
+
+# -- work that must not grow with the store's history ------------------------------------
+
+
+class CountingDB:
+    """The store's database, counting the iterators opened on it (each one a seek that
+    steps over every tombstone between its target and the next live key)."""
+
+    def __init__(self, db: plyvel.DB) -> None:
+        self.db = db
+        self.iterators: list[dict] = []
+
+    def iterator(self, **kwargs):
+        self.iterators.append(kwargs)
+        return self.db.iterator(**kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.db, name)
+
+
+def counting(store: LevelDBStore) -> CountingDB:
+    spy = CountingDB(store._db)
+    store._db = spy  # type: ignore[assignment]
+    return spy
+
+
+def age(store: LevelDBStore, client: str, count: int) -> None:
+    """`count` messages through a persistent session: queued, sent, acknowledged."""
+    store.put_session(SessionRecord(client, None, 0.0))
+    for seq in range(count):
+        store.put_entry(client, seq, delivery(b"%d" % seq))
+        if seq % 100 == 99:
+            store.commit()
+            for done in range(seq - 99, seq + 1):
+                store.put_inflight(client, done % 65535 + 1, done, AWAITING_ACK)
+            store.commit()
+            for done in range(seq - 99, seq + 1):
+                store.delete_inflight(client, done % 65535 + 1)
+                store.delete_entry(client, done)
+    store.commit()
+
+
+def test_a_clean_session_touches_no_key_of_an_aged_store(store, loop):
+    age(store, "sub", 2000)
+    spy = counting(store)
+    loop.soon.clear()
+    for client in ("a-clean", "z-clean"):  # before and after the old session's keys
+        store.delete_session(client)  # CONNECT with clean start, and its disconnect
+        assert store.load_inflight(client) == [] and store.read_entries(client, 10) == []
+    assert spy.iterators == [] and loop.soon == [] and store._batch is None
+
+
+def test_a_session_with_an_empty_queue_is_deleted_without_a_scan(store):
+    age(store, "sub", 2000)
+    store.put_received("sub", 7)
+    store.put_inflight("sub", 3, 1999, AWAITING_COMP)
+    store.commit()
+    spy = counting(store)
+    store.delete_session("sub")
+    store.commit()
+    assert spy.iterators == []
+    assert [k for k in store._db.iterator(include_value=False) if k != b"v"] == []
+    assert survey(store._db).problems == []
+
+
+def test_reads_start_at_the_floor_and_stop_at_the_last_entry(store):
+    for seq in range(10):
+        store.put_entry("c", seq, delivery(b"%d" % seq))
+    store.commit()
+    for seq in (0, 1, 2, 4):  # 4 out of order: the floor stops at 3
+        store.delete_entry("c", seq)
+    assert store._counters["c"][:3] == [6, 10, 3]
+    store.delete_entry("c", 3)  # and now moves past 4
+    assert store._counters["c"][2] == 5
+    spy = counting(store)
+    assert [e.seq for e in store.read_entries("c", 100)] == [5, 6, 7, 8, 9]
+    (opened,) = spy.iterators
+    assert opened["start"].endswith((5).to_bytes(8, "big"))
+    assert [e.seq for e in store.read_entries("c", 2, skip=[5])] == [6, 7]
+    assert [e.seq for e in store.read_entries("c", 3, newest_first=True)] == [9, 8, 7]
+    assert store.read_entries("c", 5, after=9) == []  # past the last seq: no seek at all
+    assert len(spy.iterators) == 3
+
+
+def test_floor_and_flags_survive_a_reopen_and_spare_the_scans(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    age(first, "sub", 1000)
+    first.put_entry("sub", 1000, delivery(b"left"))
+    first.put_session(SessionRecord("sub", None, 0.0))  # at disconnect: nothing in flight
+    first.put_session(SessionRecord("crashed", None, 0.0))
+    first.put_inflight_entry("crashed", 5, delivery(b"in flight"))
+    first.put_received("crashed", 6)
+    first.close()
+    second = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    records_ = {r.client_id: r for r in second.load_sessions()}
+    assert (records_["sub"].queued, records_["sub"].next_seq) == (1, 1001)
+    assert second._counters["sub"][2] == 1000  # the floor
+    spy = counting(second)
+    assert second.load_inflight("sub") == [] and second.load_received("sub") == set()
+    assert [e.seq for e in second.read_entries("sub", 10)] == [1000]
+    assert len(spy.iterators) == 1  # the read, from the floor
+    ((packet_id, _, _, inline),) = second.load_inflight("crashed")  # its flag is set
+    assert packet_id == 5 and inline is not None and second.load_received("crashed") == {6}
+    spy.iterators.clear()
+    second.delete_session("crashed")  # known from here on: deleted without a scan
+    assert spy.iterators == []
+    assert survey(second._db).problems == []
+    second.close()
+
+
+def test_a_layout_2_store_is_upgraded_by_the_first_start(tmp_path, loop):
+    path = tmp_path / "db"
+    path.mkdir()
+    db = plyvel.DB(str(path / "messages"), create_if_missing=True)
+    entry = b"\x00\x01\x00\x00" + records.encode_message(Message("t", b"old", 1, now=0.0), 0.0)
+    db.put(b"v", b"2")
+    db.put(b"s/q", b'{"expiry": null, "offline_since": 1.0, "subscriptions": {}}')
+    db.put(b"n/q", records.encode_counters(2, 10))  # layout 2: 16 bytes
+    db.put(b"q/q\x00" + (8).to_bytes(8, "big"), entry)
+    db.put(b"q/q\x00" + (9).to_bytes(8, "big"), b"\x02\x01\x00\x00" + (7).to_bytes(8, "big"))
+    db.put(b"b/" + (7).to_bytes(8, "big"), entry[4:])  # a shared body, referenced by seq 9
+    db.put(b"c/" + (7).to_bytes(8, "big"), (1).to_bytes(4, "big"))
+    db.put(b"s/f", b'{"expiry": null, "offline_since": 1.0, "subscriptions": {}}')
+    db.put(b"f/f\x00\x00\x05", INLINE_ENTRY + b"\x00" + entry)  # and no counters at all
+    db.close()
+    store = LevelDBStore(str(path), loop, sync=False)  # type: ignore[arg-type]
+    assert sorted(r.client_id for r in store.load_sessions()) == ["f", "q"]
+    assert store._db.get(b"v") == b"3"
+    assert store._db.get(b"B") == (8).to_bytes(8, "big")  # body ids from 8 on: no more scan
+    assert records.decode_counters(store._db.get(b"n/f")) == (0, 0, 0, records.MAY_HAVE_ANY)
+    assert [e.seq for e in store.read_entries("q", 10)] == [8, 9]  # from floor 0
+    assert store._counters["q"][2] == 8  # the read found where the queue begins
+    assert [p for p, *_ in store.load_inflight("f")] == [5]
+    assert survey(store._db).problems == []
+    store.close()
+
+
+def test_check_finds_a_record_its_counters_deny(store):
+    store.put_session(SessionRecord("c", None, 0.0))
+    store.commit()
+    store._db.put(b"i/c\x00\x00\x07", b"")  # written behind the store's back
+    assert survey(store._db).problems == ["'c': inbound QoS 2 ids, its counters say none"]
+
+
+def test_check_finds_an_entry_below_the_floor(store):
+    for seq in range(3):
+        store.put_entry("c", seq, delivery(b"%d" % seq))
+    store.put_session(SessionRecord("c", None, 0.0))
+    store.commit()
+    store.delete_entry("c", 0)
+    store.commit()
+    value = store._db.get(QUEUE + b"c\x00" + (1).to_bytes(8, "big"))
+    store._db.put(QUEUE + b"c\x00" + (0).to_bytes(8, "big"), value)  # below the floor, 1
+    store._db.delete(QUEUE + b"c\x00" + (2).to_bytes(8, "big"))  # the count still holds
+    assert survey(store._db).problems == ["'c': entries 0..1 lie outside 1..2"]
+
+
+def test_body_ids_go_on_after_a_reopen_without_a_scan(tmp_path, loop):
+    path = str(tmp_path / "db")
+    first = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    shared = Message("t/a", b"shared", 1, now=0.0)
+    for client in ("a", "b"):
+        first.put_session(SessionRecord(client, None, 0.0))
+        first.put_entry(client, 0, delivery(b"", message=shared))
+    first.close()
+    second = LevelDBStore(path, loop, sync=False)  # type: ignore[arg-type]
+    reserved = int.from_bytes(second._db.get(b"B"), "big")
+    assert second._next_body == reserved > 1  # read, not found by a seek past the bodies
+    list(second.load_sessions())
+    again = Message("t/a", b"shared again", 1, now=0.0)
+    for client in ("a", "b"):
+        second.put_entry(client, 1, delivery(b"", message=again))
+    second.commit()
+    assert [int.from_bytes(k[2:], "big") for k in keys(second, BODY)] == [1, reserved]
     assert survey(second._db).problems == []
     second.close()
