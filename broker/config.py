@@ -155,6 +155,9 @@ class ClusterSettings:
     dead_after: float = 3.0  # a node silent this long is dead: its sessions are reaped
     outgoing_buffer_size: int = 16 * 1024 * 1024  # bytes kept per link while it is down
     max_frame_size: int = 64 * 1024 * 1024  # a larger frame from a peer closes its link
+    # Connections open at once on the cluster listener, linked or still before their
+    # HELLO (1 or more): each other node needs one, and a link being replaced two.
+    max_connections: int = 64
     remote_enqueue_timeout: float = 5.0  # seconds a takeover or migrated chunk may take
     # Registrations while Redis is away: refused with 0x88 server unavailable (false), or
     # taken on this node alone and written to Redis when it returns (true).
@@ -315,7 +318,8 @@ def _integer(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name}: expected an integer, got {value!r}")
     key = name.rpartition(".")[2]
-    if name == "http.max_connections" and value < 1:  # HTTP always has a cap
+    # HTTP and the cluster listener always have a cap: anyone who reaches them may connect.
+    if name in ("http.max_connections", "cluster.max_connections") and value < 1:
         raise ConfigError(f"{name}: must be 1 or more, got {value}")
     if key in _NON_NEGATIVE and value < 0:
         raise ConfigError(f"{name}: must be 0 or more, got {value}")

@@ -128,7 +128,9 @@ class Message:
             if subscription_ids:
                 properties[Property.SUBSCRIPTION_IDENTIFIER] = list(subscription_ids)
             if self.expires_at is not None:
-                left = math.ceil(self.expires_at - now)
+                # Whole seconds left, rounded up; rounded to the microsecond first, since
+                # (t + 3600) - t may be 3600.00000000006 in floats, which is not 3601.
+                left = math.ceil(round(self.expires_at - now, 6))
                 properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(left, 1)
             if alias:
                 properties[Property.TOPIC_ALIAS] = alias

@@ -73,11 +73,27 @@ def unpack_message(fields: list[Any], now: float) -> Message:
 
 
 class FrameDecoder:
-    """Bytes in, frames (lists) out; FrameError for anything else."""
+    """Bytes in, frames (lists) out; FrameError for anything else.
 
-    def __init__(self, max_frame_size: int) -> None:
+    A length above `max_frame_size` is refused from the 4 bytes that say it, before any
+    of the frame is kept: at most `max_frame_size` + 4 bytes wait here, plus what one
+    feed brought. `limit` names the limit in that FrameError; `set_limit` changes both
+    (the cluster listener takes only a small HELLO until it knows the peer, then
+    `max_frame_size`: broker/cluster/link.py)."""
+
+    def __init__(self, max_frame_size: int, limit: str = "max_frame_size") -> None:
         self.max_frame_size = max_frame_size
+        self.limit = limit
         self._buffer = bytearray()
+
+    def set_limit(self, max_frame_size: int, limit: str = "max_frame_size") -> None:
+        self.max_frame_size = max_frame_size
+        self.limit = limit
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame waiting for the rest."""
+        return len(self._buffer)
 
     def feed(self, data: bytes) -> list[list[Any]]:
         buffer = self._buffer
@@ -88,9 +104,7 @@ class FrameDecoder:
         while end - offset >= 4:
             (length,) = _LENGTH.unpack_from(buffer, offset)
             if length > self.max_frame_size:
-                raise FrameError(
-                    f"a frame of {length} bytes (max_frame_size {self.max_frame_size})"
-                )
+                raise FrameError(f"a frame of {length} bytes ({self.limit} {self.max_frame_size})")
             if end - offset - 4 < length:
                 break
             body = bytes(buffer[offset + 4 : offset + 4 + length])

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.cluster")
 
 MIGRATION_CHUNK_TIMEOUT = 60.0  # seconds a migrating chunk may take to be acknowledged
-UNROUTED_KEPT = 10000  # unmatched forwarded messages kept while registrations are under way
+UNROUTED_KEPT = 10000  # unmatched forwarded messages kept while sessions are on their way
 
 
 def _nothing() -> None:
@@ -66,20 +66,46 @@ class Handover:
         self._migrations: dict[str, asyncio.Task] = {}  # queues leaving, by client id
         # client id -> what stands in the router for a session being registered here
         self._stand_ins: dict[str, tuple[_Arrivals, list[str]]] = {}
-        # Forwarded messages that matched no session here while registrations were under
-        # way: the other nodes may route one to its session before the registration's
-        # answer (and its stand-in) arrives; it is matched then.
+        # Forwarded messages that matched no session here while registrations or a
+        # reaping were under way: the other nodes may route one to its session before the
+        # registration's answer (and its stand-in) arrives, or before this node has
+        # adopted the session it reaped; it is matched then.
         self._unrouted: deque[Message] = deque(maxlen=UNROUTED_KEPT)
 
     def unrouted(self, message: Message) -> None:
         """A forwarded message no local session took."""
-        if self._registering:
+        if self.keeping:
             self._unrouted.append(message)
 
     @property
     def registering(self) -> bool:
         """Whether some client is being registered here."""
         return bool(self._registering)
+
+    @property
+    def keeping(self) -> bool:
+        """Whether forwarded messages that match no session here are kept a moment: a
+        client is being registered here, or a dead node's sessions are being taken."""
+        return bool(self._registering) or self.cluster.reaping
+
+    def forget_unrouted(self) -> None:
+        """What was kept is no longer anybody's, once nothing is on its way here."""
+        if not self.keeping:
+            self._unrouted.clear()
+
+    def adopted(self, session: Session) -> None:
+        """A reaped session lives here now: the forwarded messages kept meanwhile that
+        its subscriptions match are queued for it (other nodes learned that it is here
+        from the change stream, and may have sent them before this node adopted it)."""
+        if not self._unrouted:
+            return
+        subscriptions = session.subscriptions
+        filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
+        for message in self._unrouted:
+            matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
+            if matching:
+                qos = min(message.qos, max(options.qos for options in matching))
+                session.deliver(Delivery(message, qos, False))
 
     def moving(self, client_id: str) -> bool:
         """Whether the client is being released here (its changes are not written)."""
@@ -163,8 +189,7 @@ class Handover:
         """The CONNECT's session exists here now: a session new on this node resumes the
         subscriptions the metadata kept; messages that came ahead of it are delivered."""
         early = self._registering.pop(client_id, [])
-        if not self._registering:
-            self._unrouted.clear()
+        self.forget_unrouted()
         stand_in, filters = self._stand_ins.pop(client_id, (None, []))
         for topic_filter in filters:
             self.broker.router.unsubscribe(stand_in, topic_filter)

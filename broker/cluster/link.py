@@ -11,6 +11,16 @@ mark publishers wait, so a slow link slows its publishers instead of growing mem
 
 A link that gets no PONG to its PINGs for `dead_after` is aborted and reconnected: a
 peer that is blackholed (the socket open, nothing passing) is noticed that way.
+
+The cluster listener is open to whoever reaches its port, so until a peer's HELLO is
+accepted (its secret checked) it costs little: its frames may be at most HELLO_MAX_SIZE
+(a longer length is refused from the 4 bytes that say it, nothing of the frame read),
+it has HANDSHAKE_TIMEOUT to say HELLO, and the connections open at once are capped
+(`[cluster] max_connections`, ClusterListener). Every refusal's line names the peer's
+address.
+
+Frames a link has read are handled even if the peer closes it before they are (held by
+flow control meanwhile): the peer counted them sent.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import hmac
 import itertools
 import logging
 import socket
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +46,8 @@ from broker.cluster.frames import (
     FrameDecoder,
     FrameError,
 )
+from broker.config import ClusterSettings
+from broker.episodes import Episode
 
 if TYPE_CHECKING:
     from broker.cluster.node import Cluster
@@ -46,6 +59,14 @@ LOW_WATER = 256 * 1024
 SOCKET_BUFFER = 256 * 1024  # SO_SNDBUF of a link (loopback would grow it to megabytes)
 RECONNECT_DELAY = 0.5  # seconds between attempts to reach a peer
 HANDSHAKE_TIMEOUT = 5.0
+# The largest frame the cluster listener takes before a peer's HELLO is accepted. A HELLO,
+# [HELLO, version, node, boot id, secret] in MessagePack, is about 40 bytes plus the node's
+# name and the secret: tens of bytes, a few hundred with a long secret. 4 KiB is ten times
+# that and still nothing to hold for a connection that has proved nothing yet (where
+# max_frame_size, 64 MiB, let ten silent connections hold 600 MB).
+HELLO_MAX_SIZE = 4096
+BEFORE_HELLO = "before HELLO, at most"  # how FrameErrors name HELLO_MAX_SIZE
+REFUSALS_INTERVAL = 10.0  # seconds between lines counting links refused at the cap
 
 
 class PeerLink(asyncio.Protocol):
@@ -85,6 +106,12 @@ class PeerLink(asyncio.Protocol):
         """Bytes on their way to the peer: waiting here and in the transport."""
         buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
         return self._pending_bytes + buffered
+
+    @property
+    def answering(self) -> bool:
+        """Whether the link is up and the peer answered within dead_after (it sends a
+        PONG every liveness_interval of its own accord, even while it holds the link)."""
+        return self.up and self.loop.time() - self._last_pong < self.cluster.settings.dead_after
 
     @property
     def congested(self) -> bool:
@@ -297,28 +324,50 @@ class ClusterServerProtocol(asyncio.Protocol):
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.node = ""  # the peer's name, once it said HELLO
+        self.peer: Any = ("?", 0)  # its address (peername)
         self.transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(cluster.settings.max_frame_size)
+        # Until HELLO is accepted, a frame may be HELLO_MAX_SIZE at most (then _hello
+        # raises it to max_frame_size): a stranger's length prefix holds nothing here.
+        self._decoder = FrameDecoder(HELLO_MAX_SIZE, BEFORE_HELLO)
+        self._listener = listener_of(cluster)
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
         self._waiting: deque[list[Any]] = deque()  # frames read while held
         self.held = False
 
+    @property
+    def who(self) -> str:
+        """The peer, for the log: its address, and its name once it said HELLO."""
+        address = format_address(self.peer)
+        return f"{self.node} ({address})" if self.node else address
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame that has not arrived whole yet."""
+        return self._decoder.buffered
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._handshake_timer = self.cluster.loop.call_later(
-            HANDSHAKE_TIMEOUT,
-            transport.abort,  # type: ignore[attr-defined]
+        self.peer = transport.get_extra_info("peername") or ("?", 0)
+        if not self._listener.admit(self):  # full: closed at once, nothing read
+            self.reply(REFUSED, f"max_connections {self._listener.settings.max_connections}")
+            transport.close()
+            return
+        self._handshake_timer = self.cluster.loop.call_later(HANDSHAKE_TIMEOUT, self._no_hello)
+
+    def _no_hello(self) -> None:
+        log.warning(
+            "cluster listener: refused a link from %s: no HELLO in %gs", self.who, HANDSHAKE_TIMEOUT
         )
+        if self.transport is not None:
+            self.transport.abort()
 
     def reply(self, *frame: Any) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(frames.encode(*frame))
 
     def refuse(self, reason: str) -> None:
-        log.warning(
-            "cluster listener: refused a link from %s: %s", self.node or "an unknown peer", reason
-        )
+        log.warning("cluster listener: refused a link from %s: %s", self.who, reason)
         self.reply(REFUSED, reason)
         assert self.transport is not None
         self.transport.close()
@@ -328,7 +377,10 @@ class ClusterServerProtocol(asyncio.Protocol):
         try:
             received = self._decoder.feed(data)
         except FrameError as exc:
-            log.warning("cluster link from %s: %s; closing it", self.node or "a peer", exc)
+            if self.node:
+                log.warning("cluster link from %s: %s; closing it", self.who, exc)
+            else:  # before HELLO: garbage, or a length over HELLO_MAX_SIZE
+                log.warning("cluster listener: refused a link from %s: %s", self.who, exc)
             self.cluster.metrics.cluster_frames_invalid += 1
             assert self.transport is not None
             self.transport.abort()
@@ -337,12 +389,15 @@ class ClusterServerProtocol(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
+        """Handle the frames read, until flow control holds the link. Once the link has
+        closed they are handled all the same (the peer counted them sent); answers to
+        them go nowhere."""
         waiting = self._waiting
         while waiting and not self.held:
-            frame = waiting.popleft()
-            if self.transport is None or self.transport.is_closing():
-                waiting.clear()
+            if not self.node and self.transport is not None and self.transport.is_closing():
+                waiting.clear()  # refused: nothing after its HELLO is read
                 return
+            frame = waiting.popleft()
             if not self.node:
                 self._hello(frame)
                 continue
@@ -350,12 +405,15 @@ class ClusterServerProtocol(asyncio.Protocol):
                 self.cluster.on_frame(self, frame)
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 log.warning(
-                    "cluster link from %s: bad frame %r: %s; closing it", self.node, frame[:1], exc
+                    "cluster link from %s: bad frame %r: %s; closing it", self.who, frame[:1], exc
                 )
                 self.cluster.metrics.cluster_frames_invalid += 1
-                self.transport.abort()
                 waiting.clear()
+                if self.transport is not None:
+                    self.transport.abort()
                 return
+        if self.transport is None and not waiting:  # closed, and nothing left to handle
+            self.cluster.broker.flow.forget_publisher(self)
 
     # -- flow control: this link as a publisher -----------------------------------------
 
@@ -370,7 +428,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.held = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
-            self.cluster.loop.call_soon(self._process)
+        self.cluster.loop.call_soon(self._process)
 
     def _beat(self) -> None:
         self.reply(PONG, 0)
@@ -395,6 +453,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         if not isinstance(node, str) or not node or node == self.cluster.node:
             return self.refuse(f"bad node name {node!r}")
         self.node = node
+        self._decoder.set_limit(self.cluster.settings.max_frame_size)  # a peer now
         self.reply(WELCOME, self.cluster.node, self.cluster.boot_id)
         self._beat()
         self.cluster.inbound_up(self)
@@ -404,6 +463,85 @@ class ClusterServerProtocol(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self.transport = None
-        self._waiting.clear()
-        self.cluster.broker.flow.forget_publisher(self)
+        self._listener.closed(self)
+        if not self.node or self.cluster.broker.stopping:
+            self._waiting.clear()  # nothing to keep (no HELLO yet), or nobody to keep it
+        if not self._waiting:  # else: handled as flow control allows, then forgotten
+            self.cluster.broker.flow.forget_publisher(self)
         self.cluster.inbound_down(self)
+
+
+class ClusterListener:
+    """The connections open on a node's cluster listener, linked or not yet, and their cap,
+    `[cluster] max_connections`: over it a connection is answered REFUSED and closed as
+    it is accepted, nothing read. A node needs one per other node (links are one per
+    ordered pair of nodes), two for a moment while a link is replaced.
+
+    Reaching the cap is an episode (broker/episodes.py), as for the MQTT and HTTP
+    listeners' caps: the first refusal in full, with the numbers; then one line per
+    REFUSALS_INTERVAL counting the others; one line when the connections open are down
+    to 90% of the cap (not at the first free slot: a count that sways at the cap does
+    not log every refusal). Unlike their Cap's, these lines name a peer's address (the
+    first refused, the last of each interval): the port is for a known few nodes, and a
+    stranger at it is worth knowing."""
+
+    def __init__(self, settings: ClusterSettings, loop: asyncio.AbstractEventLoop) -> None:
+        self.settings = settings
+        # Weak: kept per Cluster (listener_of), it must not keep the Cluster alive.
+        self.open: weakref.WeakSet[ClusterServerProtocol] = weakref.WeakSet()
+        self.full = Episode(
+            log,
+            "links refused at max_connections",
+            loop,
+            interval=REFUSALS_INTERVAL,
+            counted="cluster listener: %d more links refused at max_connections in the last "
+            "%d s, the last from %s",
+            end_level=logging.INFO,
+        )
+
+    def admit(self, connection: ClusterServerProtocol) -> bool:
+        """Whether `connection` fits beside the others (it is counted if so)."""
+        limit = self.settings.max_connections
+        open_now = len(self.open)
+        if open_now < limit:
+            self.open.add(connection)
+            return True
+        self.full.occurred(
+            "cluster listener: refused a link from %s: %d connections open, max_connections "
+            "%d; refusing new ones until %d are (the others counted, one line per %gs)",
+            connection.who,
+            open_now,
+            limit,
+            limit * 9 // 10,
+            REFUSALS_INTERVAL,
+            reason=connection.who,
+        )
+        return False
+
+    def closed(self, connection: ClusterServerProtocol) -> None:
+        if connection not in self.open:
+            return  # refused at the cap: never counted
+        self.open.discard(connection)
+        open_now = len(self.open)
+        if self.full.active and open_now <= self.settings.max_connections * 9 // 10:
+            self.full.ended("cluster listener: accepting links again, %d open", open_now)
+
+
+# One ClusterListener per Cluster, made with its first connection (as broker/connect_flow.py
+# keeps its Episode per Broker), so node.py needs no hook.
+_listeners: weakref.WeakKeyDictionary[Cluster, ClusterListener] = weakref.WeakKeyDictionary()
+
+
+def listener_of(cluster: Cluster) -> ClusterListener:
+    listener = _listeners.get(cluster)
+    if listener is None:
+        listener = _listeners[cluster] = ClusterListener(cluster.settings, cluster.loop)
+    return listener
+
+
+def format_address(peer: Any) -> str:
+    """A socket's peername as host:port ("[::1]:port" for IPv6)."""
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return str(peer)
+    host, port = peer[:2]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"

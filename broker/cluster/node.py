@@ -8,6 +8,11 @@ reads everyone's; a node silent for `dead_after` is dead (one missing from the e
 ages on this node's clock). There is a link to every live node; a dead node's link is
 closed (what it held is counted as dropped), and the live node with the lowest name
 reaps its sessions: clean ones are deleted, persistent ones become offline sessions here.
+The reap's answer and the change stream announcing it come over different connections,
+in either order: whichever arrives first adopts the session (MetadataSync.
+subscriber_changed), so that no publish finds the dead node's route gone and no session
+here in its place; forwarded messages that match no session meanwhile are kept for it
+(Handover.unrouted), as during a registration.
 
 Routing. Local sessions are in the router as usual; other nodes' subscribers are there
 through the RemoteView (view.py), fed by a full load at start and the change stream.
@@ -56,7 +61,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.cluster")
 
 REAP_BATCH = 100  # sessions taken from a dead node per call
-DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for the other nodes' last frames
+DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for a peer that does not answer
+DRAIN_LIMIT = 30.0  # seconds a stopping node waits at most for its peers' DRAINED
 
 
 class Cluster:
@@ -113,10 +119,13 @@ class Cluster:
         self.spawn(self.sync.writer(), "cluster metadata writer")
 
     async def stop(self) -> None:
-        """Leave without losing what other nodes already sent: each is told (LEAVING) and
-        answers, after its last frame, with DRAINED, keeping what comes after for this
-        node's return; once every answer is read (or after DRAIN_TIMEOUT), the links
-        close. The clients are gone by then: what arrives goes to offline sessions."""
+        """Leave without losing what other nodes already sent, or what this node sent
+        them: each is told (LEAVING), after this node's last frames to it, and answers,
+        after its own last frame, with DRAINED, keeping what comes after for this node's
+        return; once every answer is read, the links close. A peer whose flow control
+        holds this node's frames (a slow subscriber) is waited for while it answers
+        (_drain_peers). The clients are gone by then: what arrives goes to offline
+        sessions."""
         if self._server is not None:
             self._server.close()
         await self._drain_peers()
@@ -131,13 +140,29 @@ class Cluster:
         await self.backend.close()
 
     async def _drain_peers(self) -> None:
-        peers = {name for name, link in self.links.items() if link.up}
-        if not peers:
+        """Send LEAVING to every peer and wait for each DRAINED. A peer reads LEAVING only
+        after every frame this node sent before it, which this node has acknowledged to
+        their publishers already, and its flow control may hold them while a slow
+        subscriber there drains (until the subscriber is stuck, slow_subscriber_timeout):
+        so a peer that still answers is waited for, up to DRAIN_LIMIT; one that does not
+        (hung, blackholed, its link down) is given up after DRAIN_TIMEOUT."""
+        links = {name: link for name, link in self.links.items() if link.up}
+        if not links:
             return
-        self._draining = {name: self.loop.create_future() for name in peers}
-        for name in peers:
-            self.links[name].send(frames.encode(LEAVING))
-        await asyncio.wait(self._draining.values(), timeout=DRAIN_TIMEOUT)
+        self._draining = {name: self.loop.create_future() for name in links}
+        for link in links.values():
+            link.send(frames.encode(LEAVING))
+        waiting = dict(self._draining)
+        started = self.loop.time()
+        while waiting:
+            await asyncio.wait(waiting.values(), timeout=DRAIN_TIMEOUT)
+            late = self.loop.time() - started >= DRAIN_LIMIT
+            for name in list(waiting):
+                if waiting[name].done():
+                    del waiting[name]
+                elif late or not links[name].answering:
+                    log.warning("cluster: node %s did not take this node's last frames", name)
+                    del waiting[name]
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         task = self.loop.create_task(coroutine, name=name)
@@ -292,6 +317,15 @@ class Cluster:
     def inbound_down(self, inbound: ClusterServerProtocol) -> None:
         self.inbound.discard(inbound)
 
+    @property
+    def reaping(self) -> bool:
+        """Whether this node is taking a dead node's sessions."""
+        return bool(self._reaping)
+
+    def reaping_from(self, node: str) -> bool:
+        """Whether this node is taking the sessions of `node`."""
+        return node in self._reaping
+
     async def _reap(self, dead: str) -> None:
         """Take the dead node's sessions: persistent ones live on here, offline."""
         reaping = self._reaping
@@ -313,10 +347,12 @@ class Cluster:
             self.sync.unavailable(exc)
         finally:
             reaping.discard(dead)
+            self.handover.forget_unrouted()
 
     def adopt(self, client_id: str, record: Subscriber) -> None:
         """A persistent session this node now owns but does not hold: an offline one,
-        with its subscriptions (its queue, if any, was on a node that is gone)."""
+        with its subscriptions (its queue, if any, was on a node that is gone). Forwarded
+        messages kept meanwhile (Handover.unrouted) that match it are queued for it."""
         broker = self.broker
         if client_id in broker.registry.sessions:
             return
@@ -327,6 +363,7 @@ class Cluster:
             broker.router.subscribe(session, topic_filter, options)
         broker.save_session(session)
         broker.registry.adopt(session, session.expiry)
+        self.handover.adopted(session)
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         kind = frame[0]
@@ -337,7 +374,7 @@ class Cluster:
                 congested = self.broker.publish_forwarded(message)
             finally:
                 self.forwarding = False
-            if self.handover.registering and not any(
+            if self.handover.keeping and not any(
                 route.subscriber.local for route in self.broker.router.match(message.topic)
             ):
                 self.handover.unrouted(message)

@@ -159,6 +159,14 @@ class MetadataSync:
                 # Another node registered it while this one was not asked (or did not
                 # answer): release it here, its queue following if that node is reachable.
                 self.cluster.handover.hand_over(session, record.node, record.clean)
+        elif session is None and not busy and record is not None and record.node == self.node:
+            old = self.view.records.get(client_id)
+            if old is not None and not record.clean and self.cluster.reaping_from(old.node):
+                # This node's reaping moved it here, and the change came before the reap's
+                # answer: adopt it now, before its route to the dead node goes (the reap's
+                # own adopt then finds it here). Else what is published until the answer
+                # arrives would match neither.
+                self.cluster.adopt(client_id, record)
         self.view.apply(client_id, record)
 
     def _retained_changed(self, topic: str, packed: bytes | None) -> None:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from broker.cluster.node import DRAIN_LIMIT
 from tests.test_cli import BrokerProcess, clean_env
 
 LIVENESS_INTERVAL = 0.2
@@ -40,6 +44,7 @@ class ClusterNode:
         cluster_port: int = 0,
         peer_addresses: dict[str, tuple[str, int]] | None = None,
         extra: str = "",
+        broker_keys: str = "",
         liveness_interval: float = LIVENESS_INTERVAL,
         dead_after: float = DEAD_AFTER,
         redis_keys: str = "",
@@ -49,7 +54,8 @@ class ClusterNode:
         self.redis_url = redis_url
         self.cluster_port = cluster_port
         self.peer_addresses = dict(peer_addresses or {})
-        self.extra = extra
+        self.extra = extra  # lines of [cluster]
+        self.broker_keys = broker_keys  # lines of [broker]
         self.liveness_interval = liveness_interval
         self.dead_after = dead_after
         # [plugins.redis_subs] keys instead of `url = redis_url` (e.g. Sentinel's).
@@ -72,7 +78,7 @@ class ClusterNode:
             f'{node} = "{host}:{port}"\n' for node, (host, port) in self.peer_addresses.items()
         )
         self.config_path.write_text(
-            "[broker]\nallow_anonymous = true\n\n"
+            f"[broker]\nallow_anonymous = true\n{self.broker_keys}\n\n"
             '[[listeners]]\ntype = "tcp"\naddress = "127.0.0.1:0"\n\n'
             f'[store]\nbackend = "leveldb"\npath = "{self.store_path}"\n\n'
             f'[http]\naddress = "127.0.0.1:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
@@ -171,8 +177,16 @@ class ClusterNode:
         return json.loads(result.stdout)["table"][0]
 
     def stop(self) -> int:
+        """SIGTERM, and the exit status. A stopping node waits for its peers to take the
+        frames it sent them (up to DRAIN_LIMIT, while a slow subscriber there drains):
+        it may take longer than the harness's TIMEOUT for one event."""
         assert self.process is not None
-        return self.process.stop()
+        proc = self.process.proc
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(DRAIN_LIMIT + 5.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"node {self.name} still running after SIGTERM: {self.process.lines}")
 
     def kill(self) -> None:
         if self.process is not None:

@@ -150,6 +150,36 @@ def test_a_header_cut_in_two_is_waited_for() -> None:
         decoder.feed(header(101)[3:])
 
 
+def test_the_limit_is_named_as_the_decoder_was_told() -> None:
+    decoder = FrameDecoder(4096, "before HELLO, at most")
+    with pytest.raises(
+        FrameError, match=r"^a frame of 67108864 bytes \(before HELLO, at most 4096\)$"
+    ):
+        decoder.feed(header(64 * 1024 * 1024))
+
+
+def test_a_partial_frame_waits_and_is_counted_as_buffered() -> None:
+    decoder = FrameDecoder(100)
+    assert decoder.feed(header(100) + b"x" * 60) == []
+    assert decoder.buffered == 64  # the header and what came of the body, nothing more
+
+
+def test_a_raised_limit_takes_the_larger_frames_that_follow() -> None:
+    """The cluster listener's way: a small limit until HELLO is accepted, then its
+    max_frame_size (broker/cluster/link.py). A peer sends nothing more before WELCOME:
+    a larger frame's header right behind the HELLO is refused with it."""
+    small = encode(HELLO, 1, "b", "boot", "secret")
+    large = encode(PUBLISH, "x" * 1000)
+    with pytest.raises(FrameError, match="before HELLO"):
+        FrameDecoder(len(small) - 4, "before HELLO, at most").feed(small + large[:4])
+    decoder = FrameDecoder(len(small) - 4, "before HELLO, at most")
+    assert decoder.feed(small) == [[HELLO, 1, "b", "boot", "secret"]]
+    decoder.set_limit(BIG)
+    assert decoder.feed(large[:10]) == []
+    assert decoder.feed(large[10:]) == [[PUBLISH, "x" * 1000]]
+    assert decoder.buffered == 0
+
+
 # --------------------------------------------------------------------------- garbage
 
 

@@ -149,7 +149,15 @@ def test_reset_cuts_live_and_new_connections(
     assert proxy.connections == 0
     with pytest.raises(ConnectionResetError):  # the RST is out when reset() returns
         live.recv(1)
-    assert_cut(connect(proxy.address))  # accepted (by the kernel), then reset
+    # Accepted (by the kernel), then reset. The RST may come before connect() has seen
+    # the handshake done (its thread not scheduled in between, on a busy machine): then
+    # connect() itself fails with it.
+    try:
+        new = connect(proxy.address)
+    except ConnectionResetError:
+        pass
+    else:
+        assert_cut(new)
     assert echo.accepted == 1
 
     proxy.pass_through()

@@ -359,6 +359,17 @@ def test_the_interval_on_the_wire_is_what_is_left(make, clock, waited):
     assert publish.properties[EXPIRY] == math.ceil(60 - waited)
 
 
+@pytest.mark.parametrize("clock", [FakeClock(523579.577), FakeClock()])
+def test_the_interval_is_not_rounded_up_past_what_was_received(make, clock):
+    # At some clock values (t + 3600) - t is 3600.00000000006 in floats: sent in the
+    # loop turn it arrived in (uvloop's clock moves once per turn), it went out as 3601.
+    session = make()
+    assert session.clock is clock
+    session.deliver(delivery(b"m", now=clock.time(), expiry=3600))
+    (publish,) = online(session, protocol_level=5).publishes()
+    assert publish.properties[EXPIRY] == 3600
+
+
 def test_the_interval_decreases_between_sends_of_one_message(make, clock):
     # One Message fanned out to two subscribers at different times: each copy carries
     # what is left when it is written, not a cached encoding.
