@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.cluster.frames import FrameDecoder
 from broker.cluster.node import DRAIN_LIMIT
 from tests.test_cli import BrokerProcess, clean_env
 
@@ -32,6 +36,49 @@ DEAD_AFTER = 1.5
 CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on 127\.0\.0\.1:(\d+)")
 HTTP_LINE = re.compile(r"HTTP on 127\.0\.0\.1:(\d+)")
 API_KEY = "cluster-tests-key"
+
+
+def start_in_process_node(
+    start_broker: Any, redis_url: str, dead_after: float = 1.0, **cluster: Any
+) -> Any:
+    """Node "a" in this test process (the `start_broker` fixture), on ephemeral ports,
+    with the Redis store at `redis_url`; `cluster` adds or overrides [cluster] keys."""
+    return start_broker(
+        broker={"node_name": "a"},
+        cluster={
+            "address": "127.0.0.1:0",
+            "metadata": "redis",
+            "liveness_interval": LIVENESS_INTERVAL,
+            "dead_after": dead_after,
+            **cluster,
+        },
+        plugins={"redis_subs": {"enabled": True, "url": redis_url}},
+    )
+
+
+Frames = list[list[Any]]
+
+
+def read_frames(
+    sock: socket.socket, timeout: float, until: Callable[[Frames], bool] | None = None
+) -> tuple[Frames, bool]:
+    """The cluster frames a node sends on `sock`, and whether it closed the connection,
+    within `timeout` (or as soon as `until(frames)` holds)."""
+    decoder = FrameDecoder(1 << 20)
+    got: Frames = []
+    deadline = time.monotonic() + timeout
+    while until is None or not until(got):
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return got, True
+        except TimeoutError:
+            return got, False
+        if not chunk:
+            return got, True
+        got += decoder.feed(chunk)
+    return got, False
 
 
 class ClusterNode:

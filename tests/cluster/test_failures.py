@@ -60,10 +60,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME, FrameDecoder
+from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME
 from broker.cluster.node import DRAIN_TIMEOUT
 from tests.broker.helpers import PAHO_PROTOCOL, V5, V311, PahoClient, RawClient
-from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, ClusterNode
+from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, ClusterNode, read_frames
 from tests.cluster.proxy import TcpProxy
 from tests.cluster.redis_server import RedisServer
 
@@ -1025,21 +1025,9 @@ def cluster_exchange(
 ) -> tuple[list[list[Any]], bool]:
     """Send `data` to the node's cluster listener; the frames it answers and whether it
     closed the connection (within TIMEOUT, or once `until(frames)` holds)."""
-    decoder = FrameDecoder(1 << 20)
-    got: list[list[Any]] = []
     with socket.create_connection((HOST, node.cluster_port), timeout=TIMEOUT) as sock:
         sock.sendall(data)
-        while until is None or not until(got):
-            try:
-                chunk = sock.recv(65536)
-            except ConnectionResetError:
-                return got, True
-            except TimeoutError:
-                return got, False
-            if not chunk:
-                return got, True
-            got += decoder.feed(chunk)
-        return got, False
+        return read_frames(sock, TIMEOUT, until)
 
 
 def answered(got: list[list[Any]], ping: int) -> bool:

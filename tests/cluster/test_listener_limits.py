@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME, FrameDecoder
+from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME
 from broker.cluster.link import (
     HANDSHAKE_TIMEOUT,
     HELLO_MAX_SIZE,
@@ -36,6 +36,7 @@ from broker.cluster.link import (
 )
 from broker.config import ConfigError, config_from_dict, load_config
 from broker.message import Message
+from tests.cluster.nodes import read_frames, start_in_process_node
 
 HOST = "127.0.0.1"
 MiB = 1024 * 1024
@@ -46,18 +47,7 @@ SECRET = "s" * 3000  # a long secret: its HELLO (about 3 KB) still fits HELLO_MA
 
 
 def start_node(start_broker: Any, redis_url: str, **cluster: Any) -> Any:
-    return start_broker(
-        broker={"node_name": "a"},
-        cluster={
-            "address": f"{HOST}:0",
-            "metadata": "redis",
-            "liveness_interval": 0.2,
-            "dead_after": 1.0,
-            "secret": SECRET,
-            **cluster,
-        },
-        plugins={"redis_subs": {"enabled": True, "url": redis_url}},
-    )
+    return start_in_process_node(start_broker, redis_url, secret=SECRET, **cluster)
 
 
 @pytest.fixture
@@ -81,28 +71,6 @@ def address(sock: socket.socket) -> str:
     return "{}:{}".format(*sock.getsockname())
 
 
-def read(
-    sock: socket.socket, timeout: float, until: Callable[[list[list[Any]]], bool] | None = None
-) -> tuple[list[list[Any]], bool]:
-    """The frames the node sends, and whether it closed the connection, within `timeout`
-    (or as soon as `until(frames)` holds)."""
-    decoder = FrameDecoder(MiB)
-    got: list[list[Any]] = []
-    deadline = time.monotonic() + timeout
-    while until is None or not until(got):
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return got, True
-        except TimeoutError:
-            return got, False
-        if not chunk:
-            return got, True
-        got += decoder.feed(chunk)
-    return got, False
-
-
 def hello(node: str, secret: str = SECRET) -> bytes:
     return frames.encode(HELLO, frames.PROTOCOL_VERSION, node, "boot", secret)
 
@@ -110,7 +78,7 @@ def hello(node: str, secret: str = SECRET) -> bytes:
 def link(sock: socket.socket, node: str) -> None:
     """Say HELLO as `node` and wait for the WELCOME."""
     sock.sendall(hello(node))
-    got, closed = read(sock, 10, lambda got: any(f[0] == WELCOME for f in got))
+    got, closed = read_frames(sock, 10, lambda got: any(f[0] == WELCOME for f in got))
     assert not closed and got[0][0] == WELCOME, got
 
 
@@ -145,7 +113,7 @@ def test_a_length_over_hello_max_size_before_hello_is_refused_from_its_header(
     started = time.monotonic()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed mid-way
         sock.sendall(struct.pack(">I", length) + bytes(body))
-    got, closed = read(sock, PROMPTLY)
+    got, closed = read_frames(sock, PROMPTLY)
     assert closed, "the node kept the connection open"
     assert time.monotonic() - started < PROMPTLY
     assert got == []
@@ -185,11 +153,11 @@ def test_connections_that_never_say_hello_hold_no_more_than_a_hello(
             and all(c.buffered == HELLO_MAX_SIZE + 3 for c in listener.open)
         )
     )
-    assert not any(read(sock, 0.1)[1] for sock in silent)  # waited for, not refused
+    assert not any(read_frames(sock, 0.1)[1] for sock in silent)  # waited for, not refused
 
     node.advance(HANDSHAKE_TIMEOUT)
     for sock in silent:
-        assert read(sock, PROMPTLY)[1], "closed at the handshake timeout"
+        assert read_frames(sock, PROMPTLY)[1], "closed at the handshake timeout"
         me = address(sock)
         assert [line for line in lines(caplog) if me in line] == [
             f"cluster listener: refused a link from {me}: no HELLO in {HANDSHAKE_TIMEOUT:g}s"
@@ -207,7 +175,7 @@ def test_a_refused_hello_names_the_peer(
     node = start_node(start_broker, redis_url)
     sock = sockets(node)
     sock.sendall(hello("b", secret="wrong"))
-    got, closed = read(sock, PROMPTLY)
+    got, closed = read_frames(sock, PROMPTLY)
     assert closed and got == [[REFUSED, "wrong cluster secret"]]
     me = address(sock)
     assert [line for line in lines(caplog) if me in line] == [
@@ -225,7 +193,7 @@ def test_once_hello_is_accepted_frames_may_be_max_frame_size(
     sock.sendall(
         frames.encode(PUBLISH, frames.pack_message(big, time.monotonic())) + frames.encode(PING, 7)
     )
-    got, closed = read(sock, 10, lambda got: [PONG, 7] in got)
+    got, closed = read_frames(sock, 10, lambda got: [PONG, 7] in got)
     assert [PONG, 7] in got and not closed
     assert open_connections(node) == 1
 
@@ -249,7 +217,7 @@ def test_connections_over_max_connections_are_refused_and_logged_once(
 
     refused = [sockets(node) for _ in range(20)]
     for sock in refused:
-        got, closed = read(sock, PROMPTLY)
+        got, closed = read_frames(sock, PROMPTLY)
         assert closed and got == [[REFUSED, "max_connections 3"]], got
     assert open_connections(node) == 3
     first = address(refused[0])
@@ -283,7 +251,7 @@ def test_connections_before_hello_count_toward_the_cap(
     HELLO_MAX_SIZE, for HANDSHAKE_TIMEOUT), the others are closed as they are accepted."""
     node = start_node(start_broker, redis_url, max_connections=3)
     strangers = [sockets(node) for _ in range(10)]
-    outcomes = [read(sock, 0.5) for sock in strangers]
+    outcomes = [read_frames(sock, 0.5) for sock in strangers]
     assert outcomes.count(([], False)) == 3  # held, waiting for HELLO
     assert outcomes.count(([[REFUSED, "max_connections 3"]], True)) == 7
     assert open_connections(node) == 3

@@ -30,6 +30,7 @@ from broker.cluster.metadata import Change, SubOptions, Subscriber, Write
 from broker.message import Message
 from plugins.redis_subs.store import RedisStore
 from tests.broker.helpers import PahoClient
+from tests.cluster.nodes import start_in_process_node
 
 CLIENT = "reaped-sub"
 WAIT = 10.0
@@ -100,19 +101,6 @@ def write_dead_node(redis_url: str) -> None:
     asyncio.run(write())
 
 
-def start_a(start_broker: Any, redis_url: str) -> Any:
-    return start_broker(
-        broker={"node_name": "a"},
-        cluster={
-            "address": "127.0.0.1:0",
-            "metadata": "redis",
-            "liveness_interval": 0.2,
-            "dead_after": DEAD_AFTER,
-        },
-        plugins={"redis_subs": {"enabled": True, "url": redis_url}},
-    )
-
-
 def adopted(server: Any) -> bool:
     return CLIENT in server.broker.registry.sessions
 
@@ -132,7 +120,7 @@ def test_a_publish_between_the_change_and_the_reap_answer_is_queued(
     start_broker: Any, redis_url: str, gates: Gates
 ) -> None:
     write_dead_node(redis_url)
-    server = start_a(start_broker, redis_url)
+    server = start_in_process_node(start_broker, redis_url, dead_after=DEAD_AFTER)
     cluster = server.broker.cluster
     server.wait_for(lambda: CLIENT in cluster.view.records)  # routed to c
     gates.release["change"].set()
@@ -155,7 +143,7 @@ def test_a_message_forwarded_before_the_adoption_is_kept(
     start_broker: Any, redis_url: str, gates: Gates
 ) -> None:
     write_dead_node(redis_url)
-    server = start_a(start_broker, redis_url)
+    server = start_in_process_node(start_broker, redis_url, dead_after=DEAD_AFTER)
     cluster = server.broker.cluster
     server.wait_for(lambda: CLIENT in cluster.view.records)
     gates.reached("answer")

@@ -18,23 +18,11 @@ from typing import Any
 import pytest
 
 from tests.broker.helpers import RawClient, unique_id
+from tests.cluster.nodes import start_in_process_node
 from tests.cluster.redis_server import RedisServer
 
 SERVER_UNAVAILABLE = 3  # MQTT 3.1.1 CONNACK code
 CONNECTION_LOGGER = "nautilus.connection"
-
-
-def start_node(start_broker: Any, redis_url: str) -> Any:
-    return start_broker(
-        broker={"node_name": "a"},
-        cluster={
-            "address": "127.0.0.1:0",
-            "metadata": "redis",
-            "liveness_interval": 0.2,
-            "dead_after": 1.0,
-        },
-        plugins={"redis_subs": {"enabled": True, "url": redis_url}},
-    )
 
 
 def connect(server: Any, code: int) -> None:
@@ -51,7 +39,7 @@ def test_connects_refused_in_an_outage_are_counted_not_logged_one_by_one(
     start_broker: Any, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    server = start_node(start_broker, own_redis.url)
+    server = start_in_process_node(start_broker, own_redis.url)
     sync = server.broker.cluster.sync
     connect(server, 0)
 
