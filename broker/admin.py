@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from broker.message import Message
 from broker.protocol import ReasonCode
-from broker.systree import gauges
 from broker.topics import valid_topic_filter
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ def sessions(broker: Broker, client_id: str = "", online: bool | None = None) ->
     `client_id`, or only the online / offline ones; VerneMQ's `session show` columns."""
     connected = _connections_by_client(broker)
     rows = []
-    for cid, session in sorted(broker.registry.sessions.items()):
+    for cid, session in sorted(broker.registry.items()):
         if client_id and client_id not in cid:
             continue
         if online is not None and session.online != online:
@@ -63,7 +62,7 @@ def _session_row(session: Session, connection: Connection | None) -> dict[str, A
 
 def client(broker: Broker, client_id: str) -> dict[str, Any]:
     """One client: its session row, subscriptions (filter and options) and queue."""
-    session = broker.registry.sessions.get(client_id)
+    session = broker.registry.get(client_id)
     if session is None:
         raise NotFound(f"no session for client id {client_id!r}")
     row = _session_row(session, _connections_by_client(broker).get(client_id))
@@ -92,12 +91,12 @@ def disconnect(broker: Broker, client_id: str, cleanup: bool = False) -> dict[st
     connections = [
         c for c in broker.connections if c.session is not None and c.client.client_id == client_id
     ]
-    had_session = client_id in broker.registry.sessions
+    had_session = client_id in broker.registry
     if not connections and not (cleanup and had_session):
         raise NotFound(f"client id {client_id!r} is not connected")
     for connection in connections:
         connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
-    session = broker.registry.sessions.get(client_id)  # closing may have ended it
+    session = broker.registry.get(client_id)  # closing may have ended it
     if cleanup and session is not None:
         broker.registry.end(session)
     return {"disconnected": bool(connections), "deleted": cleanup and had_session}
@@ -140,7 +139,7 @@ def delete_retained(broker: Broker, topic: str) -> dict[str, str]:
 
 def metrics(broker: Broker) -> dict[str, int]:
     values = broker.metrics.snapshot()
-    values.update(gauges(broker))
+    values.update(broker.gauges())
     values["uptime_seconds"] = int(time.time() - broker.started_at)
     return values
 
@@ -154,16 +153,15 @@ def reset_metrics(broker: Broker) -> dict[str, int]:
 def cluster_nodes(broker: Broker) -> list[dict[str, Any]]:
     """Every node this one knows: alive, its link, what went over it (vmq-admin cluster
     show, with the link figures)."""
-    if broker.cluster is None:
-        raise NotFound("this node is not in a cluster ([cluster] address is empty)")
-    return broker.cluster.status()["nodes"]
+    return cluster_status(broker)["nodes"]
 
 
 def cluster_status(broker: Broker) -> dict[str, Any]:
     """The metadata's state, the nodes, and the routing score."""
-    if broker.cluster is None:
+    status = broker.peers.status()
+    if status is None:
         raise NotFound("this node is not in a cluster ([cluster] address is empty)")
-    return broker.cluster.status()
+    return status
 
 
 def plugins(broker: Broker) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 import weakref
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from broker.authorization import (
@@ -44,8 +45,7 @@ from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
     from broker.cluster.metadata import Registration
-    from broker.connection import Connection
-    from broker.server import Broker
+    from broker.connection import Connection, Host
 
 log = logging.getLogger("nautilus.connection")
 
@@ -56,10 +56,10 @@ REFUSALS_INTERVAL = 10.0  # seconds between two lines counting CONNECTs refused 
 # Per broker: the CONNECTs refused because the cluster's metadata is away. During a Redis
 # outage every client refused retries at once, thousands a second: the first refusal is
 # logged, then a count per REFUSALS_INTERVAL, then the first registration that works.
-_refusals: weakref.WeakKeyDictionary[Broker, Episode] = weakref.WeakKeyDictionary()
+_refusals: weakref.WeakKeyDictionary[Host, Episode] = weakref.WeakKeyDictionary()
 
 
-def _cluster_refusals(broker: Broker) -> Episode:
+def _cluster_refusals(broker: Host) -> Episode:
     refusals = _refusals.get(broker)
     if refusals is None:
         refusals = _refusals[broker] = Episode(
@@ -265,11 +265,12 @@ def _accept(
         expiry = 0
     else:
         expiry = conn.broker.settings.persistent_client_expiration or None
-    cluster = conn.broker.cluster
-    if cluster is not None:  # the client id is registered cluster-wide first
+    # In a cluster the client id is registered cluster-wide first (broker/peers.py).
+    registering = conn.broker.peers.register(conn.client.client_id, expiry == 0)
+    if registering is not None:
         return conn.spawn(
             _register_in_cluster(
-                conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive
+                conn, registering, packet, assigned, modifiers, auth_props, expiry, server_keepalive
             )
         )
     _attach(conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive, None)
@@ -277,6 +278,7 @@ def _accept(
 
 async def _register_in_cluster(
     conn: Connection,
+    registering: Coroutine[Any, Any, Registration | None],
     packet: Connect,
     assigned: str | None,
     modifiers: dict,
@@ -286,13 +288,10 @@ async def _register_in_cluster(
 ) -> None:
     """Courier's remap: this node owns the client id from now on; the node that held it
     has released it (its queue follows) before the CONNACK goes out."""
-    cluster = conn.broker.cluster
-    assert cluster is not None
     from broker.cluster.metadata import MetadataUnavailable, StaleRequest  # cluster only
 
-    client_id = conn.client.client_id
     try:
-        registration = await cluster.register(client_id, expiry == 0)
+        registration = await registering
     except MetadataUnavailable as exc:
         # The first refusal of an outage in full, then counts (a line per 10 s).
         _cluster_refusals(conn.broker).occurred(
@@ -333,13 +332,11 @@ def _attach(
     level = conn.client.protocol_level
     props = packet.properties
     registry = conn.broker.registry
-    known = conn.client.client_id in registry.sessions
+    known = conn.client.client_id in registry
     session, present = registry.connect(conn.client.client_id, packet.clean_start, expiry)
-    cluster = conn.broker.cluster
-    if cluster is not None:
-        cluster.registered(conn.client.client_id, session, registration, fresh=not known)
-        if registration is not None and registration.existed and not packet.clean_start:
-            present = True  # the session lived on another node
+    conn.broker.peers.registered(conn.client.client_id, session, registration, fresh=not known)
+    if registration is not None and registration.existed and not packet.clean_start:
+        present = True  # the session lived on another node
     if conn.closing:  # the client left while the cluster registered it: offline now
         registry.release(session, None, 0, conn.client_context())
         return

@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import connect_flow, publish_flow, subscriptions
 from broker.client import AUTHENTICATING, CLOSING, ClientState
@@ -54,8 +54,15 @@ from broker.tls import common_name
 from hooks import Chain, ClientContext, PublishContext
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.config import BrokerSettings, Config
+    from broker.flow import FlowControl
+    from broker.hook_callers import HookCallers
+    from broker.metrics import Metrics
+    from broker.peers import Peers
+    from broker.registry import Registry
+    from broker.routing import Routing
     from broker.session import Session
+    from broker.store import MessageStore
 
 log = logging.getLogger("nautilus.connection")
 
@@ -75,6 +82,36 @@ _DISCONNECT_REASONS: dict[int, str] = {
     ReasonCode.ADMINISTRATIVE_ACTION: "administrative_action",
     ReasonCode.BAD_AUTHENTICATION_METHOD: "bad_authentication_method",
 }
+
+
+class Host(Protocol):
+    """What a connection and its packet flows (connect_flow, publish_flow, subscriptions)
+    use of the broker: the Broker provides it, and they never import broker/server.py."""
+
+    config: Config  # its listener's settings
+    settings: BrokerSettings
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    chains: HookCallers  # the plugins' hooks
+    store: MessageStore  # a QoS 1/2 publish is committed before it is acknowledged
+    flow: FlowControl
+    registry: Registry  # the client's session
+    routing: Routing  # its publishes
+    peers: Peers  # its client id registered cluster-wide
+    connections: set[Connection]  # open, past admission
+    tasks: set[asyncio.Task]  # hook flows: cancelled at stop
+    before_ack: list[Callable[[], bool]]  # plugins that keep a message before its ack
+    max_packet_size: int
+    connack_properties: dict  # what an MQTT 5 client learns in CONNACK
+    listening: list[tuple[str, int]]  # each listener's address
+
+    def admit(self, connection: Connection) -> bool:
+        """Whether the connection's listener has room (max_connections)."""
+        ...
+
+    def release(self, connection: Connection) -> None:
+        """An admitted connection is gone."""
+        ...
 
 
 class Connection(asyncio.Protocol):
@@ -104,7 +141,7 @@ class Connection(asyncio.Protocol):
         "writable",
     )
 
-    def __init__(self, broker: Broker, listener: int = 0) -> None:
+    def __init__(self, broker: Host, listener: int = 0) -> None:
         self.broker = broker
         self.listener = listener  # index into the broker's listeners
         self.loop = broker.loop

@@ -15,13 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from proxyprotocol import ProxyProtocolIncompleteError
 from proxyprotocol.detect import ProxyProtocolDetect
-
-if TYPE_CHECKING:
-    from broker.server import Broker
 
 log = logging.getLogger("nautilus.connection")
 
@@ -59,8 +55,16 @@ def header_length(data: bytes | bytearray) -> int | None:
 class ProxyHeaderReader(asyncio.Protocol):
     """A connection's first owner on a proxy_protocol listener (see the module doc)."""
 
-    def __init__(self, broker: Broker, make_next: Callable[[], asyncio.Protocol]) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        waiting: set[ProxyHeaderReader],
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        make_next: Callable[[], asyncio.Protocol],
+    ) -> None:
+        self.waiting = waiting  # the listener's connections before their header
+        self.loop = loop
+        self.timeout = timeout  # seconds the header may take (connect_timeout)
         self.make_next = make_next
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
@@ -68,9 +72,8 @@ class ProxyHeaderReader(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.broker.awaiting_header.add(self)
-        timeout = self.broker.settings.connect_timeout
-        self.timer = self.broker.loop.call_later(timeout, self.refuse, "no PROXY header in time")
+        self.waiting.add(self)
+        self.timer = self.loop.call_later(self.timeout, self.refuse, "no PROXY header in time")
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -107,7 +110,7 @@ class ProxyHeaderReader(asyncio.Protocol):
             self.transport.close()
 
     def _done(self) -> None:
-        self.broker.awaiting_header.discard(self)
+        self.waiting.discard(self)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

@@ -3,7 +3,7 @@ auth_on_publish, routing, PUBACK / PUBREC, PUBREL) and the acknowledgements of t
 messages the broker sent (PUBACK, PUBREC, PUBCOMP).
 
 Functions over the connection shell (`conn`) and its ClientState: nothing here touches a
-transport. The hot path is `on_publish` -> `_route` -> `Broker.publish`; after routing,
+transport. The hot path is `on_publish` -> `_route` -> `Routing.publish`; after routing,
 a publisher whose message filled a subscriber's queue is held (broker/flow.py).
 """
 
@@ -204,7 +204,7 @@ def route_held(
     broker = conn.broker
     flow = broker.flow
     if flow.congested:  # only while some subscriber holds publishers: costs nothing else
-        waiting_for = broker.full_subscribers(message.topic)
+        waiting_for = broker.routing.full_subscribers(message.topic)
         if waiting_for:
             conn.postpone(packet, message, context)
             return flow.hold(conn, waiting_for)
@@ -217,10 +217,10 @@ def route_held(
     on_publish = chains.on_publish[conn.client.protocol_level == MQTT5]
     if on_publish:  # before routing: events tell the publish before its deliveries
         chains.notify(on_publish, context or publish_context(conn, packet))
-    full = broker.publish(message, session.shared_policy)
+    full = broker.routing.publish(message, session.shared_policy)
     if full:
         flow.hold(conn, full)
-    if chains.on_message_drop and not broker.has_subscribers(message.topic):
+    if chains.on_message_drop and not broker.routing.has_subscribers(message.topic):
         # Courier's: a message nobody subscribed to is dropped, and said so.
         dropped = publish_context(conn, packet)
         dropped.reason = "no_matching_subscribers"

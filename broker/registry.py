@@ -15,39 +15,82 @@ The lifetime rules, MQTT 5 wording (MQTT 3 maps clean session on to expiry 0 and
 The registry never touches a connection's attributes: a connection attaches itself to the
 session `connect` returns, and hands it back with `release` (with its will) when it ends;
 a takeover asks the old connection to `take_over()`, which releases synchronously.
+
+It is also where sessions are made (`new_session`), saved to the store (`save`), restored
+from it at start (`restore`), and where their subscriptions change (`subscribe`), so that
+the router, the store and the other nodes (`routing.peers`) hear of each change. It reads
+as a mapping, client id -> session; only its methods change it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from broker.message import Delivery, Message
 from broker.multi_session import Member, MultiSession
 from broker.router import SHARE_PREFIX
 from broker.session import AWAITING_ACK, Session
+from broker.store import SessionRecord
 from hooks import Chain, ClientContext
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.clock import Clock
+    from broker.hook_callers import HookCallers
+    from broker.router import SubOptions
+    from broker.routing import Routing
+    from broker.store import MessageStore
 
 log = logging.getLogger("nautilus.registry")
 
 
-class Registry:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.sessions: dict[str, Session] = {}
+class Registry(Mapping[str, Session]):
+    def __init__(
+        self,
+        make_session: Callable[[str], Session],
+        routing: Routing,
+        store: MessageStore,
+        chains: HookCallers,
+        clock: Clock,
+    ) -> None:
+        self.new_session = make_session  # a session for a client id, not registered
+        self.routing = routing
+        self.store = store
+        self.chains = chains
+        self.clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    # -- the mapping ------------------------------------------------------------------
+
+    def __getitem__(self, client_id: str) -> Session:
+        return self._sessions[client_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._sessions
+
+    def get(self, client_id: str, default: Session | None = None) -> Session | None:  # type: ignore[override]
+        return self._sessions.get(client_id, default)
+
+    # -- connections come and go --------------------------------------------------------
 
     def connect(
         self, client_id: str, clean_start: bool, expiry: int | None
     ) -> tuple[Session, bool]:
         """The session a new connection of `client_id` attaches to, and whether it existed
         (CONNACK's session present); an older connection of that client is taken over."""
-        session = self.sessions.get(client_id)
+        sessions = self._sessions
+        session = sessions.get(client_id)
         if session is not None and session.outlet is not None:
             session.outlet.take_over()  # it releases the session before returning
-            session = self.sessions.get(client_id)
+            session = sessions.get(client_id)
         if session is not None and not session.online:
             if session.expiry_timer is not None:
                 session.expiry_timer.cancel()
@@ -60,24 +103,25 @@ class Registry:
                 session.pending_will = None
         present = session is not None
         if session is None:
-            session = self.broker.new_session(client_id)
-            self.sessions[client_id] = session
+            session = self.new_session(client_id)
+            sessions[client_id] = session
         if expiry == 0 and session.durable:
             session.make_volatile()  # it ends with this connection: memory holds it all
         session.expiry = expiry
         if expiry == 0:
-            self.broker.store.delete_session(client_id)
+            self.store.delete_session(client_id)
         else:
-            self.broker.save_session(session)
+            self.save(session)
         if isinstance(session, MultiSession):
             return session.new_member(), present  # allow_multiple_sessions: join the others
         return session, present
 
     def adopt(self, session: Session, expires_in: float | None) -> None:
-        """Register an offline session restored from the store."""
-        self.sessions[session.client_id] = session
+        """Register an offline session (restored from the store, or taken from a node
+        that died) that ends in `expires_in` seconds unless its client comes back."""
+        self._sessions[session.client_id] = session
         if expires_in is not None:
-            session.expiry_timer = self.broker.loop.call_later(expires_in, self.expire, session)
+            session.expiry_timer = self.clock.call_later(expires_in, self.expire, session)
 
     def release(
         self, session: Session, will: Message | None, will_delay: int, client: ClientContext
@@ -88,35 +132,35 @@ class Registry:
         if isinstance(session, Member) and isinstance(owner, MultiSession):  # one of several
             owner.leave(session)
             if owner.online:  # the others carry on: only this connection's will is due
-                self._event(self.broker.chains.on_client_offline, client)
+                self._event(self.chains.on_client_offline, client)
                 if will is not None:
-                    self.broker.loop.call_later(will_delay, self.broker.publish, will)
+                    self.clock.call_later(will_delay, self.routing.publish, will)
                 return
             session = owner  # that was the last: the client id goes offline
-        self.broker.save_session(session)
+        self.save(session)
         if session.expiry == 0:
             if will is not None:
-                self.broker.publish(will)
+                self.routing.publish(will)
             self.end(session)
-            self._event(self.broker.chains.on_client_gone, client)
+            self._event(self.chains.on_client_gone, client)
             return
-        self._event(self.broker.chains.on_client_offline, client)
+        self._event(self.chains.on_client_offline, client)
         if will is not None:
             delay = will_delay
             if session.expiry is not None:
                 delay = min(delay, session.expiry)
             if delay:
-                timer = self.broker.loop.call_later(delay, self._publish_will, session)
+                timer = self.clock.call_later(delay, self._publish_will, session)
                 session.pending_will = (timer, will)
             else:
-                self.broker.publish(will)
+                self.routing.publish(will)
         if session.expiry is not None:
-            session.expiry_timer = self.broker.loop.call_later(session.expiry, self.expire, session)
+            session.expiry_timer = self.clock.call_later(session.expiry, self.expire, session)
 
     def expire(self, session: Session) -> None:
         """The session stayed offline past its expiry interval."""
         self.end(session)
-        chains = self.broker.chains
+        chains = self.chains
         if chains.on_session_expired:
             context = ClientContext(
                 client_id=session.client_id,
@@ -127,13 +171,13 @@ class Registry:
 
     def _event(self, chain: Chain, client: ClientContext) -> None:
         if chain:
-            self.broker.chains.notify(chain, client)
+            self.chains.notify(chain, client)
 
     def _publish_will(self, session: Session) -> None:
         assert session.pending_will is not None
         _, will = session.pending_will
         session.pending_will = None
-        self.broker.publish(will)
+        self.routing.publish(will)
 
     @staticmethod
     def _shared_deliveries(session: Session) -> list[Delivery]:
@@ -154,22 +198,85 @@ class Registry:
             timer, will = session.pending_will
             timer.cancel()
             session.pending_will = None
-            self.broker.publish(will)
+            self.routing.publish(will)
         if session.expiry_timer is not None:
             session.expiry_timer.cancel()
             session.expiry_timer = None
         unacked = self._shared_deliveries(session)
         for topic_filter in list(session.subscriptions):
-            self.broker.unsubscribe(session, topic_filter)
+            self.unsubscribe(session, topic_filter)
         session.queue.clear()
         session.inflight.clear()
-        policy = self.broker.settings.shared_subscription_policy
         for delivery in unacked:
             # The session left the group above: another member gets it, if any remains.
             assert delivery.group is not None
-            self.broker.deliver_shared(delivery.group, delivery.message, policy)
-        self.broker.store.delete_session(session.client_id)
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-            if self.broker.cluster is not None:
-                self.broker.cluster.changed(session.client_id)
+            self.routing.deliver_shared(delivery.group, delivery.message)
+        self.store.delete_session(session.client_id)
+        if self.forget(session):
+            self.routing.peers.changed(session.client_id)
+
+    def forget(self, session: Session) -> bool:
+        """Unregister the session, without ending it (it moved to another node); False
+        when it is not the one registered for its client id."""
+        if self._sessions.get(session.client_id) is not session:
+            return False
+        del self._sessions[session.client_id]
+        return True
+
+    def disconnect(self, session: Session) -> None:
+        """Take the session's connections over (each releases it before this returns)."""
+        members = session.members if isinstance(session, MultiSession) else (session,)
+        for member in list(members):
+            if member.outlet is not None:
+                member.outlet.take_over()
+
+    # -- what sessions are, and what they subscribe to ------------------------------------
+
+    def save(self, session: Session) -> None:
+        """Write a persistent session's record (not its queue) to the store."""
+        if self.store.persistent and session.expiry != 0:
+            offline_since = 0.0 if session.online else time.time()
+            record = SessionRecord(
+                session.client_id, session.expiry, offline_since, dict(session.subscriptions)
+            )
+            self.store.put_session(record)
+
+    def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
+        """Add (or replace) a subscription of the session; True if it is new."""
+        session.subscriptions[topic_filter] = options
+        self.save(session)
+        self.routing.peers.changed(session.client_id)
+        return self.routing.router.subscribe(session, topic_filter, options)
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        """Remove a subscription of the session; True if it had it."""
+        if session.subscriptions.pop(topic_filter, None) is not None:
+            self.save(session)
+            self.routing.peers.changed(session.client_id)
+        return self.routing.router.unsubscribe(session, topic_filter)
+
+    def restore(self) -> int:
+        """Register the persistent sessions a previous run stored, offline; those whose
+        expiry passed meanwhile are deleted. Returns how many messages they have queued
+        (read from the store when their clients connect)."""
+        now = time.time()
+        queued = 0
+        router = self.routing.router
+        for record in self.store.load_sessions():
+            remaining = None
+            if record.expiry is not None:
+                # 0: it was online when the broker stopped: offline from this start on.
+                offline_since = record.offline_since or now
+                remaining = offline_since + record.expiry - now
+                if remaining <= 0:
+                    self.store.delete_session(record.client_id)
+                    continue
+            session = self.new_session(record.client_id)
+            session.expiry = record.expiry
+            for topic_filter, options in record.subscriptions.items():
+                session.subscriptions[topic_filter] = options
+                router.subscribe(session, topic_filter, options)
+            session.restore(record.queued, record.next_seq)
+            queued += record.queued
+            self.adopt(session, remaining)
+        return queued

@@ -1,7 +1,8 @@
-"""The Broker: owns the listeners, the registry, the router and retained messages.
+"""The Broker: makes the node's parts and joins them, and owns the listeners.
 
-Routing lives here because it joins those parts: `publish` updates retained messages,
-matches the topic in the router and offers the message to each matching session.
+The parts: the store, the router and retained messages, routing (broker/routing.py), the
+registry of sessions (broker/registry.py), flow control, the plugins' hook chains, the
+other nodes of a cluster if any (`peers`, broker/peers.py), $SYS, and the HTTP side.
 """
 
 from __future__ import annotations
@@ -19,24 +20,25 @@ from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
 from broker.descriptors import FileDescriptors
 from broker.episodes import Cap
-from broker.flow import FlowControl, Subscriber
+from broker.flow import FlowControl
 from broker.hook_callers import HookCallers
-from broker.message import Delivery, Message
+from broker.message import Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
+from broker.peers import ALONE, Peers
 from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry
 from broker.retain import RetainedMessages
-from broker.router import Router, SharedGroup, SubOptions
+from broker.router import Router
+from broker.routing import Routing
 from broker.session import Session
-from broker.store import SessionRecord, open_store
+from broker.store import open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
 from hooks import HOOKS, Hooks
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
-    from broker.cluster.node import Cluster
     from broker.http.app import HttpServer
     from broker.proxy_protocol import ProxyHeaderReader
 
@@ -60,12 +62,15 @@ class Broker:
         self.router = Router()
         self.store = open_store(config.store, self.loop)
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
-        self.registry = Registry(self)
+        self.routing = Routing(
+            self.settings, self.router, self.retained, self.store, self.metrics, self.loop
+        )
         self.plugins = configured_plugins(config) if plugins is None else plugins
         self.disabled_plugins: set[str] = set()  # by the admin API: their hooks are not called
         self.tasks: set[asyncio.Task] = set()  # hook flows and async events
         self.hooks = Hooks(self.plugins, self.tasks)
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
+        self.registry = Registry(self.new_session, self.routing, self.store, self.chains, self.loop)
         # Plugins that keep something before the broker acknowledges a message.
         self.before_ack = _before_ack(self.plugins)
         self.started_at = time.time()
@@ -93,9 +98,11 @@ class Broker:
             if listener.type in ("ssl", "wss")
         }
         self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
-        self.cluster = self._cluster() if config.cluster.address else None
+        # The other nodes of a cluster ([cluster] address), or none.
+        self.peers: Peers = self._cluster() if config.cluster.address else ALONE
+        self.routing.peers = self.peers
 
-    def _cluster(self) -> Cluster:
+    def _cluster(self) -> Peers:
         """This node's part in a cluster, over the metadata backend a plugin provides. A
         library it needs that cannot be imported stops start-up (ConfigError): a node of a
         cluster does not serve alone."""
@@ -140,8 +147,7 @@ class Broker:
     async def start(self) -> None:
         await call_all(self.plugins, "start")
         self._restore()
-        if self.cluster is not None:
-            await self.cluster.start()  # before clients: registrations need it
+        await self.peers.start()  # before clients: registrations need it
         self.descriptors.start()
         for index, listener in enumerate(self.config.listeners):
             host, port = listener.host_port
@@ -186,7 +192,15 @@ class Broker:
             optional.load("broker.websocket", down)
             from broker.websocket import WebSocketProtocol
 
-            factory = functools.partial(WebSocketProtocol, self, connection, listener.path)
+            timeout = self.settings.connect_timeout
+            factory = functools.partial(
+                WebSocketProtocol,
+                self.loop,
+                timeout,
+                self.max_packet_size,
+                connection,
+                listener.path,
+            )
         context = self.tls[index].server if index in self.tls else None
         if not listener.proxy_protocol:
             return factory, context
@@ -198,7 +212,10 @@ class Broker:
 
             timeout = self.settings.connect_timeout
             factory = functools.partial(TlsStream, context, factory, self.loop, timeout)
-        return functools.partial(ProxyHeaderReader, self, factory), None
+        timeout = self.settings.connect_timeout
+        return functools.partial(
+            ProxyHeaderReader, self.awaiting_header, self.loop, timeout, factory
+        ), None
 
     def set_plugin_enabled(self, name: str, enabled: bool) -> None:
         """Stop or start calling a plugin's hooks (its own servers, e.g. the relay's, run
@@ -248,8 +265,7 @@ class Broker:
         self._servers.clear()
         for task in list(self.tasks):
             task.cancel()
-        if self.cluster is not None:
-            await self.cluster.stop()
+        await self.peers.stop()
         await call_all(self.plugins, "stop")
         if self.http is not None:
             await self.http.stop()
@@ -260,42 +276,40 @@ class Broker:
         """Load retained messages and persistent sessions a previous run stored."""
         for message in self.store.load_retained():
             self.retained.update(message)
-        now = time.time()
-        queued = 0
-        for record in self.store.load_sessions():
-            remaining = None
-            if record.expiry is not None:
-                # 0: it was online when the broker stopped: offline from this start on.
-                offline_since = record.offline_since or now
-                remaining = offline_since + record.expiry - now
-                if remaining <= 0:
-                    self.store.delete_session(record.client_id)
-                    continue
-            session = self.new_session(record.client_id)
-            session.expiry = record.expiry
-            for topic_filter, options in record.subscriptions.items():
-                session.subscriptions[topic_filter] = options
-                self.router.subscribe(session, topic_filter, options)
-            session.restore(record.queued, record.next_seq)
-            queued += record.queued
-            self.registry.adopt(session, remaining)
-        if self.registry.sessions or len(self.retained):
+        queued = self.registry.restore()
+        if self.registry or len(self.retained):
             log.info(
                 "restored %d sessions (%d messages queued, read when their clients "
                 "connect) and %d retained messages",
-                len(self.registry.sessions),
+                len(self.registry),
                 queued,
                 len(self.retained),
             )
 
-    def save_session(self, session: Session) -> None:
-        """Write a persistent session's record (not its queue) to the store."""
-        if self.store.persistent and session.expiry != 0:
-            offline_since = 0.0 if session.online else time.time()
-            record = SessionRecord(
-                session.client_id, session.expiry, offline_since, dict(session.subscriptions)
-            )
-            self.store.put_session(record)
+    def publish(self, message: Message) -> None:
+        """Publish a message of the broker's own (the $SYS tree)."""
+        self.routing.publish(message)
+
+    def gauges(self) -> dict[str, int]:
+        """Values read from the broker's state, under VerneMQ's names where it has one
+        ($SYS, /metrics and the status page show them beside the counters)."""
+        sessions = self.registry
+        online = sum(1 for session in sessions.values() if session.online)
+        listeners = self.config.listeners
+        connected = websocket = 0
+        for connection in self.connections:
+            if connection.session is not None:  # past CONNECT
+                connected += 1
+                websocket += listeners[connection.listener].type in ("ws", "wss")
+        return {
+            "active_mqtt_connections": connected - websocket,  # tcp and ssl listeners
+            "active_mqttws_connections": websocket,  # ws and wss listeners
+            "total_active_connections": connected,
+            "queue_processes": len(sessions),  # sessions, online and offline (one queue each)
+            "sessions_offline": len(sessions) - online,
+            "router_subscriptions": self.router.subscription_count,
+            "retain_messages": len(self.retained),
+        }
 
     def admit(self, connection: Connection) -> bool:
         """Whether the connection's listener has room for it (`max_connections`; its
@@ -337,152 +351,6 @@ class Broker:
         if s.allow_multiple_sessions:
             return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
         return Session(client_id, **options)
-
-    def publish(
-        self, message: Message, shared_policy: str | None = None
-    ) -> list[Subscriber] | None:
-        """Route one message to every matching session (and keep it if retained).
-        `shared_policy`: the publisher's own shared_subscription_policy, if a plugin set one.
-
-        Returns the subscriber sessions whose queues reached their high-water marks (and
-        the shared groups whose members all did), if any: the publisher is held until
-        they drain (broker/flow.py).
-        """
-        if message.retain:
-            self.retained.update(message)
-            if message.payload:
-                self.store.put_retained(message)
-            else:
-                self.store.delete_retained(message.topic)
-            if self.cluster is not None:
-                self.cluster.retained(message)
-        sender = message.sender
-        qos = message.qos
-        retain = message.retain
-        congested: list[Subscriber] | None = None
-        upgrade = self.settings.upgrade_outgoing_qos
-        routes = self.router.match(message.topic)
-        self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its one back
-        for route in routes:
-            session = route.subscriber
-            if route.no_local and session.client_id == sender:
-                own = route.without_no_local()  # [MQTT-3.8.3-3]
-                if own is None:
-                    continue
-                route = own
-            full = session.deliver(
-                Delivery(
-                    message,
-                    route.qos if upgrade or qos > route.qos else qos,
-                    retain and route.retain_as_published,
-                    route.subscription_ids,
-                )
-            )
-            if full is not None:
-                if congested is None:
-                    congested = []
-                congested.append(full)
-        if self.router.group_count:  # $share/<group>/<filter>: one member per group
-            policy = shared_policy or self.settings.shared_subscription_policy
-            for group in self.router.match_shared(message.topic):
-                full = self.deliver_shared(group, message, policy)
-                if full is not None:
-                    if congested is None:
-                        congested = []
-                    congested.append(full)
-        return congested
-
-    def publish_forwarded(self, message: Message) -> list[Subscriber] | None:
-        """A message another node forwarded: for this node's own sessions only (the
-        origin sent it to every node that needs it, and chose the shared groups' members).
-        Returns the sessions whose queues it filled, as `publish` does: the link from
-        that node waits for them."""
-        qos = message.qos
-        upgrade = self.settings.upgrade_outgoing_qos
-        congested: list[Subscriber] | None = None
-        for route in self.router.match(message.topic):
-            session = route.subscriber
-            if not session.local:
-                continue
-            if route.no_local and session.client_id == message.sender:
-                own = route.without_no_local()
-                if own is None:
-                    continue
-                route = own
-            full = session.deliver(
-                Delivery(
-                    message,
-                    route.qos if upgrade or qos > route.qos else qos,
-                    message.retain and route.retain_as_published,
-                    route.subscription_ids,
-                )
-            )
-            if full is not None:
-                if congested is None:
-                    congested = []
-                congested.append(full)
-        return congested
-
-    def has_subscribers(self, topic: str) -> bool:
-        """Whether a message to `topic` reaches anyone (the router caches the matches)."""
-        if self.router.match(topic):
-            return True
-        return bool(self.router.group_count and self.router.match_shared(topic))
-
-    def full_subscribers(self, topic: str) -> list[Subscriber]:
-        """The online subscribers of `topic` whose queues are at their high-water marks,
-        and for each shared group whose online members all are, one of them."""
-        full: list[Subscriber] = []
-        for route in self.router.match(topic):
-            session = route.subscriber.must_wait_for()
-            if session is not None:
-                full.append(session)
-        if self.router.group_count:
-            full += [group for group in self.router.match_shared(topic) if group.full()]
-        return full
-
-    def deliver_shared(
-        self, group: SharedGroup, message: Message, policy: str
-    ) -> SharedGroup | None:
-        """Give `message` to one member of a shared group. Returns the session the
-        publisher must wait for when no member of the group has room left, else None."""
-        session = group.pick(policy)
-        if session is None:
-            return None
-        options = group.members[session]
-        qos = message.qos
-        sub_ids = () if options.subscription_id is None else (options.subscription_id,)
-        full = session.deliver(
-            Delivery(
-                message,
-                options.qos if self.settings.upgrade_outgoing_qos or qos > options.qos else qos,
-                message.retain and options.retain_as_published,
-                sub_ids,
-                group,
-            )
-        )
-        # The publisher waits for the group only once no member has room left.
-        return group if full is not None and group.full() else None
-
-    def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
-        session.subscriptions[topic_filter] = options
-        self.save_session(session)
-        if self.cluster is not None:
-            self.cluster.changed(session.client_id)
-        return self.router.subscribe(session, topic_filter, options)
-
-    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
-        if session.subscriptions.pop(topic_filter, None) is not None:
-            self.save_session(session)
-            if self.cluster is not None:
-                self.cluster.changed(session.client_id)
-        return self.router.unsubscribe(session, topic_filter)
-
-    def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:
-        """Retained messages for a new subscription, with the retain flag set [MQTT-3.3.1-6]."""
-        sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
-        for message in self.retained.matching(topic_filter, self.loop.time()):
-            session.deliver(Delivery(message, min(message.qos, options.qos), True, sub_ids))
 
 
 def _listener_name(index: int, listener: ListenerSettings) -> str:

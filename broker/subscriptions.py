@@ -125,7 +125,7 @@ def _subscribe(
             request.retain_handling,
             sub_id,
         )
-        is_new = conn.broker.subscribe(session.owner, request.topic, options)
+        is_new = conn.broker.registry.subscribe(session.owner, request.topic, options)
         # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
         # A shared subscription gets no retained messages [MQTT-4.8.2].
         if request.topic.startswith(SHARE_PREFIX):
@@ -138,7 +138,7 @@ def _subscribe(
     conn.send(SubAckPacket(packet.packet_id, codes, props))
     conn.broker.metrics.mqtt_suback_sent += 1
     for topic_filter, options in retained:
-        conn.broker.send_retained(session, topic_filter, options)
+        conn.broker.routing.send_retained(session, topic_filter, options)
     chains = conn.broker.chains
     on_subscribe = chains.on_subscribe[conn.client.protocol_level == MQTT5]
     if on_subscribe and granted and type(result) is Ok:
@@ -204,7 +204,7 @@ def _unsubscribe(
     session = conn.session
     assert session is not None
     for topic_filter in topic_filters:
-        found = conn.broker.unsubscribe(session.owner, topic_filter)
+        found = conn.broker.registry.unsubscribe(session.owner, topic_filter)
         codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
     if conn.client.protocol_level != MQTT5:
         unsuback = UnsubAck(packet.packet_id)

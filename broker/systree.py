@@ -1,9 +1,9 @@
 """The $SYS tree: the broker's metrics published as MQTT messages (VerneMQ's vmq_systree).
 
-Every `systree_interval` seconds each counter of `Metrics` and each gauge of `gauges()` is
+Every `systree_interval` seconds each counter of `Metrics` and each gauge of `Broker.gauges()` is
 published to `$SYS/<node_name>/<metric name with "_" as "/">`, the payload being the value
 as decimal ASCII: `mqtt_publish_received` goes to `$SYS/nautilus/mqtt/publish/received`.
-The messages go through `Broker.publish`, so they reach the subscriptions that match and
+The messages go through the broker's routing, so they reach the subscriptions that match and
 no others: "#" and "+/..." never match a topic starting with "$" [MQTT-4.7.2-1], while
 "$SYS/#" does. They are sent at `systree_qos` and retained when `systree_retain` is on.
 
@@ -13,15 +13,16 @@ once per metric name. The first round goes out one interval after `start()`, as 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.message import Message
 
 if TYPE_CHECKING:
-    from asyncio import TimerHandle
-
-    from broker.server import Broker
+    from broker.config import BrokerSettings
+    from broker.metrics import Metrics
+    from broker.retain import RetainedMessages
 
 log = logging.getLogger("nautilus.systree")
 
@@ -29,32 +30,24 @@ DEFAULT_NODE = "nautilus"
 DEFAULT_INTERVAL = 20  # seconds; VerneMQ's 20000 ms
 
 
-def gauges(broker: Broker) -> dict[str, int]:
-    """Values read from the broker's state, under VerneMQ's names where it has one."""
-    sessions = broker.registry.sessions
-    online = sum(1 for session in sessions.values() if session.online)
-    listeners = broker.config.listeners
-    connected = websocket = 0
-    for connection in broker.connections:
-        if connection.session is not None:  # past CONNECT
-            connected += 1
-            websocket += listeners[connection.listener].type in ("ws", "wss")
-    return {
-        "active_mqtt_connections": connected - websocket,  # tcp and ssl listeners
-        "active_mqttws_connections": websocket,  # ws and wss listeners
-        "total_active_connections": connected,
-        "queue_processes": len(sessions),  # sessions, online and offline (one queue each)
-        "sessions_offline": len(sessions) - online,
-        "router_subscriptions": broker.router.subscription_count,
-        "retain_messages": len(broker.retained),
-    }
-
-
 def check_node_name(node: str) -> str:
     """A node name is one topic level: not empty, no '/', no wildcard, no NUL."""
     if not node or any(c in node for c in "/+#\0"):
         raise ValueError(f"node_name: {node!r} must be one topic level, without '/', '+', '#'")
     return node
+
+
+class Source(Protocol):
+    """What the tree reads and publishes through: the Broker."""
+
+    settings: BrokerSettings
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    retained: RetainedMessages
+
+    def gauges(self) -> dict[str, int]: ...
+
+    def publish(self, message: Message) -> object: ...
 
 
 class SysTree:
@@ -68,7 +61,7 @@ class SysTree:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: Source,
         *,
         interval: float | None = None,
         node: str | None = None,
@@ -87,7 +80,7 @@ class SysTree:
         self.qos = getattr(settings, "systree_qos", 0) if qos is None else qos
         self.retain = getattr(settings, "systree_retain", False) if retain is None else retain
         self._topics: dict[str, str] = {}
-        self._handle: TimerHandle | None = None
+        self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
 
     @property
@@ -125,7 +118,7 @@ class SysTree:
 
     def values(self) -> dict[str, int]:
         values = self.broker.metrics.snapshot()
-        values.update(gauges(self.broker))
+        values.update(self.broker.gauges())
         return values
 
     def topic(self, name: str) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request
@@ -33,9 +32,6 @@ from websockets.typing import Subprotocol
 
 from broker.connection import Connection
 from broker.layer import Layer, LayerTransport
-
-if TYPE_CHECKING:
-    from broker.server import Broker
 
 log = logging.getLogger("nautilus.connection")
 # The library's own log ("connection open" per client at INFO): only its warnings.
@@ -89,12 +85,18 @@ class WebSocketProtocol(Layer):
     name = "WebSocket"
 
     def __init__(
-        self, broker: Broker, make_connection: Callable[[], Connection], path: str
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        max_packet_size: int,
+        make_connection: Callable[[], Connection],
+        path: str,
     ) -> None:
-        super().__init__(broker.loop, broker.settings.connect_timeout)
+        """`timeout`: seconds the handshake may take (connect_timeout)."""
+        super().__init__(loop, timeout)
         self.make_connection = make_connection
         self.path = path
-        max_frame = max(broker.max_packet_size + 5, MIN_FRAME)
+        max_frame = max(max_packet_size + 5, MIN_FRAME)
         self.websocket = ServerProtocol(
             subprotocols=SUBPROTOCOLS, max_size=max_frame, logger=_protocol_log
         )

@@ -15,22 +15,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
 from broker.cluster.frames import ACK, ENQUEUE, TAKEOVER
 from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
-from broker.cluster.remote import Forwarder
+from broker.cluster.remote import Forwarder, Links
 from broker.message import Delivery, Message
 from broker.router import SHARE_PREFIX
 from broker.topics import topic_matches
 
 if TYPE_CHECKING:
+    from broker.cluster.host import Host
     from broker.cluster.link import ClusterServerProtocol
-    from broker.cluster.node import Cluster
+    from broker.cluster.metadata import MetadataBackend
+    from broker.config import ClusterSettings
     from broker.flow import FlowControl
-    from broker.server import Broker
+    from broker.router import Router
     from broker.session import Session
 
 log = logging.getLogger("nautilus.cluster")
@@ -47,15 +49,39 @@ def _ignore(error: str | None) -> None:
     pass
 
 
-def _unsubscribe(broker: Broker, entries: list[tuple[Forwarder, str]]) -> None:
+def _unsubscribe(router: Router, entries: list[tuple[Forwarder, str]]) -> None:
     for forwarder, topic_filter in entries:
-        broker.router.unsubscribe(forwarder, topic_filter)
+        router.unsubscribe(forwarder, topic_filter)
+
+
+class Owner(Links, Protocol):
+    """What Handover uses of the Cluster (node.py)."""
+
+    node: str
+    host: Host
+    backend: MetadataBackend
+    settings: ClusterSettings
+    dead: set[str]  # nodes declared dead
+
+    @property
+    def reaping(self) -> bool: ...
+
+    @property
+    def available(self) -> bool: ...
+
+    def changed(self, client_id: str) -> None: ...
+
+    def unavailable(self, error: Exception) -> None: ...
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
+
+    def ts(self) -> int: ...
 
 
 class Handover:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Owner) -> None:
         self.cluster = cluster
-        self.broker = cluster.broker
+        self.host = cluster.host
         self.backend = cluster.backend
         self.settings = cluster.settings
         self.loop = cluster.loop
@@ -119,7 +145,7 @@ class Handover:
         """Make this node the owner of `client_id` before its CONNACK; another node that
         held it releases it first. None: the metadata is away and registrations are
         allowed anyway. Raises MetadataUnavailable (refuse with 0x88) or StaleRequest."""
-        if not self.cluster.sync.available:
+        if not self.cluster.available:
             if not self.settings.allow_register_during_outage:
                 self.metrics.cluster_registrations_refused += 1
                 raise MetadataUnavailable("the cluster's metadata is unavailable")
@@ -132,7 +158,7 @@ class Handover:
             registration = await self.backend.register(client_id, clean, self.cluster.ts())
         except MetadataUnavailable as exc:
             self._registering.pop(client_id, None)
-            self.cluster.sync.unavailable(exc)
+            self.cluster.unavailable(exc)
             if not self.settings.allow_register_during_outage:
                 self.metrics.cluster_registrations_refused += 1
                 raise
@@ -156,7 +182,7 @@ class Handover:
         subscriptions = registration.subscriptions
         filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
         for topic_filter in filters:
-            self.broker.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
+            self.host.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
         self._stand_ins[client_id] = (stand_in, filters)
         for message in self._unrouted:  # what came for it before the stand-in
             matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
@@ -192,15 +218,15 @@ class Handover:
         self.forget_unrouted()
         stand_in, filters = self._stand_ins.pop(client_id, (None, []))
         for topic_filter in filters:
-            self.broker.router.unsubscribe(stand_in, topic_filter)
+            self.host.router.unsubscribe(stand_in, topic_filter)
         owner = session.owner
         if registration is not None and fresh:
             for topic_filter, options in registration.subscriptions.items():
                 owner.subscriptions[topic_filter] = options
-                self.broker.router.subscribe(owner, topic_filter, options)
-            self.broker.save_session(owner)
+                self.host.router.subscribe(owner, topic_filter, options)
+            self.host.registry.save(owner)
         if registration is None or owner.subscriptions != registration.subscriptions:
-            self.cluster.sync.changed(client_id)  # the metadata learns what this node holds
+            self.cluster.changed(client_id)  # the metadata learns what this node holds
         for delivery in early:
             owner.deliver(delivery)
 
@@ -235,11 +261,9 @@ class Handover:
         that are still on their way: for dead_after the session's subscriptions linger in
         the router as Forwarders, which send what other nodes forward here for it on to
         `node` (unless it started clean there)."""
-        broker = self.broker
+        host = self.host
         owner = session.owner
-        for connection in list(broker.connections):
-            if connection.session is not None and connection.session.owner is owner:
-                connection.take_over()
+        host.registry.disconnect(owner)
         # Nothing follows a clean session, or one the new connection starts clean.
         leaving = None if clean or owner.expiry == 0 or not owner.holds_messages() else owner
         if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
@@ -250,18 +274,17 @@ class Handover:
             owner.expiry_timer = None
         lingering = []
         for topic_filter, options in list(owner.subscriptions.items()):
-            broker.router.unsubscribe(owner, topic_filter)
+            host.router.unsubscribe(owner, topic_filter)
             if node and not clean and not topic_filter.startswith(SHARE_PREFIX):
                 forwarder = Forwarder(self.cluster, node, owner.client_id)
-                broker.router.subscribe(forwarder, topic_filter, options)
+                host.router.subscribe(forwarder, topic_filter, options)
                 lingering.append((forwarder, topic_filter))
         if lingering:
-            self.loop.call_later(self.settings.dead_after, _unsubscribe, broker, lingering)
+            self.loop.call_later(self.settings.dead_after, _unsubscribe, host.router, lingering)
         owner.subscriptions.clear()
         if leaving is None:
-            broker.store.delete_session(owner.client_id)
-        if broker.registry.sessions.get(owner.client_id) is owner:
-            del broker.registry.sessions[owner.client_id]
+            host.store.delete_session(owner.client_id)
+        host.registry.forget(owner)
         return leaving
 
     async def _migrate(self, node: str, session: Session) -> None:
@@ -271,7 +294,7 @@ class Handover:
         leaves the store once acknowledged, so a crash or a link that stays down leaves
         the rest in this node's store, handed over again at its next start."""
         client_id = session.client_id
-        step = self.broker.settings.max_msgs_per_drain_step
+        step = self.host.settings.max_msgs_per_drain_step
         sent = 0
         while chunk := session.leaving_chunk(step):
             if not await self._send_chunk(node, client_id, chunk):
@@ -279,8 +302,8 @@ class Handover:
             session.forget_sent(chunk)
             sent += len(chunk)
         else:
-            if client_id not in self.broker.registry.sessions:  # (it may be back already)
-                self.broker.store.delete_session(client_id)
+            if client_id not in self.host.registry:  # (it may be back already)
+                self.host.store.delete_session(client_id)
             self.metrics.cluster_sessions_migrated += 1
             self.metrics.cluster_messages_migrated += sent
             log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
@@ -323,8 +346,8 @@ class Handover:
     def on_takeover(
         self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
     ) -> None:
-        session = self.broker.registry.sessions.get(client_id)
-        if session is None or self.broker.stopping:
+        session = self.host.registry.get(client_id)
+        if session is None or self.host.stopping:
             # Stopping: the session stays in this node's store, handed over at its next
             # start (_reconcile), rather than cut off halfway through a migration.
             inbound.reply(ACK, ref, None)
@@ -346,7 +369,7 @@ class Handover:
         answer = done or _ignore  # (single messages are answered by nobody)
         now = self.loop.time()
         deliveries = []
-        group = self.broker.router.group(share) if share is not None else None
+        group = self.host.router.group(share) if share is not None else None
         for fields, qos, retain, subscription_ids in items:
             message = frames.unpack_message(fields, now)
             deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
@@ -355,18 +378,18 @@ class Handover:
             early.extend(deliveries)
             answer(None)
             return None
-        session = self.broker.registry.sessions.get(client_id)
+        session = self.host.registry.get(client_id)
         if session is None:
             if group is not None:  # the member left: another member here, if any
                 for delivery in deliveries:
-                    self.broker.deliver_shared(group, delivery.message, "local_only")
+                    self.host.routing.deliver_shared(group, delivery.message, "local_only")
                 answer(None)
                 return None
             self.metrics.cluster_enqueue_dropped += len(deliveries)
             answer(f"no session {client_id} on {self.node}")
             return None
         if done is not None:
-            _Feeder(self.broker.flow, session.owner, deliveries, done).run()
+            _Feeder(self.host.flow, session.owner, deliveries, done).run()
             return None
         congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]
         return congested or None

@@ -32,7 +32,8 @@ import logging
 import socket
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
 from broker.cluster.frames import (
@@ -50,7 +51,8 @@ from broker.config import ClusterSettings
 from broker.episodes import Episode
 
 if TYPE_CHECKING:
-    from broker.cluster.node import Cluster
+    from broker.cluster.host import Host
+    from broker.metrics import Metrics
 
 log = logging.getLogger("nautilus.cluster")
 
@@ -69,10 +71,37 @@ BEFORE_HELLO = "before HELLO, at most"  # how FrameErrors name HELLO_MAX_SIZE
 REFUSALS_INTERVAL = 10.0  # seconds between lines counting links refused at the cap
 
 
+class LinkOwner(Protocol):
+    """What the links use of the Cluster that owns them (node.py)."""
+
+    node: str  # this node's name
+    boot_id: str  # this run's
+    settings: ClusterSettings
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    host: Host
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
+
+    def release_publishers(self, node: str) -> None:
+        """The link to `node` has room again (or is gone): who waited for it goes on."""
+        ...
+
+    def link_up(self, link: PeerLink, restarted: bool) -> None: ...
+
+    def link_down(self, link: PeerLink) -> None: ...
+
+    def inbound_up(self, inbound: ClusterServerProtocol) -> None: ...
+
+    def inbound_down(self, inbound: ClusterServerProtocol) -> None: ...
+
+    def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None: ...
+
+
 class PeerLink(asyncio.Protocol):
     """This node's one-way link to `node`; replies to requests come back on it."""
 
-    def __init__(self, cluster: Cluster, node: str, address: tuple[str, int]) -> None:
+    def __init__(self, cluster: LinkOwner, node: str, address: tuple[str, int]) -> None:
         self.cluster = cluster
         self.loop = cluster.loop
         self.node = node
@@ -156,9 +185,8 @@ class PeerLink(asyncio.Protocol):
 
     def _released(self) -> None:
         """Publishers held for this link may go on once it is below its low-water mark."""
-        remote = self.cluster.remote_nodes.get(self.node)
-        if remote is not None and remote.held and self.backlog <= LOW_WATER:
-            self.cluster.broker.flow.release(remote)
+        if self.backlog <= LOW_WATER:
+            self.cluster.release_publishers(self.node)
 
     # -- connecting --------------------------------------------------------------------
 
@@ -321,7 +349,7 @@ class ClusterServerProtocol(asyncio.Protocol):
     dead_after (blackholed, hung) is given up on.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: LinkOwner) -> None:
         self.cluster = cluster
         self.node = ""  # the peer's name, once it said HELLO
         self.peer: Any = ("?", 0)  # its address (peername)
@@ -413,7 +441,7 @@ class ClusterServerProtocol(asyncio.Protocol):
                     self.transport.abort()
                 return
         if self.transport is None and not waiting:  # closed, and nothing left to handle
-            self.cluster.broker.flow.forget_publisher(self)
+            self.cluster.host.flow.forget_publisher(self)
 
     # -- flow control: this link as a publisher -----------------------------------------
 
@@ -464,10 +492,10 @@ class ClusterServerProtocol(asyncio.Protocol):
                 timer.cancel()
         self.transport = None
         self._listener.closed(self)
-        if not self.node or self.cluster.broker.stopping:
+        if not self.node or self.cluster.host.stopping:
             self._waiting.clear()  # nothing to keep (no HELLO yet), or nobody to keep it
         if not self._waiting:  # else: handled as flow control allows, then forgotten
-            self.cluster.broker.flow.forget_publisher(self)
+            self.cluster.host.flow.forget_publisher(self)
         self.cluster.inbound_down(self)
 
 
@@ -529,10 +557,10 @@ class ClusterListener:
 
 # One ClusterListener per Cluster, made with its first connection (as broker/connect_flow.py
 # keeps its Episode per Broker), so node.py needs no hook.
-_listeners: weakref.WeakKeyDictionary[Cluster, ClusterListener] = weakref.WeakKeyDictionary()
+_listeners: weakref.WeakKeyDictionary[LinkOwner, ClusterListener] = weakref.WeakKeyDictionary()
 
 
-def listener_of(cluster: Cluster) -> ClusterListener:
+def listener_of(cluster: LinkOwner) -> ClusterListener:
     listener = _listeners.get(cluster)
     if listener is None:
         listener = _listeners[cluster] = ClusterListener(cluster.settings, cluster.loop)

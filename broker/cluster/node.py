@@ -55,7 +55,7 @@ from broker.config import ClusterSettings, host_port
 from broker.message import Message
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.cluster.host import Host
     from broker.session import Session
 
 log = logging.getLogger("nautilus.cluster")
@@ -66,19 +66,19 @@ DRAIN_LIMIT = 30.0  # seconds a stopping node waits at most for its peers' DRAIN
 
 
 class Cluster:
-    def __init__(self, broker: Broker, settings: ClusterSettings, backend: MetadataBackend):
-        self.broker = broker
+    def __init__(self, host: Host, settings: ClusterSettings, backend: MetadataBackend):
+        self.host = host
         self.settings = settings
         self.backend = backend
-        self.loop = broker.loop
-        self.metrics = broker.metrics
-        self.node = broker.settings.node_name  # [cluster] node_name lands there
+        self.loop = host.loop
+        self.metrics = host.metrics
+        self.node = host.settings.node_name  # [cluster] node_name lands there
         self.boot_id = uuid.uuid4().hex
         self.links: dict[str, PeerLink] = {}
         self.remote_nodes: dict[str, RemoteNode] = {}
         self._members: dict[tuple[str, str], RemoteMember] = {}
         self.view = RemoteView(
-            broker.router, self.node, self.remote_node, self.remote_member, self._forget_member
+            host.router, self.node, self.remote_node, self.remote_member, self._forget_member
         )
         self.nodes: dict[str, NodeInfo] = {}  # as of the last heartbeat
         self.dead: set[str] = set()
@@ -180,24 +180,37 @@ class Cluster:
         self._last_ts = max(time.time_ns(), self._last_ts + 1)
         return self._last_ts
 
-    # -- what the rest of the broker calls ----------------------------------------------
+    # -- what the rest of the broker calls (broker/peers.py) -------------------------------
 
     @property
     def available(self) -> bool:
         """Whether the metadata answers (/health says so when it does not)."""
         return self.sync.available
 
+    def problem(self) -> str | None:
+        """The metadata does not answer (/health says so)."""
+        if self.sync.available:
+            return None
+        refused = not self.settings.allow_register_during_outage
+        return "the cluster's metadata is unavailable" + (
+            " (new connections are refused)" if refused else ""
+        )
+
     def changed(self, client_id: str) -> None:
         """The session of `client_id` changed (subscriptions, clean, or it ended)."""
         self.sync.changed(client_id)
+
+    def unavailable(self, error: Exception) -> None:
+        """A call to the metadata failed."""
+        self.sync.unavailable(error)
 
     def retained(self, message: Message) -> None:
         """A retained message was published on this node."""
         self.sync.retained(message)
 
-    async def register(self, client_id: str, clean: bool) -> Registration | None:
+    def register(self, client_id: str, clean: bool) -> Coroutine[Any, Any, Registration | None]:
         """Before a CONNACK: see Handover.register."""
-        return await self.handover.register(client_id, clean)
+        return self.handover.register(client_id, clean)
 
     def registered(
         self, client_id: str, session: Session, registration: Registration | None, fresh: bool
@@ -307,9 +320,12 @@ class Cluster:
             log.info("cluster: node %s restarted", link.node)
 
     def link_down(self, link: PeerLink) -> None:
-        remote = self.remote_nodes.get(link.node)
+        self.release_publishers(link.node)
+
+    def release_publishers(self, node: str) -> None:
+        remote = self.remote_nodes.get(node)
         if remote is not None and remote.held:
-            self.broker.flow.release(remote)
+            self.host.flow.release(remote)
 
     def inbound_up(self, inbound: ClusterServerProtocol) -> None:
         self.inbound.add(inbound)
@@ -353,16 +369,17 @@ class Cluster:
         """A persistent session this node now owns but does not hold: an offline one,
         with its subscriptions (its queue, if any, was on a node that is gone). Forwarded
         messages kept meanwhile (Handover.unrouted) that match it are queued for it."""
-        broker = self.broker
-        if client_id in broker.registry.sessions:
+        host = self.host
+        registry = host.registry
+        if client_id in registry:
             return
-        session = broker.new_session(client_id)
-        session.expiry = broker.settings.persistent_client_expiration or None
+        session = registry.new_session(client_id)
+        session.expiry = host.settings.persistent_client_expiration or None
         for topic_filter, options in record.subscriptions.items():
             session.subscriptions[topic_filter] = options
-            broker.router.subscribe(session, topic_filter, options)
-        broker.save_session(session)
-        broker.registry.adopt(session, session.expiry)
+            host.router.subscribe(session, topic_filter, options)
+        registry.save(session)
+        registry.adopt(session, session.expiry)
         self.handover.adopted(session)
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
@@ -371,21 +388,21 @@ class Cluster:
             message = frames.unpack_message(frame[1], self.loop.time())
             self.forwarding = True  # Forwarders send it on (they ignore local publishes)
             try:
-                congested = self.broker.publish_forwarded(message)
+                congested = self.host.routing.publish_forwarded(message)
             finally:
                 self.forwarding = False
             if self.handover.keeping and not any(
-                route.subscriber.local for route in self.broker.router.match(message.topic)
+                route.subscriber.local for route in self.host.router.match(message.topic)
             ):
                 self.handover.unrouted(message)
             if congested:  # the link waits for these subscribers, as a publisher would
-                self.broker.flow.hold(inbound, congested)
+                self.host.flow.hold(inbound, congested)
         elif kind == ENQUEUE:
             _, ref, client_id, items, share = frame
             answer = functools.partial(inbound.reply, ACK, ref) if ref else None
             congested = self.handover.enqueue(client_id, items, share, answer)
             if congested:
-                self.broker.flow.hold(inbound, congested)
+                self.host.flow.hold(inbound, congested)
         elif kind == TAKEOVER:
             _, ref, client_id, clean = frame
             self.handover.on_takeover(inbound, ref, client_id, clean)

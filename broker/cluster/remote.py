@@ -12,14 +12,27 @@ high-water mark, publishers feeding them wait.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Protocol
 
 from broker.cluster import frames
 from broker.cluster.frames import ENQUEUE
 
 if TYPE_CHECKING:
-    from broker.cluster.node import Cluster
-    from broker.message import Delivery
+    from broker.cluster.link import PeerLink
+    from broker.message import Delivery, Message
+    from broker.metrics import Metrics
+
+
+class Links(Protocol):
+    """What the stand-ins for other nodes use of the Cluster (node.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    links: dict[str, PeerLink]  # by node name
+    forwarding: bool  # a message another node forwarded is being routed here
+
+    def publish_frame(self, message: Message) -> bytes: ...
 
 
 class _OnAnotherNode:
@@ -29,7 +42,7 @@ class _OnAnotherNode:
 
     local = False  # not a session of this node (shared groups prefer those)
 
-    def __init__(self, cluster: Cluster, node: str, client_id: str) -> None:
+    def __init__(self, cluster: Links, node: str, client_id: str) -> None:
         self.cluster = cluster
         self.node = node
         self.client_id = client_id
@@ -69,7 +82,7 @@ class RemoteNode(_OnAnotherNode):
 
     online = True
 
-    def __init__(self, cluster: Cluster, node: str) -> None:
+    def __init__(self, cluster: Links, node: str) -> None:
         super().__init__(cluster, node, f"$cluster/{node}")
 
     def __repr__(self) -> str:

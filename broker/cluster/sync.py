@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
 from broker.cluster.metadata import (
@@ -32,15 +33,39 @@ from broker.cluster.metadata import (
 from broker.message import Message
 
 if TYPE_CHECKING:
-    from broker.cluster.node import Cluster
+    from broker.cluster.handover import Handover
+    from broker.cluster.host import Host
+    from broker.cluster.metadata import MetadataBackend
+    from broker.cluster.view import RemoteView
+    from broker.config import ClusterSettings
 
 log = logging.getLogger("nautilus.cluster")
 
 
+class Owner(Protocol):
+    """What MetadataSync uses of the Cluster (node.py)."""
+
+    node: str
+    host: Host
+    backend: MetadataBackend
+    settings: ClusterSettings
+    loop: asyncio.AbstractEventLoop
+    view: RemoteView  # other nodes' subscribers in the router
+    handover: Handover  # sessions moving: records of those are not written meanwhile
+
+    def adopt(self, client_id: str, record: Subscriber) -> None: ...
+
+    def reaping_from(self, node: str) -> bool: ...
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
+
+    def ts(self) -> int: ...
+
+
 class MetadataSync:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Owner) -> None:
         self.cluster = cluster
-        self.broker = cluster.broker
+        self.host = cluster.host
         self.backend = cluster.backend
         self.settings = cluster.settings
         self.loop = cluster.loop
@@ -68,15 +93,15 @@ class MetadataSync:
         """At start: the sessions this node restored from its store against the shared
         truth. Ours and unknown ones are (re)written; ones another node owns now are
         handed to it; ones the metadata says are ours but the store lost live on empty."""
-        registry = self.broker.registry
-        for client_id, session in list(registry.sessions.items()):
+        registry = self.host.registry
+        for client_id, session in list(registry.items()):
             record = snapshot.subscribers.get(client_id)
             if record is None or record.node == self.node:
                 self.changed(client_id)
             else:
                 self.cluster.handover.hand_over(session, record.node, False)
         for client_id, record in snapshot.subscribers.items():
-            if record.node == self.node and client_id not in registry.sessions:
+            if record.node == self.node and client_id not in registry:
                 if record.clean:
                     self.changed(client_id)  # its connection is gone: delete it
                 else:
@@ -125,7 +150,7 @@ class MetadataSync:
             self._retained_changed(topic, packed)
         if not snapshot.retained:
             now = self.loop.time()
-            for message in self.broker.retained.matching("#", now):
+            for message in self.host.retained.matching("#", now):
                 self.retained(message)
         if unconfirmed:
             self._unconfirmed |= unconfirmed
@@ -148,8 +173,8 @@ class MetadataSync:
 
     def subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
         self._unconfirmed.discard(client_id)
-        session = self.broker.registry.sessions.get(client_id)
-        busy = self.cluster.handover.busy(client_id) or self.broker.stopping
+        session = self.host.registry.get(client_id)
+        busy = self.cluster.handover.busy(client_id) or self.host.stopping
         if session is not None and not busy:
             if record is None:
                 # Deleted by another node (this one was taken for dead and reaped) while
@@ -170,14 +195,14 @@ class MetadataSync:
         self.view.apply(client_id, record)
 
     def _retained_changed(self, topic: str, packed: bytes | None) -> None:
-        broker = self.broker
+        host = self.host
         if packed is None:
-            broker.retained.update(Message(topic, b"", 0, True))
-            broker.store.delete_retained(topic)
+            host.retained.update(Message(topic, b"", 0, True))
+            host.store.delete_retained(topic)
             return
         message = frames.unpack_message(frames.msgpack.unpackb(packed), self.loop.time())
-        broker.retained.update(message)
-        broker.store.put_retained(message)
+        host.retained.update(message)
+        host.store.put_retained(message)
 
     def retained(self, message: Message) -> None:
         """A retained message published on this node: the other nodes learn it through
@@ -216,7 +241,7 @@ class MetadataSync:
                     self._retained_dirty.setdefault(topic, change)
                 raise
         dirty, self._dirty = self._dirty, {}
-        sessions = self.broker.registry.sessions
+        sessions = self.host.registry
         writes = []
         for client_id in dirty:
             if self.cluster.handover.moving(client_id):
@@ -266,7 +291,7 @@ class MetadataSync:
         log.warning("cluster: metadata available again; resynchronising")
         self.available = True
         self._outage_logged = False
-        for client_id in self.broker.registry.sessions:
+        for client_id in self.host.registry:
             self._dirty[client_id] = None
         try:
             await self._write_round()

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from broker.systree import gauges
 from hooks import Metric
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ def collect(broker: Broker) -> list[Metric]:
     """Every figure: the broker's, then the plugins' (a plugin that fails to report is
     left out, and the failure is reported as a metric of its own)."""
     found = [Metric(name, value) for name, value in broker.metrics.snapshot().items()]
-    found += [Metric(name, value, "gauge") for name, value in gauges(broker).items()]
+    found += [Metric(name, value, "gauge") for name, value in broker.gauges().items()]
     found.append(Metric("uptime_seconds", int(time.time() - broker.started_at), "gauge"))
     found += [Metric(name, value, kind) for name, (value, kind) in broker.store.figures().items()]
     for name, plugin in broker.plugins:

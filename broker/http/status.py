@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from broker import __version__
 from broker.plugins import Unavailable
-from broker.systree import gauges
 
 if TYPE_CHECKING:
     from broker.server import Broker
@@ -28,20 +27,16 @@ def problems(broker: Broker) -> list[str]:
         found.append("the store cannot write (QoS 1/2 publishes are refused)")
     if broker.stopping:
         found.append("shutting down")
-    cluster = broker.cluster
-    if cluster is not None and not cluster.available:
-        refused = not cluster.settings.allow_register_during_outage
-        found.append(
-            "the cluster's metadata is unavailable"
-            + (" (new connections are refused)" if refused else "")
-        )
+    cluster = broker.peers.problem()
+    if cluster is not None:
+        found.append(cluster)
     return found
 
 
 def nodes(broker: Broker) -> list[dict[str, Any]]:
     """[{node name: figures}], as VerneMQ's /status.json (one node until clustering)."""
     counters = broker.metrics.snapshot()
-    state = gauges(broker)
+    state = broker.gauges()
     node = broker.settings.node_name
     figures = {
         "num_online": state["queue_processes"] - state["sessions_offline"],
@@ -85,9 +80,10 @@ def nodes(broker: Broker) -> list[dict[str, Any]]:
 def _readiness(broker: Broker) -> dict[str, bool]:
     """This node's view of every node: VerneMQ's `mystatus`."""
     node = broker.settings.node_name
-    if broker.cluster is None:
+    status = broker.peers.status()
+    if status is None:
         return {node: True}
-    return {row["node"]: row["alive"] for row in broker.cluster.status()["nodes"]}
+    return {row["node"]: row["alive"] for row in status["nodes"]}
 
 
 # The page: static HTML whose script polls status.json every 2 s and computes rates.

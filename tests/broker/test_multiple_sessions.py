@@ -140,7 +140,7 @@ def test_a_client_id_with_two_connections_is_one_online_session(fanout, paho_cli
     client_id = unique_id()
     paho_client(fanout, V5, client_id)
     paho_client(fanout, V5, client_id)
-    online = fanout.call(lambda: [s.online for s in fanout.broker.registry.sessions.values()])
+    online = fanout.call(lambda: [s.online for s in fanout.broker.registry.values()])
     assert online == [True]
 
 

@@ -25,7 +25,7 @@ def persistent_subscriber(raw_client, server, client_id: str, topic: str):
 
 
 def session_of(server, client_id: str):
-    return server.call(lambda: server.broker.registry.sessions[client_id])
+    return server.call(lambda: server.broker.registry[client_id])
 
 
 def test_a_backlog_of_several_chunks_arrives_in_order_with_newer_messages_after_it(

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from broker.cluster.frames import FrameDecoder
-from broker.cluster.node import DRAIN_LIMIT
+from broker.cluster.node import DRAIN_LIMIT, Cluster
 from tests.test_cli import BrokerProcess, clean_env
 
 LIVENESS_INTERVAL = 0.2
@@ -54,6 +54,13 @@ def start_in_process_node(
         },
         plugins={"redis_subs": {"enabled": True, "url": redis_url}},
     )
+
+
+def cluster_of(server: Any) -> Cluster:
+    """The Cluster of an in-process node (its Broker's `peers`)."""
+    peers = server.broker.peers
+    assert isinstance(peers, Cluster), peers
+    return peers
 
 
 Frames = list[list[Any]]

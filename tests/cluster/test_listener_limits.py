@@ -36,7 +36,7 @@ from broker.cluster.link import (
 )
 from broker.config import ConfigError, config_from_dict, load_config
 from broker.message import Message
-from tests.cluster.nodes import read_frames, start_in_process_node
+from tests.cluster.nodes import cluster_of, read_frames, start_in_process_node
 
 HOST = "127.0.0.1"
 MiB = 1024 * 1024
@@ -56,7 +56,7 @@ def sockets() -> Iterator[Callable[[Any], socket.socket]]:
     opened: list[socket.socket] = []
 
     def connect(node: Any) -> socket.socket:
-        sock = socket.create_connection((HOST, node.broker.cluster.address[1]), timeout=10)
+        sock = socket.create_connection((HOST, cluster_of(node).address[1]), timeout=10)
         opened.append(sock)
         return sock
 
@@ -87,7 +87,7 @@ def lines(caplog: pytest.LogCaptureFixture, since: int = 0) -> list[str]:
 
 
 def open_connections(node: Any) -> int:
-    return node.call(lambda: len(listener_of(node.broker.cluster).open))
+    return node.call(lambda: len(listener_of(cluster_of(node)).open))
 
 
 # --------------------------------------------------------------------------- before HELLO
@@ -118,7 +118,7 @@ def test_a_length_over_hello_max_size_before_hello_is_refused_from_its_header(
     assert time.monotonic() - started < PROMPTLY
     assert got == []
 
-    node.wait_for(lambda: not listener_of(node.broker.cluster).open)
+    node.wait_for(lambda: not listener_of(cluster_of(node)).open)
     metrics = node.call(node.broker.metrics.snapshot)
     # Read no further than the 4 bytes' refusal: one read (asyncio's: 256 KiB at most),
     # not the MiB sent (with max_frame_size as the limit the node took it all).
@@ -143,7 +143,7 @@ def test_connections_that_never_say_hello_hold_no_more_than_a_hello(
     timeout each is refused in a line that names it."""
     caplog.set_level(logging.INFO)
     node = start_node(start_broker, redis_url)
-    listener = listener_of(node.broker.cluster)
+    listener = listener_of(cluster_of(node))
     silent = [sockets(node) for _ in range(10)]
     for sock in silent:
         sock.sendall(struct.pack(">I", HELLO_MAX_SIZE) + bytes(HELLO_MAX_SIZE - 1))
@@ -234,7 +234,7 @@ def test_connections_over_max_connections_are_refused_and_logged_once(
     ]
 
     peers[0].close()  # 2 open: 90% of the cap, the episode is over
-    node.wait_for(lambda: len(listener_of(node.broker.cluster).open) == 2)
+    node.wait_for(lambda: len(listener_of(cluster_of(node)).open) == 2)
     ended = lines(caplog, before)[2:]
     assert len(ended) == 1 and ended[0].startswith(
         "cluster listener: accepting links again, 2 open (20 links refused at max_connections in "

@@ -30,7 +30,7 @@ from broker.cluster.metadata import Change, SubOptions, Subscriber, Write
 from broker.message import Message
 from plugins.redis_subs.store import RedisStore
 from tests.broker.helpers import PahoClient
-from tests.cluster.nodes import start_in_process_node
+from tests.cluster.nodes import cluster_of, start_in_process_node
 
 CLIENT = "reaped-sub"
 WAIT = 10.0
@@ -102,7 +102,7 @@ def write_dead_node(redis_url: str) -> None:
 
 
 def adopted(server: Any) -> bool:
-    return CLIENT in server.broker.registry.sessions
+    return CLIENT in server.broker.registry
 
 
 def reaped(server: Any) -> bool:
@@ -121,7 +121,7 @@ def test_a_publish_between_the_change_and_the_reap_answer_is_queued(
 ) -> None:
     write_dead_node(redis_url)
     server = start_in_process_node(start_broker, redis_url, dead_after=DEAD_AFTER)
-    cluster = server.broker.cluster
+    cluster = cluster_of(server)
     server.wait_for(lambda: CLIENT in cluster.view.records)  # routed to c
     gates.release["change"].set()
     gates.reached("answer")  # c reaped in Redis, the answer held
@@ -144,7 +144,7 @@ def test_a_message_forwarded_before_the_adoption_is_kept(
 ) -> None:
     write_dead_node(redis_url)
     server = start_in_process_node(start_broker, redis_url, dead_after=DEAD_AFTER)
-    cluster = server.broker.cluster
+    cluster = cluster_of(server)
     server.wait_for(lambda: CLIENT in cluster.view.records)
     gates.reached("answer")
     gates.reached("change")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.broker.helpers import RawClient, unique_id
-from tests.cluster.nodes import start_in_process_node
+from tests.cluster.nodes import cluster_of, start_in_process_node
 from tests.cluster.redis_server import RedisServer
 
 SERVER_UNAVAILABLE = 3  # MQTT 3.1.1 CONNACK code
@@ -40,7 +40,7 @@ def test_connects_refused_in_an_outage_are_counted_not_logged_one_by_one(
 ) -> None:
     caplog.set_level(logging.INFO)
     server = start_in_process_node(start_broker, own_redis.url)
-    sync = server.broker.cluster.sync
+    sync = cluster_of(server).sync
     connect(server, 0)
 
     own_redis.stop()

@@ -238,7 +238,7 @@ def test_register_max_inflight_messages_is_applied(start_broker, raw_client, pah
 
     first = sub.expect(PUBLISH)
     assert first.payload == b"m0"
-    session = server.broker.registry.sessions[sub_id]
+    session = server.broker.registry[sub_id]
     assert server.call(lambda: (len(session.inflight), len(session.queue))) == (1, 2)
     sub.ack(first)
     second = sub.expect(PUBLISH)
@@ -249,7 +249,7 @@ def test_register_max_inflight_messages_is_applied(start_broker, raw_client, pah
     other = raw_client(server, version)
     other_id = unique_id("nowindow")
     other.connect(other_id)
-    assert server.call(lambda: server.broker.registry.sessions[other_id].window) == 20
+    assert server.call(lambda: server.broker.registry[other_id].window) == 20
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -522,7 +522,7 @@ def test_a_refused_subscribe_refuses_every_topic(
     code = v5_code if version == V5 else 0x80
     assert sub.subscribe([("r/1", 1), ("r/2", 0)]) == [code, code]
     assert hook("auth_on_subscribe", version) in rec.names(client_id=sub.client_id)
-    session = server.broker.registry.sessions[sub.client_id]
+    session = server.broker.registry[sub.client_id]
     assert server.call(lambda: dict(session.subscriptions)) == {}
 
 
@@ -670,7 +670,7 @@ def test_on_session_expired(start_broker, raw_client):
     raw.disconnect()
     rec.wait("on_client_offline", client_id=client_id)
     rec.wait("on_session_expired", client_id=client_id, timeout=5)
-    assert client_id not in server.call(lambda: set(server.broker.registry.sessions))
+    assert client_id not in server.call(lambda: set(server.broker.registry))
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -60,7 +60,7 @@ class Client:
         self.session.attach(self.outlet, 65535)
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> None:
-        self.broker.subscribe(self.session, topic_filter, SubOptions(qos))
+        self.broker.registry.subscribe(self.session, topic_filter, SubOptions(qos))
 
     def leave(self) -> None:
         """The connection ends (a lost socket: the will is due)."""
@@ -95,7 +95,7 @@ def watcher(broker) -> FakeOutlet:
 
 
 def session_of(broker: Broker, client_id: str) -> Session | None:
-    return broker.registry.sessions.get(client_id)
+    return broker.registry.get(client_id)
 
 
 def subscribers(broker: Broker, topic: str) -> list[str]:
@@ -114,7 +114,7 @@ def test_takeover_closes_the_old_connection_and_keeps_the_session(broker, lifecy
     assert second.session is first.session
     assert second.session.outlet is second.outlet
     assert lifecycle.seen == [("offline", "c")]
-    broker.publish(Message("t", b"for the new one", 1))
+    broker.routing.publish(Message("t", b"for the new one", 1))
     assert first.outlet.payloads() == []
     assert second.outlet.payloads() == [b"for the new one"]
 
@@ -155,7 +155,7 @@ def test_without_clean_start_the_session_resumes_with_what_was_queued(broker):
     old = Client(broker, "c", clean=False, expiry=60)
     old.subscribe("t")
     old.leave()
-    broker.publish(Message("t", b"while away", 1))
+    broker.routing.publish(Message("t", b"while away", 1))
     new = Client(broker, "c", clean=False, expiry=60)
     assert new.present
     assert new.session is old.session

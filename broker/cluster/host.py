@@ -1,0 +1,30 @@
+"""What the cluster uses of the node it is part of: the Broker provides it, and the
+cluster names it only through this protocol (it never imports broker/server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker.config import BrokerSettings
+    from broker.flow import FlowControl
+    from broker.metrics import Metrics
+    from broker.registry import Registry
+    from broker.retain import RetainedMessages
+    from broker.router import Router
+    from broker.routing import Routing
+    from broker.store import MessageStore
+
+
+class Host(Protocol):
+    settings: BrokerSettings  # node_name, persistent_client_expiration, drain step
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    router: Router  # other nodes' subscribers go in as RemoteNodes, moving ones as Forwarders
+    routing: Routing  # forwarded messages, a leaving shared member's deliveries
+    registry: Registry  # sessions: taken from dead nodes, handed to and from other nodes
+    retained: RetainedMessages  # kept in step with the metadata's
+    store: MessageStore  # session records and retained messages
+    flow: FlowControl  # links hold publishers, forwarded messages wait for subscribers
+    stopping: bool  # the node is shutting down: nothing new is taken on

@@ -1,0 +1,85 @@
+"""What the core tells the other nodes of a cluster, and asks of them: the one interface
+between this node's routing, registry and connections and `broker/cluster/`.
+
+A node not in a cluster has `ALONE`, which has nothing to tell and nothing to ask: the
+core never asks whether there is a cluster, it tells its Peers and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from broker.cluster.metadata import Registration
+    from broker.message import Message
+    from broker.session import Session
+
+
+class Peers(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def register(
+        self, client_id: str, clean: bool
+    ) -> Coroutine[Any, Any, Registration | None] | None:
+        """Before a CONNACK: what makes this node the owner of `client_id` cluster-wide
+        (the node that held it releases it, its queue follows), to be awaited; None when
+        nothing is to be done."""
+        ...
+
+    def registered(
+        self, client_id: str, session: Session, registration: Registration | None, fresh: bool
+    ) -> None:
+        """The session a connection of `client_id` attached to, after `register`."""
+        ...
+
+    def changed(self, client_id: str) -> None:
+        """The session of `client_id` changed: its subscriptions, or it ended."""
+        ...
+
+    def retained(self, message: Message) -> None:
+        """A retained message was published on this node."""
+        ...
+
+    def problem(self) -> str | None:
+        """What keeps the cluster from working as it should (for /health), if anything."""
+        ...
+
+    def status(self) -> dict[str, Any] | None:
+        """The cluster's nodes, links and routing score; None when not in a cluster."""
+        ...
+
+
+class Alone:
+    """The Peers of a node that is not in a cluster."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def register(self, client_id: str, clean: bool) -> None:
+        return None
+
+    def registered(
+        self, client_id: str, session: Session, registration: Registration | None, fresh: bool
+    ) -> None:
+        pass
+
+    def changed(self, client_id: str) -> None:
+        pass
+
+    def retained(self, message: Message) -> None:
+        pass
+
+    def problem(self) -> None:
+        return None
+
+    def status(self) -> None:
+        return None
+
+
+ALONE: Peers = Alone()
