@@ -1,34 +1,67 @@
 """What an operator can ask of a running broker, whatever carries the request (the HTTP
 admin API, `nautilus admin`): sessions, one client's subscriptions and queue, disconnects,
-retained messages, metrics and plugins. Plain functions over the Broker returning plain
-data (JSON-ready), so the API stays a thin translation and the operations are testable.
+retained messages, metrics and plugins. Plain functions over the broker (as `Managed`) returning
+plain data (JSON-ready), so the API stays a thin translation and the operations are testable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.message import Message
 from broker.protocol import ReasonCode
 from broker.topics import valid_topic_filter
 
 if TYPE_CHECKING:
+    from broker.config import BrokerSettings, Config
     from broker.connection import Connection
-    from broker.server import Broker
+    from broker.metrics import Metrics
+    from broker.peers import Peers
+    from broker.registry import Registry
+    from broker.retain import RetainedMessages
     from broker.session import Session
+    from broker.store import MessageStore
+
+
+class Managed(Protocol):
+    """What the admin operations and the HTTP side (broker/http/) read and change of the
+    broker: the Broker provides it, and they never import broker/server.py."""
+
+    config: Config
+    settings: BrokerSettings
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    registry: Registry
+    retained: RetainedMessages
+    store: MessageStore
+    peers: Peers
+    connections: set[Connection]
+    plugins: list[tuple[str, Any]]  # (name, plugin), in the order they are called
+    disabled_plugins: set[str]
+    started_at: float  # time.time()
+    stopping: bool
+    listening: list[tuple[str, int]]  # each listener's address; ("", 0): not started
+    listeners_down: dict[int, str]  # listener index -> why it is not started
+
+    def gauges(self) -> dict[str, int]: ...
+
+    def plugin_hooks(self) -> dict[str, list[str]]: ...
+
+    def set_plugin_enabled(self, name: str, enabled: bool) -> None: ...
 
 
 class NotFound(LookupError):
     """No such client, topic or plugin."""
 
 
-def _connections_by_client(broker: Broker) -> dict[str, Connection]:
+def _connections_by_client(broker: Managed) -> dict[str, Connection]:
     return {c.client.client_id: c for c in broker.connections if c.session is not None}
 
 
-def sessions(broker: Broker, client_id: str = "", online: bool | None = None) -> list[dict]:
+def sessions(broker: Managed, client_id: str = "", online: bool | None = None) -> list[dict]:
     """Every session (online and offline), optionally those whose client id contains
     `client_id`, or only the online / offline ones; VerneMQ's `session show` columns."""
     connected = _connections_by_client(broker)
@@ -60,7 +93,7 @@ def _session_row(session: Session, connection: Connection | None) -> dict[str, A
     }
 
 
-def client(broker: Broker, client_id: str) -> dict[str, Any]:
+def client(broker: Managed, client_id: str) -> dict[str, Any]:
     """One client: its session row, subscriptions (filter and options) and queue."""
     session = broker.registry.get(client_id)
     if session is None:
@@ -84,7 +117,7 @@ def client(broker: Broker, client_id: str) -> dict[str, Any]:
     return row
 
 
-def disconnect(broker: Broker, client_id: str, cleanup: bool = False) -> dict[str, bool]:
+def disconnect(broker: Managed, client_id: str, cleanup: bool = False) -> dict[str, bool]:
     """Close the client's connection (MQTT 5 clients get DISCONNECT 0x98, administrative
     action); with `cleanup`, its session is deleted too (subscriptions and queue)."""
     # Every connection of the client id (several with allow_multiple_sessions).
@@ -102,7 +135,7 @@ def disconnect(broker: Broker, client_id: str, cleanup: bool = False) -> dict[st
     return {"disconnected": bool(connections), "deleted": cleanup and had_session}
 
 
-def retained(broker: Broker, topic_filter: str = "#", limit: int = 1000) -> list[dict]:
+def retained(broker: Managed, topic_filter: str = "#", limit: int = 1000) -> list[dict]:
     """Retained messages whose topic matches `topic_filter`, at most `limit`, by topic
     (as for a subscription, "#" leaves out `$` topics: ask for `$SYS/#` to see those)."""
     if not valid_topic_filter(topic_filter):
@@ -126,7 +159,7 @@ def _message_row(message: Message) -> dict[str, Any]:
     }
 
 
-def delete_retained(broker: Broker, topic: str) -> dict[str, str]:
+def delete_retained(broker: Managed, topic: str) -> dict[str, str]:
     """Clear the retained message of `topic` (a topic name, no wildcards)."""
     if "+" in topic or "#" in topic:
         raise ValueError("topic: a topic name, without wildcards")
@@ -137,26 +170,26 @@ def delete_retained(broker: Broker, topic: str) -> dict[str, str]:
     return {"deleted": topic}
 
 
-def metrics(broker: Broker) -> dict[str, int]:
+def metrics(broker: Managed) -> dict[str, int]:
     values = broker.metrics.snapshot()
     values.update(broker.gauges())
     values["uptime_seconds"] = int(time.time() - broker.started_at)
     return values
 
 
-def reset_metrics(broker: Broker) -> dict[str, int]:
+def reset_metrics(broker: Managed) -> dict[str, int]:
     """Counters back to 0 (gauges read the broker's state and stay what they are)."""
     broker.metrics.reset()
     return metrics(broker)
 
 
-def cluster_nodes(broker: Broker) -> list[dict[str, Any]]:
+def cluster_nodes(broker: Managed) -> list[dict[str, Any]]:
     """Every node this one knows: alive, its link, what went over it (vmq-admin cluster
     show, with the link figures)."""
     return cluster_status(broker)["nodes"]
 
 
-def cluster_status(broker: Broker) -> dict[str, Any]:
+def cluster_status(broker: Managed) -> dict[str, Any]:
     """The metadata's state, the nodes, and the routing score."""
     status = broker.peers.status()
     if status is None:
@@ -164,14 +197,14 @@ def cluster_status(broker: Broker) -> dict[str, Any]:
     return status
 
 
-def plugins(broker: Broker) -> list[dict[str, Any]]:
+def plugins(broker: Managed) -> list[dict[str, Any]]:
     return [
         {"name": name, "enabled": name not in broker.disabled_plugins, "hooks": hooks}
         for name, hooks in broker.plugin_hooks().items()
     ]
 
 
-def set_plugin_enabled(broker: Broker, name: str, enabled: bool) -> list[dict[str, Any]]:
+def set_plugin_enabled(broker: Managed, name: str, enabled: bool) -> list[dict[str, Any]]:
     if name not in dict(broker.plugins):
         raise NotFound(f"no plugin {name!r} (loaded: {', '.join(dict(broker.plugins))})")
     broker.set_plugin_enabled(name, enabled)

@@ -31,7 +31,7 @@ from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.admin import Managed
 
 log = logging.getLogger("nautilus.http")
 
@@ -44,7 +44,7 @@ UNAUTHORIZED = (
 
 
 class HttpServer:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Managed) -> None:
         self.broker = broker
         self.settings = broker.config.http
         self.keys = ApiKeys(self.settings.api_keys_file)

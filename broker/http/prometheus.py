@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 from hooks import Metric
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.admin import Managed
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def collect(broker: Broker) -> list[Metric]:
+def collect(broker: Managed) -> list[Metric]:
     """Every figure: the broker's, then the plugins' (a plugin that fails to report is
     left out, and the failure is reported as a metric of its own)."""
     found = [Metric(name, value) for name, value in broker.metrics.snapshot().items()]

@@ -12,10 +12,10 @@ from broker import __version__
 from broker.plugins import Unavailable
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.admin import Managed
 
 
-def problems(broker: Broker) -> list[str]:
+def problems(broker: Managed) -> list[str]:
     """Why the broker should not get traffic now (empty: ready)."""
     found = []
     if len(broker.listening) < len(broker.config.listeners):
@@ -33,7 +33,7 @@ def problems(broker: Broker) -> list[str]:
     return found
 
 
-def nodes(broker: Broker) -> list[dict[str, Any]]:
+def nodes(broker: Managed) -> list[dict[str, Any]]:
     """[{node name: figures}], as VerneMQ's /status.json (one node until clustering)."""
     counters = broker.metrics.snapshot()
     state = broker.gauges()
@@ -77,7 +77,7 @@ def nodes(broker: Broker) -> list[dict[str, Any]]:
     return [{node: figures}]
 
 
-def _readiness(broker: Broker) -> dict[str, bool]:
+def _readiness(broker: Managed) -> dict[str, bool]:
     """This node's view of every node: VerneMQ's `mystatus`."""
     node = broker.settings.node_name
     status = broker.peers.status()
