@@ -30,14 +30,15 @@ from broker.enhanced_auth import AuthExchange
 from broker.message import Message
 from broker.protocol import (
     Auth,
+    ConnAck,
     Connect,
     ConnectReturnCode,
     Decoder,
     Disconnect,
     Packet,
     PingReq,
+    PingResp,
     Property,
-    ProtocolError,
     PubAck,
     PubComp,
     Publish,
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
-PINGRESP = b"\xd0\x00"
+PINGRESP = encode(PingResp(), 4)  # the same bytes in every version
 OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
 LINGER = 1.0  # seconds a connection we close keeps reading (and discarding) before it goes
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
@@ -229,10 +230,10 @@ class Connection(asyncio.Protocol):
             log.info("%s: %s", self.client.name(), exc)
             # Answer in the 3.1.1 layout, which every client version can read.
             code = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
-            self.transport.write(b"\x20\x02\x00" + bytes((code,)))
+            self.transport.write(encode(ConnAck(code), 4))
             self.broker.metrics.connack_sent(code)
             self.close()
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:  # the client's; a LocalProtocolError is ours
             self.broker.metrics.mqtt_protocol_error += 1
             if exc.reason_code == ReasonCode.PACKET_TOO_LARGE:
                 self.broker.metrics.mqtt_invalid_msg_size_error += 1

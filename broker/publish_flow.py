@@ -23,6 +23,8 @@ from broker.protocol import (
     PubRel,
     ReasonCode,
     Will,
+    encode_puback,
+    encode_pubrec,
 )
 from broker.topics import valid_topic_name
 from hooks import Ok, PublishContext, Result
@@ -238,10 +240,10 @@ def _packet_id(packet: Publish) -> int:
 def _acknowledge(conn: Connection, packet: Publish) -> None:
     if packet.qos == 1:
         conn.broker.metrics.mqtt_puback_sent += 1
-        conn.acknowledge(b"\x40\x02" + _packet_id(packet).to_bytes(2, "big"))
+        conn.acknowledge(encode_puback(_packet_id(packet)))
     elif packet.qos == 2:
         conn.broker.metrics.mqtt_pubrec_sent += 1
-        conn.acknowledge(b"\x50\x02" + _packet_id(packet).to_bytes(2, "big"))
+        conn.acknowledge(encode_pubrec(_packet_id(packet)))
 
 
 def publish_context(conn: Connection, packet: Publish | Will) -> PublishContext:

@@ -21,7 +21,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
 above it through a protocol it owns (a connection's `Host`, the cluster's `Host`, the
-registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides, never by importing it.
+registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides,
+never by importing it.
 
 Nor may modules import each other in a circle, type-only imports included
 (test_no_import_cycles); the one circle left is listed there, to be broken, never grown.

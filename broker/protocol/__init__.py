@@ -36,7 +36,7 @@ from ._events import (
 from ._properties import Property
 from ._readers import UnsupportedProtocolVersion
 from ._reasons import V3_CONNACK_CODE, ConnectReturnCode, ReasonCode
-from ._writers import PublishTemplate, encode
+from ._writers import PublishTemplate, encode, encode_puback, encode_pubrec
 
 __all__ = [
     "MAX_PACKET_SIZE",
@@ -71,4 +71,6 @@ __all__ = [
     "UnsupportedProtocolVersion",
     "Will",
     "encode",
+    "encode_puback",
+    "encode_pubrec",
 ]

@@ -221,6 +221,24 @@ def encode(packet: Packet, protocol_level: int) -> bytes:
         raise LocalProtocolError(f"cannot encode {type(packet).__name__}: {exc}") from exc
 
 
+def plain_ack(packet: type[PubAck | PubRec | PubRel | PubComp]) -> Callable[[int], bytes]:
+    """A function of a packet id giving that acknowledgement's bytes with success and no
+    properties, which every protocol version reads the same (MQTT 5 leaves the reason
+    code out when it is 0 and there are no properties [3.4.2.1]): what `encode` gives,
+    without its general path, for acknowledgements sent once per message."""
+    first, _ = WRITERS[packet](packet(0), MQTT5)
+    prefix = bytes((first, 2))
+
+    def ack(packet_id: int) -> bytes:
+        return prefix + packet_id.to_bytes(2, "big")
+
+    return ack
+
+
+encode_puback = plain_ack(PubAck)
+encode_pubrec = plain_ack(PubRec)
+
+
 class PublishTemplate:
     """One PUBLISH encoded once, sent to many subscribers with their own packet ids.
 

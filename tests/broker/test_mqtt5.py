@@ -282,3 +282,33 @@ def test_protocol_errors_say_why_in_the_disconnect(broker, raw_client):
     disconnect = decoded(disconnect)
     assert disconnect.reason_code == PROTOCOL_ERROR
     assert "QoS 3" in disconnect.properties[REASON_STRING]
+
+
+class BadUnsubAckProperty:
+    """Gives the UNSUBACK a User Property whose value is not a string: it cannot be encoded."""
+
+    def on_unsubscribe_m5(self, ctx):
+        return Ok({"properties": {USER_PROPERTY: [("k", 5)]}})
+
+
+def test_a_packet_the_broker_cannot_encode_is_its_own_error_not_the_clients(
+    start_broker, raw_client, caplog
+):
+    # A LocalProtocolError is a bug of ours (here a plugin's bad value): logged with its
+    # traceback, answered 0x83 (implementation specific), not counted as the client's
+    # protocol error (0x82); the broker serves the next client.
+    server = start_broker(
+        plugins={"p": {"enabled": True, "module": "tests.broker.test_mqtt5:BadUnsubAckProperty"}}
+    )
+    raw = raw_client(server, V5)
+    raw.connect(unique_id())
+    raw.send(unsubscribe_packet(7, ["a/b"], version=V5))
+    (disconnect,) = raw.expect_closed()
+    assert disconnect.type == DISCONNECT
+    assert decoded(disconnect).reason_code == 0x83
+    errors = [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert errors and errors[0].exc_info is not None
+    assert "cannot encode UnsubAck" in str(errors[0].exc_info[1])
+    assert server.call(lambda: server.broker.metrics.mqtt_protocol_error) == 0
+    other = raw_client(server, V5)
+    assert decoded(other.connect(unique_id())).reason_code == 0

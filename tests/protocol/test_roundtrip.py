@@ -31,6 +31,8 @@ from broker.protocol import (
     Unsubscribe,
     Will,
     encode,
+    encode_puback,
+    encode_pubrec,
 )
 from broker.protocol._properties import PROPERTY_SPEC
 
@@ -269,3 +271,10 @@ def test_large_payload():
     chunks = [wire[i : i + 4096] for i in range(0, len(wire), 4096)]
     assert feed_chunks(decoder, chunks) == [packet]
     assert drain(decoder) == []
+
+
+@given(packet_id=st.integers(1, 0xFFFF), level=st.sampled_from([3, 4, 5]))
+def test_the_fast_acknowledgements_are_what_encode_builds(packet_id, level):
+    # The hot path's PUBACK and PUBREC (success, no properties) are the codec's own bytes.
+    assert encode_puback(packet_id) == encode(PubAck(packet_id), level)
+    assert encode_pubrec(packet_id) == encode(PubRec(packet_id), level)
