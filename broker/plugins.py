@@ -10,8 +10,10 @@ table's other keys are validated against it with the same rules and messages as 
 of the config (`plugins.acl.acl_file: expected str, got int`). The plugin is built as
 `Class(config)`; optional `start()` and `stop()` methods (sync or async) run with the
 broker. Order: plugins with a `priority` first, lowest number first; then config order.
-Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt hook or a
-hook with the wrong signature stops start-up like a config error, naming the plugin.
+Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt hook, a
+hook with the wrong signature or a side door (start/stop, before_ack, metrics, metadata,
+recorder: hooks/side_doors.py) that breaks its declaration stops start-up like a config
+error, naming the plugin.
 
 A plugin whose module is there but a library it imports is missing or broken
 (broker/optional.py) does not stop start-up: one ERROR line names the library and the fix,
@@ -23,11 +25,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from broker import optional
 from broker.config import Config, ConfigError, build_section
-from hooks import Error, PluginError, check_plugin
+from hooks import Error, PluginError, check_plugin, side_doors
 
 log = logging.getLogger("nautilus.plugins")
 
@@ -186,10 +188,11 @@ class Unavailable:
     on_auth_m5 = _refuse
 
 
-async def call_all(plugins: list[tuple[str, Any]], method: str) -> None:
+async def call_all(plugins: list[tuple[str, Any]], method: Literal["start", "stop"]) -> None:
     """Run each plugin's start() or stop(), awaiting the async ones."""
     for _, plugin in plugins:
-        function = getattr(plugin, method, None)
+        doors = side_doors(plugin)
+        function = doors.start if method == "start" else doors.stop
         if function is not None:
             result = function()
             if inspect.isawaitable(result):

@@ -36,7 +36,7 @@ from broker.session import Session
 from broker.store import open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
-from hooks import HOOKS, Hooks
+from hooks import HOOKS, Hooks, side_doors
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
     from broker.http.app import HttpServer
@@ -114,8 +114,9 @@ class Broker:
 
         wanted = self.config.cluster.metadata
         for _, plugin in self.plugins:
-            if getattr(plugin, "metadata", None) == wanted:
-                backend = plugin.metadata_backend(self.config.cluster.dead_after)
+            doors = side_doors(plugin)
+            if doors.metadata == wanted and doors.metadata_backend is not None:
+                backend = doors.metadata_backend(self.config.cluster.dead_after)
                 return Cluster(self, self.config.cluster, backend)
         skipped = [name for name, plugin in self.plugins if isinstance(plugin, Unavailable)]
         also = f" (skipped, a library missing: {', '.join(skipped)})" if skipped else ""
@@ -358,6 +359,5 @@ def _listener_name(index: int, listener: ListenerSettings) -> str:
 
 
 def _before_ack(plugins: list[tuple[str, Any]]) -> list[Callable[[], bool]]:
-    return [
-        plugin.before_ack for _, plugin in plugins if callable(getattr(plugin, "before_ack", None))
-    ]
+    found = [side_doors(plugin).before_ack for _, plugin in plugins]
+    return [before_ack for before_ack in found if before_ack is not None]

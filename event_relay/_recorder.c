@@ -68,7 +68,11 @@ typedef struct {
 /* -- reading the broker's objects ----------------------------------------------------------
  * The broker's objects keep their fields in __slots__: once a type is seen, a field is
  * read at its offset in the object (a getattr costs more than the rest of a delivery's
- * recording). Another type, or a field that is not a plain slot, is read by getattr. */
+ * recording). Another type, or a field that is not a plain slot, is read by getattr.
+ * The fields, by prefix: D_ a delivery, M_ a message, A_ a MatchedAcl, P_ the publishing
+ * client, R_ the receiving session. They are hooks/recorder.py's Recorded* protocols, which
+ * the type checker holds the broker's classes to; tests/hooks reads these lines to check
+ * that they name no other field. */
 
 typedef struct {
     const char *text;

@@ -28,7 +28,7 @@ import msgpack
 
 from event_relay.log import EventLog
 from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS
-from hooks import MatchedAcl
+from hooks import MatchedAcl, RecordedClient, RecordedDelivery, RecordedMessage
 
 _ON_PUBLISH = CODES["on_publish"]
 _ON_DELIVER = CODES["on_deliver"]
@@ -76,7 +76,7 @@ class Recorder:
         # receiver so far: `_who`), the record's fields before its receivers or items, and
         # those (each encoded).
         self._code = 0
-        self._message: Any = None
+        self._message: RecordedMessage | None = None
         self._session_id: str | None = None
         self._who: Any = None
         self._head: list[Any] = []
@@ -86,7 +86,9 @@ class Recorder:
 
     # -- hooks.MessageRecorder -----------------------------------------------------------
 
-    def published(self, client: Any, message: Any, matched_acl: MatchedAcl | None) -> None:
+    def published(
+        self, client: RecordedClient, message: RecordedMessage, matched_acl: MatchedAcl | None
+    ) -> None:
         if self._code:
             self._close()
         if not self._publish or (self._sample and self._sampled_out("on_publish", message)):
@@ -113,7 +115,7 @@ class Recorder:
             return
         self._open(PUBLISH_DELIVERIES, head, message)
 
-    def delivered(self, session: Any, delivery: Any) -> None:
+    def delivered(self, session: RecordedClient, delivery: RecordedDelivery) -> None:
         message = delivery.message
         if not self._deliver or (self._sample and self._sampled_out("on_deliver", message)):
             return
@@ -143,7 +145,7 @@ class Recorder:
         self._items.append(receiver)
         self._session_id, self._who = session.session_id, session  # its one receiver so far
 
-    def completed(self, session: Any, delivery: Any) -> None:
+    def completed(self, session: RecordedClient, delivery: RecordedDelivery) -> None:
         message = delivery.message
         if not self._complete or (
             self._sample and self._sampled_out("on_delivery_complete", message)
@@ -172,7 +174,7 @@ class Recorder:
         if self._code:
             self._close()
 
-    def _open(self, code: int, head: list[Any], message: Any = None) -> None:
+    def _open(self, code: int, head: list[Any], message: RecordedMessage | None = None) -> None:
         self._code = code
         self._message = message
         self._head = head
@@ -212,10 +214,10 @@ class Recorder:
         self._items = []
         self.log.append_record(code, _pack(head), count + (code == PUBLISH_DELIVERIES))
 
-    def _session_head(self, session: Any, ts: int) -> list[Any]:
+    def _session_head(self, session: RecordedClient, ts: int) -> list[Any]:
         return [0, ts, 0, session.client_id, "", session.username, session.session_id]
 
-    def _receiver(self, session: Any, delivery: Any) -> bytes:
+    def _receiver(self, session: RecordedClient, delivery: RecordedDelivery) -> bytes:
         """A message run's receiver: its identity (encoded once per connection), then its
         delivery's qos, retain and whether the store keeps it."""
         identity = self._identities.get(session.session_id)
@@ -223,7 +225,7 @@ class Recorder:
             identity = self._identity(session)
         return identity + _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
 
-    def _item(self, code: int, message: Any, delivery: Any) -> bytes:
+    def _item(self, code: int, message: RecordedMessage, delivery: RecordedDelivery) -> bytes:
         """A session run's item: the event's code, the message's fields, the flags."""
         payload = message.payload
         fields = (
@@ -235,7 +237,7 @@ class Recorder:
         flags = _FLAGS[delivery.qos][delivery.retain][delivery.seq >= 0]
         return _ITEM[code] + b"".join(map(_pack, fields)) + flags
 
-    def _identity(self, session: Any) -> bytes:
+    def _identity(self, session: RecordedClient) -> bytes:
         """A receiver's first four fields, encoded once per connection."""
         identities = self._identities
         if len(identities) >= _IDENTITIES_KEPT:
@@ -251,7 +253,7 @@ class Recorder:
         )
         return identity
 
-    def _sampled_out(self, hook: str, message: Any) -> bool:
+    def _sampled_out(self, hook: str, message: RecordedMessage) -> bool:
         """Courier's rule: events whose ACL label has a rule are relayed with that
         probability; without a label or a rule, always."""
         rates = self._sample.get(hook)

@@ -13,15 +13,20 @@ A plugin is a class built from its config section; a hook is a method named afte
 A deciding hook answers Ok (allow, maybe with modifiers), Error (deny) or NEXT (no
 opinion: ask the next plugin); returning None also means NEXT. A plugin whose methods
 break the contract (a misspelt hook name, a hook that does not take one context) stops
-start-up with PluginError. See docs/plugins.md for every hook, its context and the
-results it accepts.
+start-up with PluginError. Besides hooks, a plugin may have a few side doors
+(`start`/`stop`, `before_ack`, `metrics`, `metadata`/`metadata_backend`, `recorder`),
+declared in SIDE_DOORS and checked the same way; the broker finds them with
+`side_doors(plugin)`. See docs/plugins.md for every hook, its context and the results it
+accepts, and for the side doors.
 """
 
 from hooks.dispatch import Chain, Hooks, PluginError, check_plugin
-from hooks.recorder import MessageRecorder
+from hooks.recorder import MessageRecorder, RecordedClient, RecordedDelivery, RecordedMessage
 from hooks.results import NEXT, Error, Next, Ok, Result
+from hooks.side_doors import SideDoors, side_doors
 from hooks.spec import (
     HOOKS,
+    SIDE_DOORS,
     AuthContext,
     ClientContext,
     HookSpec,
@@ -29,6 +34,7 @@ from hooks.spec import (
     Metric,
     PublishContext,
     RegisterContext,
+    SideDoor,
     SubscribeContext,
     TopicRequest,
     UnsubscribeContext,
@@ -37,6 +43,7 @@ from hooks.spec import (
 __all__ = [
     "HOOKS",
     "NEXT",
+    "SIDE_DOORS",
     "AuthContext",
     "Chain",
     "ClientContext",
@@ -50,10 +57,16 @@ __all__ = [
     "Ok",
     "PluginError",
     "PublishContext",
+    "RecordedClient",
+    "RecordedDelivery",
+    "RecordedMessage",
     "RegisterContext",
     "Result",
+    "SideDoor",
+    "SideDoors",
     "SubscribeContext",
     "TopicRequest",
     "UnsubscribeContext",
     "check_plugin",
+    "side_doors",
 ]

@@ -15,7 +15,8 @@ Plugins are checked when chains are built (`check_plugin`): a public method name
 hook (`on_*`, `auth_on_*`) that is no hook, or a hook that cannot be called with the one
 context argument, raises PluginError, which the loader turns into a one-line start-up
 error; otherwise a typo would be a hook that is silently never called, and a wrong
-signature a crash on every call.
+signature a crash on every call. The side doors (start/stop, before_ack, metrics,
+metadata/metadata_backend, recorder: hooks/side_doors.py) are checked with them.
 
 `hooks.versions(name)` gives a hook pair's chains as (MQTT 3, MQTT 5), so a call site
 picks its chain by protocol version with an index instead of building the name.
@@ -32,6 +33,7 @@ from typing import Any
 
 from hooks.recorder import MessageRecorder
 from hooks.results import CHAIN_EXHAUSTED, NEXT, Error, Next, Ok, Result
+from hooks.side_doors import bare, side_door_problem, side_doors
 from hooks.spec import HOOKS, check_modifiers
 
 log = logging.getLogger("nautilus.hooks")
@@ -143,9 +145,8 @@ class PluginError(Exception):
 
 def _recorder(plugins: list[tuple[str, Any]]) -> MessageRecorder | None:
     """The one plugin's MessageRecorder (hooks/recorder.py), if a plugin has one."""
-    found = [
-        (name, plugin.recorder) for name, plugin in plugins if getattr(plugin, "recorder", None)
-    ]
+    recorders = [(name, side_doors(plugin).recorder) for name, plugin in plugins]
+    found = [(name, recorder) for name, recorder in recorders if recorder is not None]
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise PluginError(found[1][0], f"only one plugin may record messages ({names} do)")
@@ -154,8 +155,9 @@ def _recorder(plugins: list[tuple[str, Any]]) -> MessageRecorder | None:
 
 def check_plugin(name: str, plugin: Any) -> None:
     """Raise PluginError for the first method of `plugin` that looks like a hook but is
-    none, or that is a hook but cannot take one context argument. Hooks are looked up on
-    the instance (a plugin may set them in __init__); None hides a hook."""
+    none, or that is a hook but cannot take one context argument, then for the first side
+    door (hooks/side_doors.py) that breaks its declaration. Hooks are looked up on the
+    instance (a plugin may set them in __init__); None hides a hook."""
     for attribute in dir(plugin):
         if not attribute.startswith(("on_", "auth_on_")):
             continue
@@ -167,6 +169,9 @@ def check_plugin(name: str, plugin: Any) -> None:
             problem = _call_problem(attribute, method)
             if problem is not None:
                 raise PluginError(name, problem)
+    problem = side_door_problem(plugin)
+    if problem is not None:
+        raise PluginError(name, problem)
 
 
 def _not_a_hook(attribute: str) -> str:
@@ -190,17 +195,8 @@ def _call_problem(hook: str, method: Any) -> str | None:
     try:
         signature.bind(None)
     except TypeError:
-        return f"hook {hook}{_bare(signature)} must take one positional argument, the context"
+        return f"hook {hook}{bare(signature)} must take one positional argument, the context"
     return None
-
-
-def _bare(signature: inspect.Signature) -> inspect.Signature:
-    """The signature without annotations: the parameters are what the message is about."""
-    empty = inspect.Signature.empty
-    return signature.replace(
-        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
-        return_annotation=empty,
-    )
 
 
 class Hooks:

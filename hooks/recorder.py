@@ -9,28 +9,82 @@ instead, and no context is built for it (so it does not implement the hooks of t
 names; the other plugins' are called as always). One plugin at most may have a recorder.
 
 The objects passed are the broker's: read them, never change them (a recorder may hold
-on to a message or a session until the loop turn ends, to know what belongs to one run):
-- `client` (published) and `session` (delivered, completed) have `client_id`,
-  `username` and `session_id` (the connection's UUID);
-- `message` has `topic`, `payload`, `qos`, `retain` and `acl_name` (the publisher's ACL
-  label, "" without one);
-- `delivery` has `message`, `qos`, `retain` and `seq` (>= 0 when the store keeps it).
+on to a message or a session until the loop turn ends, to know what belongs to one run).
+What a recorder may read of them is below, one protocol per object, so that the type
+checker holds the broker's classes (ClientState, Session, Message, Delivery) to it. The
+compiled recorder (event_relay/_recorder.c) reads these fields by name, at their slot
+offsets: a field renamed in the broker must be renamed here, and tests/hooks checks that
+the C file reads no other.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from hooks.spec import MatchedAcl
 
 
+class RecordedClient(Protocol):
+    """The publisher (`published`) or the receiving session (`delivered`, `completed`)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def session_id(self) -> str:
+        """The connection's UUID (the last connection's, for an offline session)."""
+
+
+class RecordedMessage(Protocol):
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def qos(self) -> int: ...
+
+    @property
+    def retain(self) -> bool: ...
+
+    @property
+    def acl_name(self) -> str:
+        """The label of the publisher's ACL rule that let it in; "" without one."""
+
+
+class RecordedDelivery(Protocol):
+    @property
+    def message(self) -> RecordedMessage: ...
+
+    @property
+    def qos(self) -> int:
+        """The QoS it goes out with (at most the message's)."""
+
+    @property
+    def retain(self) -> bool: ...
+
+    @property
+    def seq(self) -> int:
+        """Its place in the subscriber's stored queue; -1 when the store does not keep it."""
+
+
 class MessageRecorder(Protocol):
-    def published(self, client: Any, message: Any, matched_acl: MatchedAcl | None) -> None:
+    def published(
+        self, client: RecordedClient, message: RecordedMessage, matched_acl: MatchedAcl | None
+    ) -> None:
         """A PUBLISH was allowed and is about to be routed (on_publish)."""
 
-    def delivered(self, session: Any, delivery: Any) -> None:
+    def delivered(self, session: RecordedClient, delivery: RecordedDelivery) -> None:
         """The broker hands `delivery` to the subscriber's connection (on_deliver)."""
 
-    def completed(self, session: Any, delivery: Any) -> None:
+    def completed(self, session: RecordedClient, delivery: RecordedDelivery) -> None:
         """The subscriber acknowledged a QoS 1 delivery (PUBACK) or received a QoS 2
         one (PUBREC) (on_delivery_complete)."""
+
+
+# The methods a recorder must have, as the broker calls them (checked when plugins load).
+RECORDER_METHODS = ("published", "delivered", "completed")

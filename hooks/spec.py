@@ -13,6 +13,11 @@ results are ignored).
 Modifiers: each hook lists VerneMQ's modifiers with a validator, and those Nautilus does
 not apply as `Unsupported(why)`, so a plugin that asks for one learns it from a clear
 error instead of being silently ignored.
+
+Side doors: the few other names the broker looks for on a plugin (start/stop,
+before_ack, metrics, metadata/metadata_backend, recorder), each with how it is called and
+what for (SIDE_DOORS, at the end); hooks/side_doors.py checks them when a plugin loads
+and looks them up for the broker.
 """
 
 from __future__ import annotations
@@ -370,3 +375,89 @@ def check_modifiers(hook: str, modifiers: Mapping[str, Any]) -> str | None:
         elif not rule(value):
             return f"modifier {key!r} has an invalid value {value!r} in {hook}"
     return None
+
+
+# -- side doors: what the broker looks for on a plugin besides its hooks ------------------
+
+Calling = Literal["plain", "plain or async", "value"]
+
+
+@dataclass(frozen=True, slots=True)
+class SideDoor:
+    """An attribute, besides the hooks, that the broker may find on a plugin: a method it
+    calls with `params` (positional), plain only or plain or `async`; or a value it reads.
+    Absent or None: the plugin has none. `needs`: the door that must come with this one.
+    hooks/side_doors.py checks them when a plugin loads and looks them up for the broker."""
+
+    name: str
+    calling: Calling
+    params: tuple[str, ...]
+    gives: str  # what the broker gets back (a value door: what the value is)
+    purpose: str
+    needs: str | None = None
+
+    @property
+    def signature(self) -> str:
+        """How the broker uses it: `before_ack() -> bool`, `[async] start() -> None`,
+        `metadata: str`."""
+        if self.calling == "value":
+            return f"{self.name}: {self.gives}"
+        maybe_async = "[async] " if self.calling == "plain or async" else ""
+        return f"{maybe_async}{self.name}({', '.join(self.params)}) -> {self.gives}"
+
+
+SIDE_DOORS: dict[str, SideDoor] = {
+    door.name: door
+    for door in [
+        SideDoor(
+            "start",
+            "plain or async",
+            (),
+            "None",
+            "runs when the broker starts, before it listens (the plugin's own servers, "
+            "reloaders, connections)",
+        ),
+        SideDoor("stop", "plain or async", (), "None", "runs when the broker stops"),
+        SideDoor(
+            "before_ack",
+            "plain",
+            (),
+            "bool",
+            "called before the broker writes any PUBACK / PUBREC, after the store's commit: "
+            "True once what the plugin keeps about that loop turn's messages is kept, False "
+            "if it could not be (nothing is acknowledged)",
+        ),
+        SideDoor(
+            "metrics",
+            "plain",
+            (),
+            "Iterable[Metric]",
+            "the plugin's figures, per /metrics scrape, on the event loop",
+        ),
+        SideDoor(
+            "metadata",
+            "value",
+            (),
+            "str",
+            'the [cluster] metadata name this plugin serves (`metadata = "redis"`)',
+            needs="metadata_backend",
+        ),
+        SideDoor(
+            "metadata_backend",
+            "plain",
+            ("dead_after",),
+            "MetadataBackend",
+            "a new backend (broker/cluster/metadata.py) for the node's cluster to open, when "
+            "[cluster] metadata names this plugin's `metadata`",
+            needs="metadata",
+        ),
+        SideDoor(
+            "recorder",
+            "value",
+            (),
+            "MessageRecorder",
+            "the per-message events (on_publish, on_deliver, on_delivery_complete) as plain "
+            "calls with the broker's objects (hooks/recorder.py); one plugin at most",
+        ),
+    ]
+}

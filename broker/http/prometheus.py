@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from hooks import Metric
+from hooks import Metric, side_doors
 
 if TYPE_CHECKING:
     from broker.admin import Managed
@@ -24,7 +24,7 @@ def collect(broker: Managed) -> list[Metric]:
     found.append(Metric("uptime_seconds", int(time.time() - broker.started_at), "gauge"))
     found += [Metric(name, value, kind) for name, (value, kind) in broker.store.figures().items()]
     for name, plugin in broker.plugins:
-        report = getattr(plugin, "metrics", None)
+        report = side_doors(plugin).metrics
         if report is None:
             continue
         try:

@@ -200,3 +200,10 @@ class WithLifecycle:
 
 
 NOT_A_CLASS = object()
+
+
+class AsyncBeforeAck:
+    """A side door the broker would call without awaiting it, which stops the loader."""
+
+    async def before_ack(self) -> bool:
+        return True

@@ -191,6 +191,10 @@ def test_other_async_hooks_are_fine():
             'module = "tests.hooks.sample:TwoArguments"',
             "nautilus: plugins.bad: hook on_publish(context, extra) must take one",
         ),
+        (
+            'module = "tests.hooks.sample:AsyncBeforeAck"',
+            "nautilus: plugins.bad: before_ack must be a plain method, not async",
+        ),
     ],
 )
 def test_cli_exits_2_with_one_line_naming_the_plugin(tmp_path, table, expected):
