@@ -26,7 +26,7 @@ from broker.protocol import PacketType, PubAck, encode
 from . import packets
 
 if TYPE_CHECKING:
-    from .transport import Transport
+    from .client_layers import Transport
 
 _WRITE_HIGH_WATER = 256 * 1024
 
@@ -231,7 +231,7 @@ async def open_client(
     transport: Transport | None = None,
 ) -> MqttClient:
     """Connect, send CONNECT and wait for a successful CONNACK. `transport`: TLS or
-    WebSockets (bench/transport.py) instead of plain TCP."""
+    WebSockets (bench/client_layers.py) instead of plain TCP."""
     if transport is None:
         loop = asyncio.get_running_loop()
         _, client = await asyncio.wait_for(

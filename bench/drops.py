@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .client import MqttClient, open_client, subscribe
 
 if TYPE_CHECKING:
-    from .transport import Transport
+    from .client_layers import Transport
 
 _ROUND_GAP = 0.5  # seconds: values closer than this to a round's first topic belong to it
 _GRACE = 0.1  # seconds allowed for the rest of a round after its first topic arrived

@@ -27,7 +27,7 @@ from .drops import DropMonitor, SysCounter, open_monitor
 from .loadgen import Backlog, Flood, Paced, Windowed
 
 if TYPE_CHECKING:
-    from .transport import Transport
+    from .client_layers import Transport
 
 _READ_LOW_WATER = 16 * 1024  # QoS 0 subscribers: bytes waiting before a read
 _CONNECT_CONCURRENCY = 100  # idle scenario: CONNECTs in progress at once
@@ -130,7 +130,7 @@ class Target:
     # known, taken as the publishers' window)
     inflight: int | None = None
     drops: SysCounter | None = None  # its queue drop counter, if it has one
-    transport: Transport | None = None  # TLS or WebSockets (bench/transport.py); None: TCP
+    transport: Transport | None = None  # TLS or WebSockets (bench/client_layers.py); None: TCP
 
 
 NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve

@@ -5,7 +5,7 @@
 # Strategy: compare's machinery does the measuring (bench/scenarios.py: the same
 # publishers, subscribers, modes and drop counter; a fresh broker per measurement); this
 # command adds the transport. The load generator's clients reach the broker's listener of
-# that transport (bench/transport.py: uvloop's TLS, or a WebSocket handshake by
+# that transport (bench/client_layers.py: uvloop's TLS, or a WebSocket handshake by
 # websockets' sans-I/O client and frames handled in bulk); `tcp` is the untouched TCP
 # path of every other benchmark. Brokers and transports take turns within each repeat, so
 # slow drift of the machine touches every cell alike. Every cell also records the CPU the
@@ -48,8 +48,8 @@ from .brokers import (
     nautilus_toml,
     raise_fd_limit,
 )
+from .client_layers import NAMES, Certificates, Transport, make_certificates, transports
 from .scenarios import BY_NAME, Measurement, Scenario, Settings, in_modes, measure
-from .transport import NAMES, Certificates, Transport, make_certificates, transports
 
 PROG = "python -m bench.transports"
 SECTION = "## Transports: TLS and WebSockets"
@@ -377,7 +377,7 @@ encrypts with the stdlib `ssl` module's SSLObject over its TCP transport), MQTT 
 WebSockets (`ws` listener, path `/mqtt`, subprotocol `mqtt`; the generator does the
 upgrade with the `websockets` library's sans-I/O client, then writes one masked binary
 frame per write and unwraps the broker's frames in bulk) and, as "WebSocket + TLS", both
-(`wss`); see `bench/transport.py`. Both brokers run with a listener of every transport in
+(`wss`); see `bench/client_layers.py`. Both brokers run with a listener of every transport in
 every measurement (Nautilus: `type = "tcp"`, `"ssl"`, `"ws"`, `"wss"`; Mosquitto: `listener`
 blocks with `certfile`/`keyfile` and `protocol websockets`), a certificate issued by a
 throw-away CA (trustme, ECDSA P-256) and the queue limits of each mode as in

@@ -338,7 +338,7 @@ def _attach(
     if registration is not None and registration.existed and not packet.clean_start:
         present = True  # the session lived on another node
     if conn.closing:  # the client left while the cluster registered it: offline now
-        registry.release(session, None, 0, conn.client_context())
+        registry.disconnected(session, None, 0, conn.client_context())
         return
     session.apply_limits(session_limits(modifiers))
     conn.session = session

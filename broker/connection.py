@@ -110,8 +110,8 @@ class Host(Protocol):
         """Whether the connection's listener has room (max_connections)."""
         ...
 
-    def release(self, connection: Connection) -> None:
-        """An admitted connection is gone."""
+    def closed(self, connection: Connection) -> None:
+        """An admitted connection is gone: its place on the listener is free."""
         ...
 
 
@@ -128,8 +128,8 @@ class Connection(asyncio.Protocol):
         "_transport_paused",
         "_write_paused",
         "auth_exchange",
+        "awaiting_hooks",
         "broker",
-        "busy",
         "client",
         "decoder",
         "last_seen",
@@ -154,7 +154,7 @@ class Connection(asyncio.Protocol):
         self.writable = True  # Outlet: room for deliveries (see OUT_HIGH_WATER)
         self._write_paused = False  # the transport's buffer is above its high-water mark
         self.reading_paused = False  # held by flow control: a subscriber we feed is full
-        self.busy = 0  # awaiting hook flows (e.g. a webhook) holding further packets
+        self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
         self._transport_paused = False
         self.throttled = False  # max_message_rate reached for this second
         self._rate_count = 0
@@ -217,7 +217,10 @@ class Connection(asyncio.Protocol):
                 self._postponed = None  # routed first: this client's messages keep order
                 publish_flow.route_held(self, *postponed)
             while not (
-                client.phase == CLOSING or self.reading_paused or self.busy or self.throttled
+                client.phase == CLOSING
+                or self.reading_paused
+                or self.awaiting_hooks
+                or self.throttled
             ):
                 packet = decoder.next_packet()
                 if packet is None:
@@ -254,7 +257,7 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.broker.connections.discard(self)
-        self.broker.release(self)
+        self.broker.closed(self)
         self.broker.metrics.socket_close += 1
         self._out.clear()
         self._leave()
@@ -272,7 +275,9 @@ class Connection(asyncio.Protocol):
             return
         self.session = None
         will, self.client.will = self.client.will, None
-        self.broker.registry.release(session, will, self.client.will_delay, self.client_context())
+        self.broker.registry.disconnected(
+            session, will, self.client.will_delay, self.client_context()
+        )
 
     def take_over(self) -> None:
         """Another connection claimed this client id [MQTT-3.1.4-3]: close, and leave the
@@ -487,7 +492,7 @@ class Connection(asyncio.Protocol):
     def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
         """Run an awaiting hook flow; no further packet is handled until it is done, so
         this client's packets keep their order. (A flow may start the next one.)"""
-        self.busy += 1
+        self.awaiting_hooks += 1
         self._update_reading()
         task = asyncio.ensure_future(flow)
         self.broker.tasks.add(task)
@@ -495,7 +500,7 @@ class Connection(asyncio.Protocol):
 
     def _flow_done(self, task: asyncio.Task[None]) -> None:
         self.broker.tasks.discard(task)
-        self.busy -= 1
+        self.awaiting_hooks -= 1
         if task.cancelled():
             return
         if task.exception() is not None:
@@ -511,7 +516,7 @@ class Connection(asyncio.Protocol):
         """Pause the transport while back-pressure or a hook flow holds this client."""
         if self.closing:
             return
-        paused = self.reading_paused or self.busy > 0 or self.throttled
+        paused = self.reading_paused or self.awaiting_hooks > 0 or self.throttled
         if paused != self._transport_paused:
             self._transport_paused = paused
             if paused:

@@ -29,6 +29,7 @@ from broker.message import Delivery
 from broker.session import AWAITING_ACK, Session
 
 if TYPE_CHECKING:
+    from broker.flow import Subscriber
     from broker.outlet import Outlet
 
 
@@ -133,8 +134,9 @@ class MultiSession(Session):
         for delivery in unacked:
             self.deliver(delivery)  # another member, or the offline queue
 
-    def deliver(self, delivery: Delivery) -> Session | None:
-        """Returns a member whose queue is full enough to hold the publisher, if any."""
+    def deliver(self, delivery: Delivery) -> Subscriber | None:
+        """Returns the subscriber the publisher must wait for (a member whose queue is
+        full enough, or with `balance` this session once no member has room), if any."""
         members = self.members
         if not members:
             return super().deliver(delivery)

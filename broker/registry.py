@@ -13,8 +13,9 @@ The lifetime rules, MQTT 5 wording (MQTT 3 maps clean session on to expiry 0 and
   (broker/multi_session.py).
 
 The registry never touches a connection's attributes: a connection attaches itself to the
-session `connect` returns, and hands it back with `release` (with its will) when it ends;
-a takeover asks the old connection to `take_over()`, which releases synchronously.
+session `connect` returns, and hands it back with `disconnected` (with its will) when it
+ends; a takeover asks the old connection to `take_over()`, which hands it back before
+returning.
 
 It is also where sessions are made (`new_session`), saved to the store (`save`), restored
 from it at start (`restore`), and where their subscriptions change (`subscribe`), so that
@@ -123,7 +124,7 @@ class Registry(Mapping[str, Session]):
         if expires_in is not None:
             session.expiry_timer = self.clock.call_later(expires_in, self.expire, session)
 
-    def release(
+    def disconnected(
         self, session: Session, will: Message | None, will_delay: int, client: ClientContext
     ) -> None:
         """A connection ended: its session goes offline (or ends), its will is due."""

@@ -322,7 +322,7 @@ class Broker:
         self.listener_connections[index] += 1
         return True
 
-    def release(self, connection: Connection) -> None:
+    def closed(self, connection: Connection) -> None:
         """An admitted connection is gone: its place on the listener is free."""
         index = connection.listener
         self.listener_connections[index] -= 1

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from broker.flow import water_marks
+from broker.flow import Subscriber, water_marks
 from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
@@ -454,11 +454,12 @@ class Session:
 
     # -- outbound messages -------------------------------------------------------------
 
-    def deliver(self, delivery: Delivery) -> Session | None:
+    def deliver(self, delivery: Delivery) -> Subscriber | None:
         """Offer one routed message to this session (the hot path of fan-out).
 
-        Returns this session when its queue reached the high-water mark: the publisher
-        must be held until it drains (flow control). Nothing is dropped for that.
+        Returns the subscriber the publisher must wait for, this session, when its queue
+        reached the high-water mark (flow control); None otherwise. Nothing is dropped
+        for that.
         """
         outlet = self.outlet
         if outlet is None:

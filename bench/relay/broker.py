@@ -24,7 +24,7 @@ from pathlib import Path
 from event_relay.config import host_port
 
 from . import run
-from .consumer import follow
+from .consumer_process import follow
 from .tally import Tally
 
 _READY_TIMEOUT = 20.0  # seconds for the relay's port to accept

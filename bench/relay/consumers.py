@@ -1,6 +1,6 @@
 # `python -m bench.relay consumers`: events per second from the relay to 1 and to 4
 # consumers, each in a process of its own, reading a log of N events from "earliest" to
-# its end with the real client (bench/relay/consumer.py): as raw batches (`batches()`,
+# its end with the real client (bench/relay/consumer_process.py): as raw batches (`batches()`,
 # events as msgpack arrays) and decoded (`async for`, events as dicts), reported apart.
 #
 # Strategy: one log server (bench/relay/logserver.py) per run, filled once; in each repeat
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> tuple[str, str | None]:
 
 
 def _measure(port: int, events: int, cell: Cell) -> Result:
-    argv = [sys.executable, "-m", "bench.relay.consumer", "--port", str(port)]
+    argv = [sys.executable, "-m", "bench.relay.consumer_process", "--port", str(port)]
     argv += ["--events", str(events), "--form", cell.form]
     children: list[subprocess.Popen[str]] = []
     try:

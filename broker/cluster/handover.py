@@ -241,7 +241,7 @@ class Handover:
             return released()
         self._moving.add(client_id)  # what releasing it changes is not written
         try:
-            leaving = self._release(session, clean, node)
+            leaving = self._let_go(session, clean, node)
         finally:
             self._moving.discard(client_id)
         released()
@@ -252,7 +252,7 @@ class Handover:
             self._migrations[client_id] = task
             task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
 
-    def _release(self, session: Session, clean: bool, node: str) -> Session | None:
+    def _let_go(self, session: Session, clean: bool, node: str) -> Session | None:
         """Disconnect the session's connections and forget it here, without telling the
         metadata (it belongs to another node now). Returns the session if its queue is to
         follow (read by _migrate; the store keeps it meanwhile), else None.

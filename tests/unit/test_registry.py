@@ -65,7 +65,7 @@ class Client:
     def leave(self) -> None:
         """The connection ends (a lost socket: the will is due)."""
         will, self.will = self.will, None
-        self.broker.registry.release(
+        self.broker.registry.disconnected(
             self.session, will, self.will_delay, ClientContext(client_id=self.client_id)
         )
 

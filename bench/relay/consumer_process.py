@@ -4,7 +4,7 @@
 #   closes, counting into a Tally (the consumer beside a broker under load, run by
 #   bench/relay/broker.py). If it falls out of the retained range it goes on from the
 #   oldest event still there and counts what it missed as lost.
-# - `python -m bench.relay.consumer --port P --events N --form raw|decoded`: reads N
+# - `python -m bench.relay.consumer_process --port P --events N --form raw|decoded`: reads N
 #   events from "earliest" and prints {"start": t, "end": t} (CLOCK_MONOTONIC) as JSON.
 #   It says "ready" once imported and starts reading on a line on its standard input, so
 #   that several of them start at once (bench/relay/consumers.py).
@@ -68,7 +68,7 @@ async def drain(port: int, events: int, decoded: bool) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.relay.consumer")
+    parser = argparse.ArgumentParser(prog="python -m bench.relay.consumer_process")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--form", choices=("raw", "decoded"), default="raw")
