@@ -3,8 +3,8 @@
 With the setting on, a CONNECT for a client id that is already connected does not take the
 session over: the new connection joins it. What belongs to the client id (subscriptions,
 the offline queue, session expiry) is held by one MultiSession; each connection gets a
-Member session for what MQTT keeps per connection (packet ids, the in-flight window, its
-own backlog when its socket is slow).
+member: a Session of its own for what MQTT keeps per connection (packet ids, the in-flight
+window, its own backlog when its socket is slow), whose `group` is the MultiSession.
 
 While members are attached, `queue_deliver_mode` decides where a message goes:
 - fanout: every member gets a copy;
@@ -26,45 +26,10 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from broker.message import Delivery
-from broker.session import AWAITING_ACK, Session
+from broker.session import Session
 
 if TYPE_CHECKING:
     from broker.flow import Subscriber
-    from broker.outlet import Outlet
-
-
-class Member(Session):
-    """One connection's share of a MultiSession."""
-
-    __slots__ = ()
-
-    owner: MultiSession
-
-    def attach(self, outlet: Outlet, receive_maximum: int) -> None:
-        super().attach(outlet, receive_maximum)
-        self.owner.join(self)
-
-    def apply_limits(self, limits: dict[str, Any]) -> None:
-        super().apply_limits(limits)
-        self.owner.apply_limits(limits)  # queue limits belong to the client id
-
-    def _write(self, outlet: Outlet, delivery: Delivery, packet_id: int | None) -> None:
-        super()._write(outlet, delivery, packet_id)
-        owner = self.owner  # what flow control's stall check reads in balance mode
-        owner.progress += 1
-        owner.stuck = False
-
-    def take_back(self) -> list[Delivery]:
-        """What this member was given and the client did not acknowledge, oldest first:
-        PUBLISHes awaiting PUBACK/PUBREC, deliveries waiting for on_deliver, the backlog."""
-        unacked = [delivery for delivery, state in self.inflight.values() if state == AWAITING_ACK]
-        if self.deferred:
-            unacked.extend(d for d, packet_id in self.deferred if packet_id is None)
-            self.deferred.clear()
-        unacked.extend(self.queue)
-        self.inflight.clear()
-        self.queue.clear()
-        return unacked
 
 
 class MultiSession(Session):
@@ -72,7 +37,7 @@ class MultiSession(Session):
 
     def __init__(self, client_id: str, *, balance: bool, **options: Any) -> None:
         super().__init__(client_id, **options)
-        self.members: list[Member] = []
+        self.members: list[Session] = []
         self.balance = balance
         self._member_options = options  # each connection starts from the configured limits
 
@@ -106,14 +71,15 @@ class MultiSession(Session):
         (flow.Subscriber); fanout: none (a publisher waits for the full member itself)."""
         return tuple(self.members) if self.balance else ()
 
-    def new_member(self) -> Member:
+    def new_member(self) -> Session:
         """A session for one more connection; it joins when the connection attaches."""
-        member = Member(self.client_id, **self._member_options)
+        member = Session(self.client_id, **self._member_options)
         member.owner = self
+        member.group = self
         member.subscriptions = self.subscriptions  # one set per client id
         return member  # expiry 0: a member is never stored itself
 
-    def join(self, member: Member) -> None:
+    def join(self, member: Session) -> None:
         """A member is attached: the queue kept while offline goes to the members."""
         self.members.append(member)
         if len(self.members) > 1:
@@ -125,7 +91,13 @@ class MultiSession(Session):
             self._forget(delivery)
             self.deliver(delivery)
 
-    def leave(self, member: Member) -> None:
+    def wrote(self) -> None:
+        """A member wrote a message: what flow control's stall check reads in balance
+        mode, where this session is the subscriber publishers wait for."""
+        self.progress += 1
+        self.stuck = False
+
+    def leave(self, member: Session) -> None:
         """A member's connection ended: hand on what it left unacknowledged."""
         self.members.remove(member)
         unacked = member.take_back()
@@ -147,7 +119,7 @@ class MultiSession(Session):
             congested = member.deliver(delivery) or congested
         return congested
 
-    def _pick(self, qos: int) -> Member:
+    def _pick(self, qos: int) -> Session:
         """balance: from a random member on, the first with room (it sends at once), else
         the first whose queue is below its high-water mark, else that random one (no list
         built per message)."""

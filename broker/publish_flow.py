@@ -78,7 +78,7 @@ def on_publish(conn: Connection, packet: Publish) -> None:
     if packet.qos == 2:
         session = conn.session
         assert session is not None  # PUBLISH comes after CONNECT (the decoder sees to it)
-        received = session.received_qos2
+        received = session.window.received
         if packet.packet_id in received:  # a resend: acknowledge, do not route twice
             return conn.send(PubRec(_packet_id(packet)))
         if len(received) >= conn.broker.settings.receive_max_broker:

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from broker.message import Delivery, Message
-from broker.multi_session import Member, MultiSession
+from broker.multi_session import MultiSession
 from broker.router import SHARE_PREFIX
-from broker.session import AWAITING_ACK, Session
+from broker.session import Session
 from broker.store import SessionRecord
 from hooks import Chain, ClientContext
 
@@ -130,7 +130,7 @@ class Registry(Mapping[str, Session]):
         """A connection ended: its session goes offline (or ends), its will is due."""
         session.detach()
         owner = session.owner
-        if isinstance(session, Member) and isinstance(owner, MultiSession):  # one of several
+        if isinstance(owner, MultiSession) and session is not owner:  # one of several
             owner.leave(session)
             if owner.online:  # the others carry on: only this connection's will is due
                 self._event(self.chains.on_client_offline, client)
@@ -185,9 +185,7 @@ class Registry(Mapping[str, Session]):
         """The QoS 1/2 deliveries that reached this session through a shared group and
         were not acknowledged (PUBLISH unanswered, or still queued): when the session ends
         they go to another member of the group."""
-        pending = [
-            delivery for delivery, state in session.inflight.values() if state == AWAITING_ACK
-        ]
+        pending = session.window.unacknowledged()
         pending.extend(session.queue)
         if any(topic_filter.startswith(SHARE_PREFIX) for topic_filter in session.subscriptions):
             pending.extend(session.stored_backlog())  # read only when it may hold some
@@ -207,7 +205,7 @@ class Registry(Mapping[str, Session]):
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter)
         session.queue.clear()
-        session.inflight.clear()
+        session.window.entries.clear()
         for delivery in unacked:
             # The session left the group above: another member gets it, if any remains.
             assert delivery.group is not None

@@ -8,8 +8,8 @@ while not (-1: no limit). When it is full, messages whose MQTT 5 expiry passed g
 if it is still full a fifo queue drops the new message, a lifo queue the oldest; a lifo
 queue delivers newest first.
 
-Outbound QoS 1/2 messages get a packet id and stay in `inflight` until acknowledged; at
-most `window` are in flight [MQTT-4.9.0-2]. Unacknowledged ones are sent again, with DUP,
+Outbound QoS 1/2 messages get a packet id and stay in the in-flight `window`
+(broker/inflight.py) until acknowledged. Unacknowledged ones are sent again, with DUP,
 when the session resumes on a new connection [MQTT-4.4.0-1].
 
 A session writes to an `Outlet` (broker/outlet.py), never to a connection, and takes part
@@ -27,9 +27,17 @@ import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.flow import Subscriber, water_marks
+from broker.inflight import (
+    AWAITING_ACK,
+    AWAITING_COMP,
+    MAX_PACKET_ID,
+    NO_IDS,
+    RELEASED,
+    InflightWindow,
+)
 from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
@@ -46,12 +54,6 @@ if TYPE_CHECKING:
     from broker.store import MessageStore, StoredEntry
 
 log = logging.getLogger("nautilus.session")
-
-AWAITING_ACK = 0  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
-AWAITING_COMP = 1  # PUBREL sent; waiting for PUBCOMP
-NO_IDS: AbstractSet[int] = frozenset()  # shared by the sessions that have none
-# In flight awaiting PUBCOMP after a restart: the message itself is no longer kept.
-RELEASED = Delivery(Message("", b"", 2), 2, False)
 
 
 def _rewritten(delivery: Delivery, result: Result) -> Delivery:
@@ -79,12 +81,26 @@ def _matched(label: str) -> MatchedAcl:
     return MatchedAcl(label)
 
 
+class Group(Protocol):
+    """The sessions of one client id's connections (allow_multiple_sessions), as each of
+    them tells it what happens (broker/multi_session.py)."""
+
+    def join(self, member: Session) -> None:
+        """A connection attached to `member`."""
+        ...
+
+    def wrote(self) -> None:
+        """`member` wrote a message to its client."""
+        ...
+
+    def apply_limits(self, limits: dict[str, Any]) -> None: ...
+
+
 class Session:
     __slots__ = (
         "_configured",
         "_deferred_task",
         "_expiry",
-        "_next_id",
         "_next_seq",
         "_purge_due",
         "_read_after",
@@ -100,12 +116,11 @@ class Session:
         "expiry_timer",
         "find_group",
         "flow",
+        "group",
         "held",
         "high_water",
-        "inflight",
         "lifo",
         "low_water",
-        "max_inflight",
         "max_offline",
         "max_online",
         "metrics",
@@ -115,7 +130,6 @@ class Session:
         "pending_will",
         "progress",
         "queue",
-        "received_qos2",
         "retry_interval",
         "session_id",
         "shared_policy",
@@ -153,15 +167,12 @@ class Session:
         # Who holds the subscriptions and the offline queue: the session itself, or the
         # MultiSession whose connections share them (allow_multiple_sessions).
         self.owner: Session = self
+        self.group: Group | None = None  # that MultiSession, when this is one of its members
         self.subscriptions: dict[str, SubOptions] = {}
         self.queue: deque[Delivery] = deque()
-        self.inflight: dict[int, list[Any]] = {}  # packet id -> [Delivery, state]
-        # Inbound QoS 2 ids awaiting PUBREL (a set of its own from the first one on).
-        self.received_qos2: AbstractSet[int] = NO_IDS
+        self.window = InflightWindow(max_inflight)
         # The configured settings, which every CONNECT starts from (see apply_limits).
         self._configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
-        self.max_inflight = max_inflight or 65535  # 0 means no limit
-        self.window = self.max_inflight
         self.max_online = max_online
         self.high_water, self.low_water = water_marks(max_online)
         self.max_offline = max_offline
@@ -178,7 +189,6 @@ class Session:
         self.durable = False  # the store keeps its messages (see the expiry property)
         self.expiry_timer: Timer | None = None
         self.pending_will: tuple[Timer, Message] | None = None
-        self._next_id = 1
         self.store = store
         self.chains = chains  # the hook chains, resolved once for the whole broker
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
@@ -207,6 +217,11 @@ class Session:
     @property
     def online(self) -> bool:
         return self.outlet is not None
+
+    @property
+    def inflight(self) -> dict[int, list[Any]]:
+        """Packet id -> [Delivery, state] of what is in flight (the window's)."""
+        return self.window.entries
 
     @property
     def expiry(self) -> int | None:
@@ -245,23 +260,22 @@ class Session:
         """The messages in flight and the inbound QoS 2 ids a previous run stored."""
         self._restored = False
         store, client_id = self.store, self.client_id
+        found: list[tuple[int, Delivery, int]] = []
         for packet_id, seq, state, inline in store.load_inflight(client_id):
             if state == AWAITING_COMP:
-                self.inflight[packet_id] = [RELEASED, AWAITING_COMP]
+                found.append((packet_id, RELEASED, AWAITING_COMP))
                 continue
             entry = inline or store.get_entry(client_id, seq)
             if entry is None or entry.delivery is None:
                 store.delete_inflight(client_id, packet_id)
                 continue
-            delivery = self._rejoined(entry)
-            self.inflight[packet_id] = [delivery, AWAITING_ACK]
+            found.append((packet_id, self._rejoined(entry), AWAITING_ACK))
             if inline is None:
                 self.on_disk -= 1  # it was counted with the queue's entries
-        if self.inflight:
-            self._next_id = max(self.inflight) % 65535 + 1
+        self.window.restore(found)
         received = store.load_received(client_id)
         if received:
-            self.received_qos2 = received
+            self.window.received = received
 
     def _rejoined(self, entry: StoredEntry) -> Delivery:
         """A delivery read back from the store, with its sequence number and the shared
@@ -275,7 +289,7 @@ class Session:
 
     def _inflight_seqs(self) -> list[int]:
         """The store's sequence numbers of what is in flight (skipped when reading back)."""
-        return [delivery.seq for delivery, _ in self.inflight.values()]
+        return [delivery.seq for delivery, _ in self.window.entries.values()]
 
     def _read_chunk(self) -> None:
         """Move the next chunk of the stored backlog into the queue (which is empty)."""
@@ -315,7 +329,7 @@ class Session:
 
     def holds_messages(self) -> bool:
         """Whether anything waits to be delivered: in flight, queued or in the store."""
-        return bool(self.inflight or self.queue or self.on_disk or self._restored)
+        return bool(self.window.entries or self.queue or self.on_disk or self._restored)
 
     def leaving_chunk(self, count: int) -> list[Delivery]:
         """The next `count` undelivered messages of a session handed to another node,
@@ -323,7 +337,7 @@ class Session:
         holds (read a chunk at a time). They stay until `forget_sent`."""
         if self._restored:
             self._read_back_state()
-        chunk = [d for d, state in self.inflight.values() if state == AWAITING_ACK][:count]
+        chunk = self.window.unacknowledged()[:count]
         if chunk:
             return chunk
         if self.queue:
@@ -340,10 +354,8 @@ class Session:
     def forget_sent(self, chunk: list[Delivery]) -> None:
         """A chunk from `leaving_chunk` reached the other node: it is done with here."""
         sent = {id(delivery) for delivery in chunk}
-        for packet_id, (delivery, _) in list(self.inflight.items()):
-            if id(delivery) in sent:
-                del self.inflight[packet_id]
-                self.store.delete_inflight(self.client_id, packet_id)
+        for packet_id in self.window.remove_sent(sent):
+            self.store.delete_inflight(self.client_id, packet_id)
         queue = self.queue
         while queue and id(queue[0]) in sent:
             queue.popleft()
@@ -354,7 +366,7 @@ class Session:
         """The session will end with its connection (expiry 0 now): what the store holds
         for it comes back into memory, and the store forgets it (the caller deletes it)."""
         self.queue.extend(self.stored_backlog())  # reads back what was in flight too
-        for delivery, _ in self.inflight.values():
+        for delivery, _ in self.window.entries.values():
             delivery.seq = -1
         for delivery in self.queue:
             delivery.seq = -1
@@ -366,18 +378,21 @@ class Session:
         self.outlet = outlet
         self.session_id = outlet.client.session_id
         self.username = outlet.client.username
-        self.window = min(self.max_inflight, receive_maximum)
+        self.window.open(receive_maximum)
         if self._restored:
             self._read_back_state()
-        for packet_id in self.inflight:
+        inflight = self.window.entries
+        for packet_id in inflight:
             self._resend(outlet, packet_id)
-        if self.inflight:
+        if inflight:
             self._arm_retry(outlet)
         self.drain()
+        if self.group is not None:
+            self.group.join(self)
 
     def _resend(self, outlet: Outlet, packet_id: int) -> None:
         """Send an unacknowledged PUBLISH again with DUP, or its PUBREL [MQTT-4.4.0-1]."""
-        delivery, state = self.inflight[packet_id]
+        delivery, state = self.window.entries[packet_id]
         if state == AWAITING_ACK:
             template = delivery.message.template(
                 outlet.client.protocol_level,
@@ -396,7 +411,7 @@ class Session:
         """VerneMQ's retry_interval: resend what a 3.x client left unacknowledged that long.
         MQTT 5 forbids resending within a connection [MQTT-4.4.0-1], so never for 5.0."""
         if self.retry_interval and outlet.client.protocol_level < 5 and self._retry_timer is None:
-            self._retry_due = set(self.inflight)
+            self._retry_due = set(self.window.entries)
             self._retry_timer = self.clock.call_later(self.retry_interval, self._retry)
 
     def _retry(self) -> None:
@@ -406,10 +421,11 @@ class Session:
         outlet = self.outlet
         if outlet is None:
             return
-        for packet_id in self._retry_due & self.inflight.keys():
+        inflight = self.window.entries
+        for packet_id in self._retry_due & inflight.keys():
             self.metrics.queue_message_retried += 1
             self._resend(outlet, packet_id)
-        if self.inflight:
+        if inflight:
             self._arm_retry(outlet)
 
     def apply_limits(self, limits: dict[str, Any]) -> None:
@@ -417,7 +433,7 @@ class Session:
         modifiers). Every CONNECT starts again from the configured ones, so a resumed
         session does not keep what a plugin said the last time."""
         max_inflight, max_online, max_offline, lifo, retry_interval = self._configured
-        self.max_inflight = limits.get("max_inflight_messages", max_inflight) or 65535
+        self.window.limit = limits.get("max_inflight_messages", max_inflight) or MAX_PACKET_ID
         self.max_online = limits.get("max_online_messages", max_online)
         self.high_water, self.low_water = water_marks(self.max_online)
         self.max_offline = limits.get("max_offline_messages", max_offline)
@@ -425,6 +441,8 @@ class Session:
         self.retry_interval = limits.get("retry_interval", retry_interval)
         # None: the broker's policy
         self.shared_policy = limits.get("shared_subscription_policy")
+        if self.group is not None:
+            self.group.apply_limits(limits)  # queue limits belong to the client id
 
     def _completed(self, delivery: Delivery) -> None:
         """The receiver has the delivery (PUBACK, or PUBREC for QoS 2): on_delivery_complete."""
@@ -475,10 +493,11 @@ class Session:
         if self.on_disk:  # a backlog waits in the store: this joins it, in order
             self._to_store(delivery)
             return None
+        window = self.window
         if (
             not self.queue
             and outlet.writable
-            and (delivery.qos == 0 or len(self.inflight) < self.window)
+            and (delivery.qos == 0 or len(window.entries) < window.size)
         ):
             self._send(outlet, delivery)
             deferred = self.deferred  # waiting for an async on_deliver: counted as queued
@@ -512,11 +531,12 @@ class Session:
     def has_room(self, qos: int) -> bool:
         """Whether a message would go out now rather than wait in the queue."""
         outlet = self.outlet
+        window = self.window
         return (
             outlet is not None
             and not self.queue
             and outlet.writable
-            and (qos == 0 or len(self.inflight) < self.window)
+            and (qos == 0 or len(window.entries) < window.size)
         )
 
     def _to_store(self, delivery: Delivery) -> None:
@@ -641,7 +661,7 @@ class Session:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
             self.metrics.queue_message_drop += 1
             if packet_id is not None:
-                del self.inflight[packet_id]
+                self.window.remove(packet_id)
             self._forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "max_packet_size_exceeded")
         if qos == 0:
@@ -650,8 +670,9 @@ class Session:
                 self._forget(delivery)
         else:
             if packet_id is None:
-                packet_id = self._allocate_packet_id()
-            self.inflight[packet_id] = [delivery, AWAITING_ACK]
+                packet_id = self.window.add(delivery)
+            else:  # reserved by _defer: on_deliver may have rewritten the message
+                self.window.entries[packet_id] = [delivery, AWAITING_ACK]
             if self.durable:
                 if delivery.seq < 0:  # sent at once: one record carries it
                     self.store.put_inflight_entry(self.client_id, packet_id, delivery)
@@ -664,6 +685,8 @@ class Session:
             assert aliases is not None
             aliases.learned(message.topic, alias)
         self.progress += 1
+        if self.group is not None:
+            self.group.wrote()
         self.metrics.queue_message_out += 1
         self.metrics.mqtt_publish_sent += 1
 
@@ -700,8 +723,7 @@ class Session:
             return self._event(self.chains.on_message_drop, delivery, "queue_full")
         packet_id = None
         if delivery.qos:
-            packet_id = self._allocate_packet_id()
-            self.inflight[packet_id] = [delivery, AWAITING_ACK]
+            packet_id = self.window.add(delivery)
             if self.durable and delivery.seq < 0:
                 self._keep(delivery)
         if self.deferred is None:
@@ -721,7 +743,8 @@ class Session:
                 continue  # QoS 1/2 wait in flight for the reconnect; QoS 0 is lost
             result = await chain.run(self._context(delivery))
             outlet = self.outlet
-            if outlet is None or (packet_id is not None and packet_id not in self.inflight):
+            gone = packet_id is not None and packet_id not in self.window.entries
+            if outlet is None or gone:
                 continue  # gone meanwhile, or the session ended
             self._write(outlet, _rewritten(delivery, result), packet_id)
             if self.held and self.backlog() <= self.low_water:
@@ -748,12 +771,13 @@ class Session:
             self._read_chunk()
         if outlet is not None and queue:
             pop = queue.pop if self.lifo else queue.popleft
-            inflight = self.inflight
+            inflight = self.window.entries
+            size = self.window.size
             for _ in range(self.drain_step):
                 if not queue or not outlet.writable:
                     break
                 delivery = queue[-1] if self.lifo else queue[0]
-                if delivery.qos and len(inflight) >= self.window:
+                if delivery.qos and len(inflight) >= size:
                     break
                 pop()
                 self._send(outlet, delivery)
@@ -766,66 +790,65 @@ class Session:
 
     def receive_qos2(self, packet_id: int) -> None:
         """An inbound QoS 2 PUBLISH was routed: a resend of it must not be [MQTT-4.3.3]."""
-        received = self.received_qos2
-        if not isinstance(received, set):  # the first: the session gets a set of its own
-            received = self.received_qos2 = set()
-        received.add(packet_id)
+        self.window.receive_qos2(packet_id)
         if self.durable:
             self.store.put_received(self.client_id, packet_id)
 
     def release_qos2(self, packet_id: int) -> bool:
         """PUBREL: False when the packet id was not awaiting one."""
-        received = self.received_qos2
-        if not (isinstance(received, set) and packet_id in received):
+        if not self.window.release_qos2(packet_id):
             return False
-        received.remove(packet_id)
         if self.durable:
             self.store.delete_received(self.client_id, packet_id)
         return True
 
-    def _allocate_packet_id(self) -> int:
-        packet_id = self._next_id
-        while packet_id in self.inflight:
-            packet_id = packet_id % 65535 + 1
-        self._next_id = packet_id % 65535 + 1
-        return packet_id
-
     # -- acknowledgements from the client ----------------------------------------------
 
     def on_puback(self, packet_id: int) -> None:
-        entry = self.inflight.get(packet_id)
-        if entry is not None and entry[0].qos == 1:
-            del self.inflight[packet_id]
+        delivery = self.window.puback(packet_id)
+        if delivery is not None:
             if self.durable:
                 self.store.delete_inflight(self.client_id, packet_id)
-                self._forget(entry[0])
-            self._completed(entry[0])
+                self._forget(delivery)
+            self._completed(delivery)
             self.drain()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:
         """Returns the reason code for our PUBREL [MQTT-4.3.3]."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry[0].qos != 2:
+        delivery = self.window.pubrec(packet_id)
+        if delivery is None:
             return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         stored = self.durable
         if stored:
-            self._forget(entry[0])  # the receiver has it (or refused it): the body goes
+            self._forget(delivery)  # the receiver has it (or refused it): the body goes
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
-            del self.inflight[packet_id]
+            self.window.remove(packet_id)
             if stored:
                 self.store.delete_inflight(self.client_id, packet_id)
             self.drain()
             return -1
-        entry[1] = AWAITING_COMP
         if stored:  # only the packet id is kept now, for the PUBREL
             self.store.put_inflight(self.client_id, packet_id, 0, AWAITING_COMP)
-        self._completed(entry[0])  # Courier: on PUBREC for QoS 2
+        self._completed(delivery)  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
     def on_pubcomp(self, packet_id: int) -> None:
-        entry = self.inflight.get(packet_id)
-        if entry is not None and entry[1] == AWAITING_COMP:
-            del self.inflight[packet_id]
+        if self.window.pubcomp(packet_id):
             if self.durable:
                 self.store.delete_inflight(self.client_id, packet_id)
             self.drain()
+
+    # -- a connection of several (allow_multiple_sessions) -----------------------------
+
+    def take_back(self) -> list[Delivery]:
+        """What this session was given and the client did not acknowledge, oldest first:
+        PUBLISHes awaiting PUBACK/PUBREC, deliveries waiting for on_deliver, the queue.
+        They leave the session (a MultiSession hands them on)."""
+        unacked = self.window.unacknowledged()
+        if self.deferred:
+            unacked.extend(d for d, packet_id in self.deferred if packet_id is None)
+            self.deferred.clear()
+        unacked.extend(self.queue)
+        self.window.entries.clear()
+        self.queue.clear()
+        return unacked

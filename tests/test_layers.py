@@ -9,7 +9,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    logs, episodes (a repeated line logged once per episode; connection
                    caps), descriptors (the process's file descriptors), optional
                    (importing what needs an optional library)
-  2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain
+  2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain,
+                   inflight (a session's in-flight window)
   3 store          the message stores
   4 sessions       session, multi_session (write to an Outlet, never to a connection)
   5 registry       client id -> session; cluster (this node among others: it hands
@@ -61,6 +62,7 @@ LAYERS = {
     "broker.outlet": 2,
     "broker.flow": 2,
     "broker.retain": 2,
+    "broker.inflight": 2,  # a session's in-flight window: packet ids, no I/O
     "broker.store": 3,
     "broker.session": 4,
     "broker.multi_session": 4,

@@ -249,7 +249,7 @@ def test_register_max_inflight_messages_is_applied(start_broker, raw_client, pah
     other = raw_client(server, version)
     other_id = unique_id("nowindow")
     other.connect(other_id)
-    assert server.call(lambda: server.broker.registry[other_id].window) == 20
+    assert server.call(lambda: server.broker.registry[other_id].window.size) == 20
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -176,7 +176,7 @@ def test_the_window_is_the_smaller_of_max_inflight_and_receive_maximum(make):
     for payload in payloads(3):
         session.deliver(delivery(payload, 1))
     assert outlet.payloads() == [b"m0"]
-    assert session.window == 1
+    assert session.window.size == 1
 
 
 def test_an_unknown_puback_changes_nothing(make):
