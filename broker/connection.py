@@ -374,12 +374,10 @@ class Connection(asyncio.Protocol):
         self._acked = False
         self.writable = not self._write_paused
         session = self.session
-        if (
-            session is not None
-            and self.writable
-            and (session.queue or session.held or session.on_disk)
-        ):
-            session.drain()  # the next step of a long queue, one step per loop turn
+        if session is not None and self.writable:
+            queue = session.queue
+            if queue.memory or session.held or queue.on_disk:
+                session.drain()  # the next step of a long queue, one step per loop turn
 
     def _plugins_kept(self) -> bool:
         """Plugins that must keep something before an acknowledgement (the event relay

@@ -88,7 +88,7 @@ class MultiSession(Session):
         backlog += self.stored_backlog()
         self.queue.clear()
         for delivery in backlog:  # the members' state is per connection: never stored
-            self._forget(delivery)
+            self.queue.forget(delivery)
             self.deliver(delivery)
 
     def wrote(self) -> None:

@@ -3,10 +3,9 @@
 A Session outlives its network connections when the client asked for a persistent session
 (MQTT 3: clean session off; MQTT 5: a session expiry interval). While no connection is
 attached, QoS 1/2 messages wait in the queue and QoS 0 messages are discarded, as VerneMQ
-does. The queue is bounded: `max_online_messages` while connected, `max_offline_messages`
-while not (-1: no limit). When it is full, messages whose MQTT 5 expiry passed go first;
-if it is still full a fifo queue drops the new message, a lifo queue the oldest; a lifo
-queue delivers newest first.
+does. The queue (broker/session_queue.py) is bounded: `max_online_messages` while
+connected, `max_offline_messages` while not (-1: no limit); a lifo queue delivers newest
+first.
 
 Outbound QoS 1/2 messages get a packet id and stay in the in-flight `window`
 (broker/inflight.py) until acknowledged. Unacknowledged ones are sent again, with DUP,
@@ -23,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -41,6 +39,7 @@ from broker.inflight import (
 from broker.message import Delivery, Message
 from broker.protocol import PubRel, ReasonCode
 from broker.router import SubOptions
+from broker.session_queue import SessionQueue
 from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
 from hooks.spec import new_publish_context
 
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
     from broker.metrics import Metrics
     from broker.outlet import Outlet
     from broker.router import SharedGroup
-    from broker.store import MessageStore, StoredEntry
+    from broker.store import MessageStore
 
 log = logging.getLogger("nautilus.session")
 
@@ -101,9 +100,6 @@ class Session:
         "_configured",
         "_deferred_task",
         "_expiry",
-        "_next_seq",
-        "_purge_due",
-        "_read_after",
         "_restored",
         "_retry_due",
         "_retry_timer",
@@ -114,7 +110,6 @@ class Session:
         "drain_step",
         "durable",
         "expiry_timer",
-        "find_group",
         "flow",
         "group",
         "held",
@@ -124,7 +119,6 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
-        "on_disk",
         "outlet",
         "owner",
         "pending_will",
@@ -169,14 +163,15 @@ class Session:
         self.owner: Session = self
         self.group: Group | None = None  # that MultiSession, when this is one of its members
         self.subscriptions: dict[str, SubOptions] = {}
-        self.queue: deque[Delivery] = deque()
+        # What waits to be sent (broker/session_queue.py), and what was sent and is not
+        # acknowledged yet (broker/inflight.py).
+        self.queue = SessionQueue(client_id, store, metrics, clock, self._dropped, lifo, find_group)
         self.window = InflightWindow(max_inflight)
         # The configured settings, which every CONNECT starts from (see apply_limits).
         self._configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
         self.max_online = max_online
         self.high_water, self.low_water = water_marks(max_online)
         self.max_offline = max_offline
-        self.lifo = lifo
         # How this client's own PUBLISHes pick a shared subscriber (None: the broker's).
         self.shared_policy: str | None = None
         self.metrics = metrics
@@ -200,16 +195,10 @@ class Session:
         self._deferred_task: asyncio.Task[None] | None = None
         # A durable session (persistent store, expiry not 0) keeps every queued message
         # and what is in flight in the store too, each delivery under its sequence number
-        # (Delivery.seq). `on_disk`: entries only in the store (not in `queue` nor in
-        # flight), read back in chunks as the queue drains.
-        self.on_disk = 0
-        self._next_seq = 0
+        # (Delivery.seq).
         self._restored = False  # in flight and inbound QoS 2 ids not yet read back
-        self.find_group = find_group  # `$share/...` -> its group, for entries read back
         # Messages moved to the connection, or read back from the store, per loop turn.
         self.drain_step = drain_step
-        self._read_after = -1  # the stored queue was read up to here (fifo)
-        self._purge_due = 0.0  # when a queued message may first have expired
 
     def __repr__(self) -> str:
         return f"<Session {self.client_id!r} online={self.outlet is not None}>"
@@ -224,6 +213,11 @@ class Session:
         return self.window.entries
 
     @property
+    def on_disk(self) -> int:
+        """Queued messages only the store holds (read back in chunks as the queue drains)."""
+        return self.queue.on_disk
+
+    @property
     def expiry(self) -> int | None:
         """Seconds the session outlives its connection; None: forever."""
         return self._expiry
@@ -232,34 +226,20 @@ class Session:
     def expiry(self, expiry: int | None) -> None:
         self._expiry = expiry
         # Whether the store keeps this session's messages (docs/storage.md).
-        self.durable = self.store.persistent and expiry != 0
+        self.durable = self.queue.durable = self.store.persistent and expiry != 0
 
     # -- what the store keeps ------------------------------------------------------------
-
-    def _keep(self, delivery: Delivery) -> None:
-        """Write a delivery to the store under the next sequence number."""
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        delivery.seq = seq
-        self.store.put_entry(self.client_id, seq, delivery)
-
-    def _forget(self, delivery: Delivery) -> None:
-        """The delivery is done with (acknowledged, sent at QoS 0, or dropped)."""
-        if delivery.seq >= 0:
-            self.store.delete_entry(self.client_id, delivery.seq)
-            delivery.seq = -1
 
     def restore(self, queued: int, next_seq: int) -> None:
         """A session a previous run stored: its queue stays in the store until it is
         delivered; what was in flight is read back when the client connects."""
-        self.on_disk = queued
-        self._next_seq = next_seq
+        self.queue.restore(queued, next_seq)
         self._restored = True
 
     def _read_back_state(self) -> None:
         """The messages in flight and the inbound QoS 2 ids a previous run stored."""
         self._restored = False
-        store, client_id = self.store, self.client_id
+        store, client_id, queue = self.store, self.client_id, self.queue
         found: list[tuple[int, Delivery, int]] = []
         for packet_id, seq, state, inline in store.load_inflight(client_id):
             if state == AWAITING_COMP:
@@ -269,67 +249,31 @@ class Session:
             if entry is None or entry.delivery is None:
                 store.delete_inflight(client_id, packet_id)
                 continue
-            found.append((packet_id, self._rejoined(entry), AWAITING_ACK))
+            found.append((packet_id, queue.rejoined(entry), AWAITING_ACK))
             if inline is None:
-                self.on_disk -= 1  # it was counted with the queue's entries
+                queue.on_disk -= 1  # it was counted with the queue's entries
         self.window.restore(found)
         received = store.load_received(client_id)
         if received:
             self.window.received = received
 
-    def _rejoined(self, entry: StoredEntry) -> Delivery:
-        """A delivery read back from the store, with its sequence number and the shared
-        group it came through (so that it can go to another member if this session ends)."""
-        delivery = entry.delivery
-        assert delivery is not None
-        delivery.seq = entry.seq
-        if entry.share is not None:
-            delivery.group = self.find_group(entry.share)
-        return delivery
-
     def _inflight_seqs(self) -> list[int]:
-        """The store's sequence numbers of what is in flight (skipped when reading back)."""
+        """The store's sequence numbers of what is in flight (reading the queue back from
+        the store steps over them); what a previous run had in flight is read back first."""
+        if self._restored:
+            self._read_back_state()
         return [delivery.seq for delivery, _ in self.window.entries.values()]
-
-    def _read_chunk(self) -> None:
-        """Move the next chunk of the stored backlog into the queue (which is empty)."""
-        skip = self._inflight_seqs()
-        step = self.drain_step
-        if self.lifo:
-            entries = self.store.read_entries(self.client_id, step, skip, newest_first=True)
-        else:
-            # Everything up to the last entry read is in flight (skipped) or done with.
-            entries = self.store.read_entries(self.client_id, step, skip, after=self._read_after)
-            if entries:
-                self._read_after = entries[-1].seq
-        if len(entries) < step:
-            self.on_disk = 0  # that was all of it
-        else:
-            self.on_disk = max(self.on_disk - len(entries), 1)
-        queue = self.queue
-        for entry in reversed(entries) if self.lifo else entries:
-            if entry.delivery is None:  # a record that no longer decodes: logged by the store
-                self.store.delete_entry(self.client_id, entry.seq)
-                self.metrics.queue_message_drop += 1
-                continue
-            queue.append(self._rejoined(entry))
 
     def stored_backlog(self) -> list[Delivery]:
         """Everything only the store holds (when the session ends, for shared groups)."""
-        if self._restored:
-            self._read_back_state()
-        if not self.on_disk:
-            return []
-        skip = self._inflight_seqs()
-        entries = self.store.read_entries(self.client_id, self.on_disk + len(skip) + 1, skip)
-        self.on_disk = 0
-        return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
+        return self.queue.stored(self._inflight_seqs())
 
     # -- leaving for another node (broker/cluster) --------------------------------------
 
     def holds_messages(self) -> bool:
         """Whether anything waits to be delivered: in flight, queued or in the store."""
-        return bool(self.window.entries or self.queue or self.on_disk or self._restored)
+        queue = self.queue
+        return bool(self.window.entries or queue.memory or queue.on_disk or self._restored)
 
     def leaving_chunk(self, count: int) -> list[Delivery]:
         """The next `count` undelivered messages of a session handed to another node,
@@ -338,34 +282,21 @@ class Session:
         if self._restored:
             self._read_back_state()
         chunk = self.window.unacknowledged()[:count]
-        if chunk:
-            return chunk
-        if self.queue:
-            return [self.queue[i] for i in range(min(count, len(self.queue)))]
-        if not self.on_disk:
-            return []
-        entries = self.store.read_entries(self.client_id, count, after=self._read_after)
-        if entries:
-            self._read_after = entries[-1].seq
-        if len(entries) < count:
-            self.on_disk = 0  # that was all of it
-        return [self._rejoined(entry) for entry in entries if entry.delivery is not None]
+        return chunk or self.queue.leaving_chunk(count)
 
     def forget_sent(self, chunk: list[Delivery]) -> None:
         """A chunk from `leaving_chunk` reached the other node: it is done with here."""
         sent = {id(delivery) for delivery in chunk}
         for packet_id in self.window.remove_sent(sent):
             self.store.delete_inflight(self.client_id, packet_id)
-        queue = self.queue
-        while queue and id(queue[0]) in sent:
-            queue.popleft()
+        self.queue.forget_sent(sent)
         for delivery in chunk:
-            self._forget(delivery)
+            self.queue.forget(delivery)
 
     def make_volatile(self) -> None:
         """The session will end with its connection (expiry 0 now): what the store holds
         for it comes back into memory, and the store forgets it (the caller deletes it)."""
-        self.queue.extend(self.stored_backlog())  # reads back what was in flight too
+        self.queue.memory.extend(self.stored_backlog())  # reads back what was in flight too
         for delivery, _ in self.window.entries.values():
             delivery.seq = -1
         for delivery in self.queue:
@@ -437,7 +368,7 @@ class Session:
         self.max_online = limits.get("max_online_messages", max_online)
         self.high_water, self.low_water = water_marks(self.max_online)
         self.max_offline = limits.get("max_offline_messages", max_offline)
-        self.lifo = limits["queue_type"] == "lifo" if "queue_type" in limits else lifo
+        self.queue.lifo = limits["queue_type"] == "lifo" if "queue_type" in limits else lifo
         self.retry_interval = limits.get("retry_interval", retry_interval)
         # None: the broker's policy
         self.shared_policy = limits.get("shared_subscription_policy")
@@ -467,8 +398,9 @@ class Session:
             self._retry_timer.cancel()
             self._retry_timer = None
         if self.durable:  # the queue is in the store already: memory lets go of it
-            self.on_disk += len(self.queue)
-            self.queue.clear()
+            queue = self.queue
+            queue.on_disk += len(queue.memory)
+            queue.memory.clear()
 
     # -- outbound messages -------------------------------------------------------------
 
@@ -486,16 +418,17 @@ class Session:
             else:
                 self._event(self.chains.on_offline_message, delivery)
                 if self.durable:
-                    self._to_store(delivery)
+                    self.queue.put_stored(delivery, self.max_offline, self._inflight_seqs)
                 else:
-                    self._enqueue(delivery, self.max_offline)
+                    self.queue.put(delivery, self.max_offline)
             return None
-        if self.on_disk:  # a backlog waits in the store: this joins it, in order
-            self._to_store(delivery)
+        queue = self.queue
+        if queue.on_disk:  # a backlog waits in the store: this joins it, in order
+            queue.put_stored(delivery, self.max_offline, self._inflight_seqs)
             return None
         window = self.window
         if (
-            not self.queue
+            not queue.memory
             and outlet.writable
             and (delivery.qos == 0 or len(window.entries) < window.size)
         ):
@@ -504,8 +437,8 @@ class Session:
             if deferred and len(deferred) >= self.high_water and not self.stuck:
                 return self
             return None
-        self._enqueue(delivery, self.max_online)
-        queued = len(self.queue)  # backlog(), inlined: this runs for every queued delivery
+        queue.put(delivery, self.max_online)
+        queued = len(queue.memory)  # backlog(), inlined: this runs for every queued delivery
         if self.deferred:
             queued += len(self.deferred)
         if queued >= self.high_water and not self.stuck:
@@ -519,7 +452,8 @@ class Session:
     def backlog(self) -> int:
         """Deliveries waiting in memory: the queue, and those an async on_deliver holds."""
         deferred = self.deferred
-        return len(self.queue) + len(deferred) if deferred else len(self.queue)
+        queued = len(self.queue.memory)
+        return queued + len(deferred) if deferred else queued
 
     def must_wait_for(self) -> Session | None:
         """The session whose queue a publisher must wait for before routing here."""
@@ -534,101 +468,21 @@ class Session:
         window = self.window
         return (
             outlet is not None
-            and not self.queue
+            and not self.queue.memory
             and outlet.writable
             and (qos == 0 or len(window.entries) < window.size)
         )
 
-    def _to_store(self, delivery: Delivery) -> None:
-        """Queue a delivery in the store only (offline, or behind a stored backlog), up to
-        max_offline_messages: then fifo drops the new message, lifo the oldest."""
-        limit = self.max_offline
-        expires_at = delivery.message.expires_at
-        if expires_at is not None and expires_at < self._purge_due:
-            self._purge_due = expires_at
-        if 0 <= limit <= self.on_disk + len(self.queue) and self._purge_due <= self.clock.time():
-            self._drop_expired()
-            self._drop_stored_expired()
-        if 0 <= limit <= self.on_disk + len(self.queue):
-            self.metrics.queue_message_drop += 1
-            skip = self._inflight_seqs() if self.lifo else []
-            oldest = self.store.read_entries(self.client_id, 1, skip) if self.lifo else []
-            if not oldest or oldest[0].delivery is None:
-                return self._event(self.chains.on_message_drop, delivery, "queue_full")
-            self.store.delete_entry(self.client_id, oldest[0].seq)
-            self._event(self.chains.on_message_drop, oldest[0].delivery, "queue_full")
-        else:
-            self.on_disk += 1
-        self._keep(delivery)
-        self.metrics.queue_message_in += 1
-
-    def _enqueue(self, delivery: Delivery, limit: int) -> bool:
-        """Queue a delivery; False when the queue was full and a message was dropped."""
-        queue = self.queue
-        expires_at = delivery.message.expires_at
-        if expires_at is not None and expires_at < self._purge_due:
-            self._purge_due = expires_at
-        if 0 <= limit <= len(queue) and self._purge_due <= self.clock.time():
-            self._drop_expired()
-        if 0 <= limit <= len(queue):
-            self.metrics.queue_message_drop += 1
-            if not self.lifo or not queue:
-                self._event(self.chains.on_message_drop, delivery, "queue_full")
-                return False  # fifo: tail drop, the new message is lost
-            oldest = queue.popleft()  # lifo: the oldest goes
-            self._forget(oldest)
-            self._event(self.chains.on_message_drop, oldest, "queue_full")
-            queue.append(delivery)
-            if self.durable:
-                self._keep(delivery)
-            self.metrics.queue_message_in += 1
-            return False
-        queue.append(delivery)
-        if self.durable:
-            self._keep(delivery)
-        self.metrics.queue_message_in += 1
-        return True
-
-    def _drop_expired(self) -> None:
-        """A full queue first lets go of the messages whose expiry passed [MQTT-3.3.2-5],
-        so that they do not push out live ones. Scans only once something may have expired
-        (`_purge_due`: the earliest expiry time among the queued messages)."""
-        now = self.clock.time()
-        queued = list(self.queue)
-        self.queue.clear()
-        self._purge_due = math.inf
-        for delivery in queued:
-            expires_at = delivery.message.expires_at
-            if expires_at is not None and expires_at <= now:
-                self.metrics.queue_message_expired += 1
-                self._forget(delivery)
-                self._event(self.chains.on_message_drop, delivery, "expired")
-                continue
-            if expires_at is not None and expires_at < self._purge_due:
-                self._purge_due = expires_at
-            self.queue.append(delivery)
-
-    def _drop_stored_expired(self) -> None:
-        """_drop_expired for the stored backlog: one pass over it, only when the queue is
-        full and something in it may have expired."""
-        now = self.clock.time()
-        for delivery in self.stored_backlog():
-            self.on_disk += 1
-            expires_at = delivery.message.expires_at
-            if expires_at is not None and expires_at <= now:
-                self.on_disk -= 1
-                self.metrics.queue_message_expired += 1
-                self._forget(delivery)
-                self._event(self.chains.on_message_drop, delivery, "expired")
-            elif expires_at is not None and expires_at < self._purge_due:
-                self._purge_due = expires_at
+    def _dropped(self, delivery: Delivery, reason: str) -> None:
+        """The queue let a message go (full, or its expiry passed): on_message_drop."""
+        self._event(self.chains.on_message_drop, delivery, reason)
 
     def _send(self, outlet: Outlet, delivery: Delivery) -> None:
         message = delivery.message
         if message.expires_at is not None and message.expired(self.clock.time()):
             # Not yet on its way to this subscriber: the copy is deleted [MQTT-3.3.2-5].
             self.metrics.queue_message_expired += 1
-            self._forget(delivery)
+            self.queue.forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "expired")
         chains = self.chains
         recorder = chains.recorder
@@ -662,12 +516,12 @@ class Session:
             self.metrics.queue_message_drop += 1
             if packet_id is not None:
                 self.window.remove(packet_id)
-            self._forget(delivery)
+            self.queue.forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "max_packet_size_exceeded")
         if qos == 0:
             outlet.write(template.data)
             if delivery.seq >= 0:
-                self._forget(delivery)
+                self.queue.forget(delivery)
         else:
             if packet_id is None:
                 packet_id = self.window.add(delivery)
@@ -719,13 +573,13 @@ class Session:
         holds no publisher back) keeps at most max_online_messages waiting here too."""
         if self.stuck and 0 <= self.max_online <= self.backlog():
             self.metrics.queue_message_drop += 1
-            self._forget(delivery)
+            self.queue.forget(delivery)
             return self._event(self.chains.on_message_drop, delivery, "queue_full")
         packet_id = None
         if delivery.qos:
             packet_id = self.window.add(delivery)
             if self.durable and delivery.seq < 0:
-                self._keep(delivery)
+                self.queue.keep(delivery)
         if self.deferred is None:
             self.deferred = deque()
         self.deferred.append((delivery, packet_id))
@@ -765,18 +619,20 @@ class Session:
         per loop turn; a stored backlog is read back one such step at a time.
         """
         outlet = self.outlet
-        queue = self.queue
+        queued = self.queue
+        queue = queued.memory
         progress = self.progress
-        if outlet is not None and not queue and self.on_disk and outlet.writable:
-            self._read_chunk()
+        if outlet is not None and not queue and queued.on_disk and outlet.writable:
+            queued.read_chunk(self.drain_step, self._inflight_seqs())
         if outlet is not None and queue:
-            pop = queue.pop if self.lifo else queue.popleft
+            lifo = queued.lifo
+            pop = queue.pop if lifo else queue.popleft
             inflight = self.window.entries
             size = self.window.size
             for _ in range(self.drain_step):
                 if not queue or not outlet.writable:
                     break
-                delivery = queue[-1] if self.lifo else queue[0]
+                delivery = queue[-1] if lifo else queue[0]
                 if delivery.qos and len(inflight) >= size:
                     break
                 pop()
@@ -809,7 +665,7 @@ class Session:
         if delivery is not None:
             if self.durable:
                 self.store.delete_inflight(self.client_id, packet_id)
-                self._forget(delivery)
+                self.queue.forget(delivery)
             self._completed(delivery)
             self.drain()
 
@@ -820,7 +676,7 @@ class Session:
             return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         stored = self.durable
         if stored:
-            self._forget(delivery)  # the receiver has it (or refused it): the body goes
+            self.queue.forget(delivery)  # the receiver has it (or refused it): the body goes
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
             self.window.remove(packet_id)
             if stored:

@@ -12,7 +12,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain,
                    inflight (a session's in-flight window)
   3 store          the message stores
-  4 sessions       session, multi_session (write to an Outlet, never to a connection)
+  4 sessions       session, session_queue, multi_session (write to an Outlet, never to a
+                   connection)
   5 registry       client id -> session; cluster (this node among others: it hands
                    sessions to and from other nodes)
   6 connection     the asyncio shell and the packet flows over it, proxy_protocol (the
@@ -65,6 +66,7 @@ LAYERS = {
     "broker.inflight": 2,  # a session's in-flight window: packet ids, no I/O
     "broker.store": 3,
     "broker.session": 4,
+    "broker.session_queue": 4,  # a session's queue, in memory and in the store
     "broker.multi_session": 4,
     "broker.peers": 5,  # what the core tells the other nodes (the cluster, or Alone)
     "broker.routing": 5,  # a message to the sessions that subscribed to it
