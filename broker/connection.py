@@ -21,17 +21,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import connect_flow, publish_flow, subscriptions
 from broker.client import AUTHENTICATING, CLOSING, ClientState
 from broker.enhanced_auth import AuthExchange
 from broker.message import Message
 from broker.protocol import (
     Auth,
     ConnAck,
-    Connect,
     ConnectReturnCode,
     Decoder,
     Disconnect,
@@ -39,15 +38,9 @@ from broker.protocol import (
     PingReq,
     PingResp,
     Property,
-    PubAck,
-    PubComp,
     Publish,
-    PubRec,
-    PubRel,
     ReasonCode,
     RemoteProtocolError,
-    Subscribe,
-    Unsubscribe,
     UnsupportedProtocolVersion,
     encode,
 )
@@ -85,9 +78,21 @@ _DISCONNECT_REASONS: dict[int, str] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Flows:
+    """The packet flows a connection runs (the one set: broker/packet_flows.py), given to
+    it by the broker, so that this shell imports none of them: the function that handles
+    each packet class, and the one that routes a PUBLISH postponed while it was held."""
+
+    handlers: Mapping[type, Callable[[Connection, Any], None]]
+    route_held: Callable[[Connection, Publish, Message, PublishContext | None], None]
+
+
 class Host(Protocol):
     """What a connection and its packet flows (connect_flow, publish_flow, subscriptions)
     use of the broker: the Broker provides it, and they never import broker/server.py."""
+
+    flows: Flows  # what handles each packet
 
     config: Config  # its listener's settings
     settings: BrokerSettings
@@ -211,11 +216,12 @@ class Connection(asyncio.Protocol):
         """Handle every complete packet buffered, unless closed or paused meanwhile."""
         decoder = self.decoder
         client = self.client
+        handlers = self.broker.flows.handlers
         try:
             postponed = self._postponed
             if postponed is not None and not (self.reading_paused or client.phase == CLOSING):
                 self._postponed = None  # routed first: this client's messages keep order
-                publish_flow.route_held(self, *postponed)
+                self.broker.flows.route_held(self, *postponed)
             while not (
                 client.phase == CLOSING
                 or self.reading_paused
@@ -228,7 +234,7 @@ class Connection(asyncio.Protocol):
                 if client.phase == AUTHENTICATING and type(packet) not in (Auth, Disconnect):
                     # Only AUTH or DISCONNECT until CONNACK [MQTT-4.12.0-4].
                     raise RemoteProtocolError("packet during authentication", 0x82)
-                self._handlers[type(packet)](self, packet)
+                handlers[type(packet)](self, packet)
         except UnsupportedProtocolVersion as exc:
             log.info("%s: %s", self.client.name(), exc)
             # Answer in the 3.1.1 layout, which every client version can read.
@@ -544,24 +550,10 @@ class Connection(asyncio.Protocol):
             self._update_reading()
             self._process()
 
-    def _on_pingreq(self, packet: PingReq) -> None:
+    def on_pingreq(self, packet: PingReq) -> None:
         self.broker.metrics.mqtt_pingreq_received += 1
         self.broker.metrics.mqtt_pingresp_sent += 1
         self.write(PINGRESP)
-
-    _handlers: dict[type, Callable[[Connection, Any], None]] = {
-        Connect: connect_flow.on_connect,
-        Auth: connect_flow.on_auth,
-        Disconnect: connect_flow.on_disconnect,
-        Publish: publish_flow.on_publish,
-        PubAck: publish_flow.on_puback,
-        PubRec: publish_flow.on_pubrec,
-        PubRel: publish_flow.on_pubrel,
-        PubComp: publish_flow.on_pubcomp,
-        Subscribe: subscriptions.on_subscribe,
-        Unsubscribe: subscriptions.on_unsubscribe,
-        PingReq: _on_pingreq,
-    }
 
 
 def _disconnect_reason(reason_code: int | None) -> str:

@@ -25,6 +25,7 @@ from broker.hook_callers import HookCallers
 from broker.message import Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
+from broker.packet_flows import FLOWS
 from broker.peers import ALONE, Peers
 from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
@@ -77,6 +78,7 @@ class Broker:
         self.stopping = False
         self.http = self._http() if config.http.enabled else None
         self.connections: set[Connection] = set()
+        self.flows = FLOWS  # what handles each packet a client sends (packet_flows.py)
         # proxy_protocol listeners' connections before their header (then a Connection).
         self.awaiting_header: set[ProxyHeaderReader] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE

@@ -16,9 +16,10 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    connection)
   5 registry       client id -> session; cluster (this node among others: it hands
                    sessions to and from other nodes)
-  6 connection     the asyncio shell and the packet flows over it, proxy_protocol (the
-                   header before it), tls_stream (TLS after that header), websocket (the
-                   framing around it), plugins, systree
+  6 connection     the asyncio shell and the packet flows over it (packet_flows: which
+                   handles each packet), proxy_protocol (the header before it),
+                   tls_stream (TLS after that header), websocket (the framing around
+                   it), plugins, systree
   7 broker         server (the Broker), __main__, admin (operations), http (the server)
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
@@ -26,8 +27,8 @@ above it through a protocol it owns (a connection's `Host`, the cluster's `Host`
 registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides,
 never by importing it.
 
-Nor may modules import each other in a circle, type-only imports included
-(test_no_import_cycles); the one circle left is listed there, to be broken, never grown.
+Nor may modules import each other in a circle, type-only imports and imports inside
+functions included (test_no_import_cycles).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ LAYERS = {
     "broker.connection": 6,
     "broker.connect_flow": 6,
     "broker.publish_flow": 6,
+    "broker.packet_flows": 6,  # which flow handles each packet (given to each Connection)
     "broker.subscriptions": 6,
     "broker.plugins": 6,
     "broker.systree": 6,
@@ -145,14 +147,6 @@ def test_broker_layers_import_only_downwards(path):
     assert not upward, f"{module_name(path)} (layer {own}) imports from above: {upward}"
 
 
-# Circles of imports not broken yet: a connection's packet flows name the Connection they
-# run on (the per-client engine replaces them). May only shrink: a new circle fails, and
-# so does this one once broken, until it is taken off the list.
-KNOWN_CYCLES = [
-    {"broker.connection", "broker.connect_flow", "broker.publish_flow", "broker.subscriptions"},
-]
-
-
 def import_graph() -> dict[str, set[str]]:
     """Module -> the broker modules it imports (type-only imports, and imports inside
     functions, included)."""
@@ -204,11 +198,8 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_import_cycles():
-    found = cycles(import_graph())
-    new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
-    assert not new, f"modules that import each other in a circle: {new}"
-    broken = [sorted(c) for c in KNOWN_CYCLES if c not in found]
-    assert not broken, f"no longer a circle (take it off KNOWN_CYCLES): {broken}"
+    found = [sorted(c) for c in cycles(import_graph())]
+    assert not found, f"modules that import each other in a circle: {found}"
 
 
 def test_the_cycle_finder_finds_a_circle_through_a_type_only_import():
