@@ -27,9 +27,9 @@ def problems(broker: Managed) -> list[str]:
         found.append("the store cannot write (QoS 1/2 publishes are refused)")
     if broker.stopping:
         found.append("shutting down")
-    cluster = broker.peers.problem()
-    if cluster is not None:
-        found.append(cluster)
+    peers = broker.peers.problem()  # the cluster's metadata away, say
+    if peers is not None:
+        found.append(peers)
     return found
 
 

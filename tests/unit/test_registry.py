@@ -12,6 +12,7 @@ import pytest
 
 from broker.config import config_from_dict
 from broker.message import Message
+from broker.peers import Alone
 from broker.router import SubOptions
 from broker.server import Broker
 from broker.session import Session
@@ -283,3 +284,60 @@ def test_lifecycle_events(broker, loop, lifecycle):
     assert lifecycle.seen == [("gone", "clean"), ("offline", "kept")]
     loop.advance(5)
     assert lifecycle.seen == [("gone", "clean"), ("offline", "kept"), ("expired", "kept")]
+
+
+# ------------------------------------------------ what the cluster asks of the registry
+
+
+class Told(Alone):
+    """Peers that note which client ids they were told changed."""
+
+    def __init__(self) -> None:
+        self.changed_ids: list[str] = []
+
+    def changed(self, client_id: str) -> None:
+        self.changed_ids.append(client_id)
+
+    def retained(self, message: Message) -> None:
+        self.changed_ids.append(f"retained {message.topic}")
+
+
+def test_subscriptions_and_an_ended_session_are_told_to_the_peers(broker):
+    told = Told()
+    broker.routing.peers = told
+    client = Client(broker, "c", expiry=60)
+    client.subscribe("a/b")
+    broker.registry.unsubscribe(client.session, "a/b")
+    broker.registry.unsubscribe(client.session, "a/b")  # had none: nothing to tell
+    broker.registry.end(client.session)
+    assert told.changed_ids == ["c", "c", "c"]
+
+
+def test_a_retained_publish_is_told_to_the_peers(broker):
+    told = Told()
+    broker.routing.peers = told
+    broker.routing.publish(Message("r/t", b"kept", 0, retain=True))
+    broker.routing.publish(Message("r/t", b"not kept", 0))
+    assert told.changed_ids == ["retained r/t"]
+
+
+def test_forget_unregisters_only_the_session_registered(broker):
+    client = Client(broker, "c", expiry=60)
+    stranger = broker.registry.new_session("c")  # another object for the same client id
+    assert not broker.registry.forget(stranger)
+    assert session_of(broker, "c") is client.session
+    assert broker.registry.forget(client.session)
+    assert "c" not in broker.registry
+
+
+def test_disconnect_takes_over_every_connection_of_a_session(loop, lifecycle):
+    config = config_from_dict(
+        {"store": {"backend": "memory"}, "broker": {"allow_multiple_sessions": True}}
+    )
+    broker = Broker(config, loop=loop, plugins=[("lifecycle", lifecycle)])
+    first, second = Client(broker, "c", expiry=60), Client(broker, "c", expiry=60)
+    owner = first.session.owner
+    assert owner is second.session.owner and len(owner.members) == 2
+    broker.registry.disconnect(owner)
+    assert first.outlet.taken_over and second.outlet.taken_over
+    assert not owner.online
