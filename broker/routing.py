@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from broker.flow import Subscriber
     from broker.metrics import Metrics
     from broker.retain import RetainedMessages
-    from broker.router import Router, SharedGroup, SubOptions
+    from broker.router import Route, Router, SharedGroup, SubOptions
     from broker.session import Session
     from broker.store import MessageStore
 
@@ -59,32 +59,9 @@ class Routing:
             else:
                 self.store.delete_retained(message.topic)
             self.peers.retained(message)
-        sender = message.sender
-        qos = message.qos
-        retain = message.retain
-        congested: list[Subscriber] | None = None
-        upgrade = self.settings.upgrade_outgoing_qos
         routes = self.router.match(message.topic)
         self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its one back
-        for route in routes:
-            session = route.subscriber
-            if route.no_local and session.client_id == sender:
-                own = route.without_no_local()  # [MQTT-3.8.3-3]
-                if own is None:
-                    continue
-                route = own
-            full = session.deliver(
-                Delivery(
-                    message,
-                    route.qos if upgrade or qos > route.qos else qos,
-                    retain and route.retain_as_published,
-                    route.subscription_ids,
-                )
-            )
-            if full is not None:
-                if congested is None:
-                    congested = []
-                congested.append(full)
+        congested = self._offer(routes, message, local_only=False)
         if self.router.group_count:  # $share/<group>/<filter>: one member per group
             policy = shared_policy or self.settings.shared_subscription_policy
             for group in self.router.match_shared(message.topic):
@@ -100,15 +77,24 @@ class Routing:
         origin sent it to every node that needs it, and chose the shared groups' members).
         Returns the sessions whose queues it filled, as `publish` does: the link from
         that node waits for them."""
+        return self._offer(self.router.match(message.topic), message, local_only=True)
+
+    def _offer(
+        self, routes: list[Route], message: Message, local_only: bool
+    ) -> list[Subscriber] | None:
+        """Give `message` to the subscriber of each route (this node's sessions only, if
+        `local_only`); the subscribers whose queues it filled, if any."""
+        sender = message.sender
         qos = message.qos
+        retain = message.retain
         upgrade = self.settings.upgrade_outgoing_qos
         congested: list[Subscriber] | None = None
-        for route in self.router.match(message.topic):
+        for route in routes:
             session = route.subscriber
-            if not session.local:
+            if local_only and not session.local:
                 continue
-            if route.no_local and session.client_id == message.sender:
-                own = route.without_no_local()
+            if route.no_local and session.client_id == sender:
+                own = route.without_no_local()  # [MQTT-3.8.3-3]
                 if own is None:
                     continue
                 route = own
@@ -116,7 +102,7 @@ class Routing:
                 Delivery(
                     message,
                     route.qos if upgrade or qos > route.qos else qos,
-                    message.retain and route.retain_as_published,
+                    retain and route.retain_as_published,
                     route.subscription_ids,
                 )
             )
