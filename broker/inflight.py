@@ -1,5 +1,6 @@
 """A session's in-flight window: its outbound QoS 1/2 messages under their packet ids until
-the client acknowledges them, and the ids of inbound QoS 2 messages awaiting PUBREL.
+the client acknowledges them, which of them are due to be sent again (retry_interval),
+and the ids of inbound QoS 2 messages awaiting PUBREL.
 
 Pure state (no I/O, no clock, no store): the session writes, times and stores beside it.
 At most `size` outbound messages are in flight [MQTT-4.9.0-2]: max_inflight_messages, or
@@ -23,7 +24,7 @@ MAX_PACKET_ID = 65535
 
 
 class InflightWindow:
-    __slots__ = ("_next_id", "entries", "limit", "received", "size")
+    __slots__ = ("_marked", "_next_id", "entries", "limit", "received", "size")
 
     def __init__(self, limit: int) -> None:
         self.entries: dict[int, list[Any]] = {}  # packet id -> [Delivery, state]
@@ -32,6 +33,7 @@ class InflightWindow:
         # Inbound QoS 2 ids awaiting PUBREL (a set of its own from the first one on).
         self.received: AbstractSet[int] = NO_IDS
         self._next_id = 1
+        self._marked: AbstractSet[int] = NO_IDS  # in flight at the last retry tick
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -82,6 +84,15 @@ class InflightWindow:
             return False
         del self.entries[packet_id]
         return True
+
+    def mark_for_retry(self) -> None:
+        """A retry interval starts: what is in flight now is due at its end."""
+        self._marked = set(self.entries)
+
+    def due_for_retry(self) -> list[int]:
+        """What was in flight at the last mark and still is (unacknowledged for between
+        one and two retry intervals), in packet id order."""
+        return sorted(self._marked & self.entries.keys())
 
     def remove(self, packet_id: int) -> None:
         del self.entries[packet_id]

@@ -24,7 +24,6 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.flow import Subscriber, water_marks
@@ -32,7 +31,6 @@ from broker.inflight import (
     AWAITING_ACK,
     AWAITING_COMP,
     MAX_PACKET_ID,
-    NO_IDS,
     RELEASED,
     InflightWindow,
 )
@@ -101,7 +99,6 @@ class Session:
         "_deferred_task",
         "_expiry",
         "_restored",
-        "_retry_due",
         "_retry_timer",
         "chains",
         "client_id",
@@ -188,7 +185,6 @@ class Session:
         self.chains = chains  # the hook chains, resolved once for the whole broker
         self.retry_interval = retry_interval  # seconds; 0: resend only on reconnect
         self._retry_timer: Timer | None = None
-        self._retry_due: AbstractSet[int] = NO_IDS
         # Deliveries waiting for an async on_deliver chain: (delivery, reserved packet id);
         # made when first needed (an idle session costs less).
         self.deferred: deque[tuple[Delivery, int | None]] | None = None
@@ -342,7 +338,7 @@ class Session:
         """VerneMQ's retry_interval: resend what a 3.x client left unacknowledged that long.
         MQTT 5 forbids resending within a connection [MQTT-4.4.0-1], so never for 5.0."""
         if self.retry_interval and outlet.client.protocol_level < 5 and self._retry_timer is None:
-            self._retry_due = set(self.window.entries)
+            self.window.mark_for_retry()
             self._retry_timer = self.clock.call_later(self.retry_interval, self._retry)
 
     def _retry(self) -> None:
@@ -352,11 +348,10 @@ class Session:
         outlet = self.outlet
         if outlet is None:
             return
-        inflight = self.window.entries
-        for packet_id in self._retry_due & inflight.keys():
+        for packet_id in self.window.due_for_retry():
             self.metrics.queue_message_retried += 1
             self._resend(outlet, packet_id)
-        if inflight:
+        if self.window.entries:
             self._arm_retry(outlet)
 
     def apply_limits(self, limits: dict[str, Any]) -> None:

@@ -72,3 +72,14 @@ def test_inbound_qos2_ids_are_released_once():
     assert window.release_qos2(7)
     assert not window.release_qos2(7)
     assert not InflightWindow(10).release_qos2(7)
+
+
+def test_due_for_retry_is_what_was_in_flight_at_the_mark_and_still_is():
+    window = InflightWindow(10)
+    acked, kept = window.add(delivery(1)), window.add(delivery(1))
+    window.mark_for_retry()
+    later = window.add(delivery(1))  # sent after the mark: not due yet
+    window.puback(acked)
+    assert window.due_for_retry() == [kept]
+    window.mark_for_retry()
+    assert window.due_for_retry() == [kept, later]
