@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,10 +49,10 @@ from .brokers import HOST, MODES, for_mode, raise_fd_limit
 from .client import MqttClient, Uniform, open_client, subscribe
 from .cluster_clients import Numbered, NumberedReceiver, Prober, Ticker, connect
 from .cluster_procs import Deployment, NodeConfig, ProcessError, Redis
+from .cluster_report import FIGURES, Args, figure_text, with_section
 from .loadgen import Backlog, Flood, Paced, Windowed
 
 PROG = "python -m bench.cluster"
-FIGURES = ("throughput", "latency", "propagation", "connect", "migration")
 RESULTS = compare.RESULTS
 PAGE = "docs/performance.md"
 
@@ -93,22 +93,6 @@ LAYOUTS = (
 )
 BY_LAYOUT = {layout.name: layout for layout in LAYOUTS}
 LATENCY_LAYOUTS = ("plain", "local", "hop")
-
-
-@dataclass(slots=True)
-class Args:
-    seconds: float = 3.0
-    warmup: float = 1.0
-    repeats: int = 3
-    backlog: int = 20_000
-    rate: int = 1000
-    samples: int = 200
-    connects: int = 2000
-    concurrency: int = 50
-    queue: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
-    only: list[str] = field(default_factory=lambda: list(FIGURES))
-    write: str | None = None
-    argv: list[str] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None) -> Args:
@@ -192,7 +176,6 @@ def parse_args(argv: list[str] | None) -> Args:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cluster_report import figure_text, with_section
 
     args = parse_args(argv)
     raise_fd_limit()

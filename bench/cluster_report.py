@@ -12,10 +12,8 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .cluster import Args
+from dataclasses import dataclass, field
+from typing import Any
 
 SECTION = "## Clustering"
 READING = "Reading:"
@@ -104,6 +102,26 @@ on are measured once.
 """,
 }
 
+FIGURES = ("throughput", "latency", "propagation", "connect", "migration")
+
+
+@dataclass(slots=True)
+class Args:
+    """The settings of a `python -m bench.cluster` run (bench/cluster.py parses them)."""
+
+    seconds: float = 3.0
+    warmup: float = 1.0
+    repeats: int = 3
+    backlog: int = 20_000
+    rate: int = 1000
+    samples: int = 200
+    connects: int = 2000
+    concurrency: int = 50
+    queue: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
+    only: list[str] = field(default_factory=lambda: list(FIGURES))
+    write: str | None = None
+    argv: list[str] = field(default_factory=list)
+
 
 def cell(raw: Raw, key: str) -> Sequence[Result]:
     return raw.get(key, [])
@@ -170,7 +188,6 @@ def figure_text(figure: str, args: Args, raw: Raw, command: str, date: str) -> s
 
 def render(meta: Mapping[str, Any], texts: Mapping[str, str]) -> str:
     """The whole section, as a first --write makes it."""
-    from .cluster import FIGURES
 
     body = [texts[f] for f in FIGURES if f in texts]
     return "\n".join([intro(meta), *body, PLACEHOLDER])
@@ -180,7 +197,6 @@ def with_section(page: str, meta: Mapping[str, Any], texts: Mapping[str, str]) -
     """`page` with its Clustering section regenerated: the introduction and the
     subsections in `texts` new, the other subsections and the "Reading:" paragraphs kept.
     A page without the section gets it at its end."""
-    from .cluster import FIGURES
 
     start = page.find(f"\n{SECTION}\n")
     if start < 0:
