@@ -35,15 +35,9 @@ class InflightWindow:
         self._next_id = 1
         self._marked: AbstractSet[int] = NO_IDS  # in flight at the last retry tick
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def open(self, receive_maximum: int) -> None:
         """A connection is attached: its window is ours or its Receive Maximum."""
         self.size = min(self.limit, receive_maximum)
-
-    def full(self) -> bool:
-        return len(self.entries) >= self.size
 
     # -- outbound ------------------------------------------------------------------------
 

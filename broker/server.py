@@ -189,20 +189,16 @@ class Broker:
         there), never per connection."""
         listener = self.config.listeners[index]
         down = f"{_listener_name(index, listener)} not started"
+        timeout = self.settings.connect_timeout  # for each layer's handshake
         connection = functools.partial(Connection, self, index)
         factory: Callable[[], asyncio.Protocol] = connection
         if listener.type in ("ws", "wss"):
             optional.load("broker.websocket", down)
             from broker.websocket import WebSocketProtocol
 
-            timeout = self.settings.connect_timeout
+            size = self.max_packet_size
             factory = functools.partial(
-                WebSocketProtocol,
-                self.loop,
-                timeout,
-                self.max_packet_size,
-                connection,
-                listener.path,
+                WebSocketProtocol, self.loop, timeout, size, connection, listener.path
             )
         context = self.tls[index].server if index in self.tls else None
         if not listener.proxy_protocol:
@@ -213,12 +209,11 @@ class Broker:
         if context is not None:  # TLS after the header: ours, over memory BIOs
             from broker.tls_stream import TlsStream
 
-            timeout = self.settings.connect_timeout
             factory = functools.partial(TlsStream, context, factory, self.loop, timeout)
-        timeout = self.settings.connect_timeout
-        return functools.partial(
+        reader = functools.partial(
             ProxyHeaderReader, self.awaiting_header, self.loop, timeout, factory
-        ), None
+        )
+        return reader, None
 
     def set_plugin_enabled(self, name: str, enabled: bool) -> None:
         """Stop or start calling a plugin's hooks (its own servers, e.g. the relay's, run

@@ -111,7 +111,6 @@ class Session:
         "group",
         "held",
         "high_water",
-        "lifo",
         "low_water",
         "max_offline",
         "max_online",

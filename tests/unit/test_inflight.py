@@ -20,14 +20,6 @@ def test_the_window_is_the_smaller_of_the_limit_and_the_clients_receive_maximum(
     assert InflightWindow(0).size == 65535  # 0: no limit of ours
 
 
-def test_full_once_size_messages_are_in_flight():
-    window = InflightWindow(2)
-    window.add(delivery(1))
-    assert not window.full()
-    window.add(delivery(1))
-    assert window.full()
-
-
 def test_packet_ids_wrap_at_65535_and_skip_those_in_flight():
     window = InflightWindow(0)
     window.restore([(65534, delivery(1), AWAITING_ACK), (1, delivery(1), AWAITING_ACK)])
