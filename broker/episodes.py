@@ -4,7 +4,7 @@ without flooding it: once per episode.
 - `Episode`: the first occurrence of an episode in full, the others counted (in one line
   per interval, if it has one), and its end in one line with the episode's total. Every
   such line of the broker goes through it: CONNECTs refused while the cluster's metadata
-  is away (broker/connect_flow.py), HTTP's malformed and dropped requests
+  is away (broker/client/connect.py), HTTP's malformed and dropped requests
   (broker/http/connections.py), a listener at its cap, the process out of file
   descriptors (broker/descriptors.py).
 - `Cap`: a listener's `max_connections`, MQTT's and HTTP's alike, with its episodes: one

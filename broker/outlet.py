@@ -1,8 +1,8 @@
-"""The outlet: what a session sees of its client's connection.
+"""The outlet: what a session sees of its client's connection (broker/writer.py's Writer).
 
 Sessions write deliveries through this narrow interface and never import the connection,
-so the session layer can be driven by a fake outlet in unit tests, and the connection is
-free to change how it writes (batching, back-pressure, transports other than TCP).
+so the session layer can be driven by a fake outlet in unit tests, and the writer is free
+to change how it writes (batching, back-pressure, transports other than TCP).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from broker.client import ClientState
+    from broker.client_state import ClientState
     from broker.protocol import Packet
 
 

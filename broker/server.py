@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker import optional
+from broker.client.flows import FLOWS
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
 from broker.descriptors import FileDescriptors
@@ -25,7 +26,6 @@ from broker.hook_callers import HookCallers
 from broker.message import Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
-from broker.packet_flows import FLOWS
 from broker.peers import ALONE, Peers
 from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
@@ -78,7 +78,7 @@ class Broker:
         self.stopping = False
         self.http = self._http() if config.http.enabled else None
         self.connections: set[Connection] = set()
-        self.flows = FLOWS  # what handles each packet a client sends (packet_flows.py)
+        self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
         # proxy_protocol listeners' connections before their header (then a Connection).
         self.awaiting_header: set[ProxyHeaderReader] = set()
         self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE

@@ -7,7 +7,11 @@
 # Each run is `.venv/bin/python -m pytest -q -x -p no:randomly PATH...` (in the repository's
 # root), its output kept in a log file of its own; one summary line is printed per run. The
 # busy loop is pinned to core 0 with taskset where there is one, and is killed on exit.
-# REPEAT_LOG_DIR chooses where the logs go (default: a new directory under /tmp).
+# REPEAT_LOG_DIR chooses where the logs go (default: a new directory under /tmp);
+# REPEAT_PYTHON the interpreter (default: .venv/bin/python; a git worktree has no .venv of
+# its own, so give it the main checkout's). The tests run this tree's code, also in the
+# brokers they start as subprocesses: PYTHONPATH names it, since an editable install of
+# the package may point at another checkout.
 set -u
 
 usage() {
@@ -20,7 +24,8 @@ shift
 case $runs in '' | *[!0-9]* | 0) usage ;; esac
 
 cd "$(dirname "$0")/.." || exit 2
-python=.venv/bin/python
+python=${REPEAT_PYTHON:-.venv/bin/python}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -x "$python" ] || { echo "$0: no $python (make test creates it)" >&2; exit 2; }
 logs=${REPEAT_LOG_DIR:-$(mktemp -d /tmp/repeat-tests.XXXXXX)}
 mkdir -p "$logs" || exit 2

@@ -9,18 +9,21 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    logs, episodes (a repeated line logged once per episode; connection
                    caps), descriptors (the process's file descriptors), optional
                    (importing what needs an optional library)
-  2 values         message (Message, Delivery), client (ClientState), outlet, flow, retain,
+  2 values         message (Message, Delivery), client_state (ClientState), outlet, flow, retain,
                    inflight (a session's in-flight window)
   3 store          the message stores
   4 sessions       session, session_queue, multi_session (write to an Outlet, never to a
                    connection)
   5 registry       client id -> session; cluster (this node among others: it hands
                    sessions to and from other nodes)
-  6 connection     the asyncio shell and the packet flows over it (packet_flows: which
-                   handles each packet), proxy_protocol (the header before it),
-                   tls_stream (TLS after that header), websocket (the framing around
-                   it), plugins, systree
-  7 broker         server (the Broker), __main__, admin (operations), http (the server)
+  6 client         the per-client engine (client.engine: one client's MQTT, no I/O)
+                   and the packet flows it runs (client.connect, client.publish,
+                   client.subscribe; client.flows: which handles each packet), plugins,
+                   systree
+  7 connection     the asyncio shell around an engine (connection), its writer,
+                   proxy_protocol (the header before it), tls_stream (TLS after that
+                   header), websocket (the framing around it)
+  8 broker         server (the Broker), __main__, admin (operations), http (the server)
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
 above it through a protocol it owns (a connection's `Host`, the cluster's `Host`, the
@@ -60,7 +63,7 @@ LAYERS = {
     "broker.optional": 1,  # importing what needs an optional library, when it is needed
     "broker.tls": 1,
     "broker.message": 2,
-    "broker.client": 2,
+    "broker.client_state": 2,  # ClientState: what the broker knows of one client
     "broker.outlet": 2,
     "broker.flow": 2,
     "broker.retain": 2,
@@ -73,22 +76,20 @@ LAYERS = {
     "broker.routing": 5,  # a message to the sessions that subscribed to it
     "broker.registry": 5,
     "broker.cluster": 5,  # membership, links, the routing view of other nodes
-    "broker.connection": 6,
-    "broker.connect_flow": 6,
-    "broker.publish_flow": 6,
-    "broker.packet_flows": 6,  # which flow handles each packet (given to each Connection)
-    "broker.subscriptions": 6,
+    "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O) and its flows
     "broker.plugins": 6,
     "broker.systree": 6,
-    "broker.proxy_protocol": 6,
-    "broker.websocket": 6,
-    "broker.tls_stream": 6,
-    "broker.layer": 6,
-    "broker.server": 7,
-    "broker.admin": 7,
-    "broker.http": 7,
-    "broker.__main__": 7,
-    "broker": 7,  # broker/__init__.py
+    "broker.writer": 7,  # a connection's outgoing bytes, batched per loop turn
+    "broker.connection": 7,
+    "broker.proxy_protocol": 7,
+    "broker.websocket": 7,
+    "broker.tls_stream": 7,
+    "broker.layer": 7,
+    "broker.server": 8,
+    "broker.admin": 8,
+    "broker.http": 8,
+    "broker.__main__": 8,
+    "broker": 8,  # broker/__init__.py
 }
 
 
@@ -122,7 +123,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
         if isinstance(node, ast.Import):
             found += [(alias.name, id(node) in type_only) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:  # `from broker import connect_flow`: that module
+            for alias in node.names:  # `from broker.client import connect`: that module
                 submodule = f"{node.module}.{alias.name}"
                 is_module = any(
                     (ROOT / submodule.replace(".", "/")).with_suffix(suffix).exists()

@@ -1,6 +1,3 @@
-"""The per-client layer: what the broker knows about one client connection, apart from
-its socket (broker/connection.py is the asyncio shell around it)."""
-
-from broker.client.state import AUTHENTICATING, AWAITING_CONNECT, CLOSING, CONNECTED, ClientState
-
-__all__ = ["AUTHENTICATING", "AWAITING_CONNECT", "CLOSING", "CONNECTED", "ClientState"]
+"""The per-client engine: one client's MQTT without I/O (engine.py) and the packet flows
+it runs (connect.py, publish.py, subscribe.py; flows.py says which handles each packet).
+The client's state is broker/client_state.py; its asyncio shell is broker/connection.py."""

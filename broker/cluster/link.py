@@ -555,7 +555,7 @@ class ClusterListener:
             self.full.ended("cluster listener: accepting links again, %d open", open_now)
 
 
-# One ClusterListener per Cluster, made with its first connection (as broker/connect_flow.py
+# One ClusterListener per Cluster, made with its first connection (as broker/client/connect.py
 # keeps its Episode per Broker), so node.py needs no hook.
 _listeners: weakref.WeakKeyDictionary[LinkOwner, ClusterListener] = weakref.WeakKeyDictionary()
 

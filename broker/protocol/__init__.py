@@ -6,7 +6,8 @@
         ...
     wire = encode(ConnAck(session_present=False), decoder.protocol_level)
 
-No asyncio, no sockets: `broker.connection` is the only place that touches a transport.
+No asyncio, no sockets: `broker.connection` and `broker.writer` are the only places that
+touch a transport.
 """
 
 from ._decoder import MAX_PACKET_SIZE, Decoder

@@ -52,7 +52,9 @@ def count_publishes(sock: socket.socket, expected: int, quiet: float = 1.0) -> i
 
 
 def publisher_paused(broker) -> bool:
-    return any(c.reading_paused for c in broker.connections if c.client.client_id == "flooder")
+    return any(
+        c.engine.reading_paused for c in broker.connections if c.client.client_id == "flooder"
+    )
 
 
 def flood(sock: socket.socket, topic: str, count: int) -> threading.Thread:

@@ -119,13 +119,8 @@ def test_qos0_messages_in_a_stored_backlog_are_delivered_too(
     sub.connect(client_id, clean=False)
     sub.subscribe(("q0/t", 0))
     session = session_of(server, client_id)
-    connection = server.call(lambda: session.outlet)
-
-    def socket_full() -> None:  # what the transport's pause_writing does
-        connection._write_paused = True
-        connection.writable = False
-
-    server.call(socket_full)
+    writer = server.call(lambda: session.outlet)
+    server.call(writer.pause)  # what the transport's pause_writing does
     pub = paho_client(server, V311)
     for i in range(450):  # below the queue's high-water mark: the publisher is not held
         pub.publish("q0/t", b"%d" % i, qos=1)  # delivered at QoS 0, its subscription's

@@ -1,7 +1,7 @@
 """CONNECTs refused while Redis is away are logged as an episode, not one by one: the
 first refusal in full, then one line per 10 s counting the others ("N connects refused
 in the last 10 s: metadata unavailable"), then one line when a registration works again
-(broker/connect_flow.py over broker/episodes.py's Episode).
+(broker/client/connect.py over broker/episodes.py's Episode).
 
 A hostile probe counted two lines per refused CONNECT, about 12,000 lines per node in
 15 s of outage. Here one node runs in-process (tests/conftest.py's start_broker) on a

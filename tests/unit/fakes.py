@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from broker.client import ClientState
+from broker.client_state import ClientState
 from broker.message import TopicAliases
 from broker.protocol import Decoder, Packet, Publish
 

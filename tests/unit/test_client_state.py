@@ -1,11 +1,17 @@
-"""ClientState's phase moves only forward (broker/client/state.py)."""
+"""ClientState's phase moves only forward (broker/client_state.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.client import AUTHENTICATING, AWAITING_CONNECT, CLOSING, CONNECTED, ClientState
-from broker.client.state import IllegalTransition
+from broker.client_state import (
+    AUTHENTICATING,
+    AWAITING_CONNECT,
+    CLOSING,
+    CONNECTED,
+    ClientState,
+    IllegalTransition,
+)
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def messages(lines: Lines) -> list[str]:
 
 
 def refusals(clock: FakeClock) -> Episode:
-    """As broker/connect_flow.py's: a count line per 10 s."""
+    """As broker/client/connect.py's: a count line per 10 s."""
     return Episode(logging.getLogger(LOGGER), "connects refused", clock, interval=10.0)
 
 

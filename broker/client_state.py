@@ -1,9 +1,8 @@
 """ClientState: everything the broker knows about one client connection, in one place.
 
-The connection shell (broker/connection.py) owns the socket, the timers and the write
-buffer; the packet handlers (CONNECT, PUBLISH, SUBSCRIBE) read and change this state, and
-sessions see the client through it (identity for hook contexts, the wire profile for
-encoding). Nothing here does I/O.
+The client's engine and its packet flows (broker/client/) read and change this state;
+sessions and the writer see the client through it (identity for hook contexts, the wire
+profile for encoding). Nothing here does I/O.
 
 The phase says which packets are welcome, and moves only forward:
 

@@ -1,8 +1,7 @@
-"""SUBSCRIBE and UNSUBSCRIBE for a client connection: filters, plugins, SUBACK, retained.
+"""SUBSCRIBE and UNSUBSCRIBE for a client: filters, plugins, SUBACK, retained.
 
-Functions over the connection shell (`conn`, broker/connection.py) and its ClientState:
-the subscription side of the protocol in one place, apart from the transport and the
-PUBLISH path.
+Functions over a client's engine (broker/client/engine.py) and its ClientState: the
+subscription side of the protocol in one place, apart from the PUBLISH path.
 """
 
 from __future__ import annotations
@@ -17,21 +16,21 @@ from broker.topics import valid_topic_filter
 from hooks import Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
+    from broker.client.engine import ClientEngine
 
 MQTT5 = 5
 ALLOWED = Ok()  # the verdict when no plugin has a say
 
 
-def on_subscribe(conn: Connection, packet: Subscribe) -> None:
-    conn.broker.metrics.mqtt_subscribe_received += 1
+def on_subscribe(engine: ClientEngine, packet: Subscribe) -> None:
+    engine.host.metrics.mqtt_subscribe_received += 1
     codes: list[int | None] = []  # None: valid, decided by the plugins below
     requests: list[TopicRequest] = []
     for sub in packet.subscriptions:
         if sub.no_local and sub.topic_filter.startswith(SHARE_PREFIX):
             # No Local on a shared subscription is a Protocol Error [MQTT-3.8.3-4].
-            return conn.close(ReasonCode.PROTOCOL_ERROR)
-        code = _filter_problem(conn, sub.topic_filter, requests)
+            return engine.close(ReasonCode.PROTOCOL_ERROR)
+        code = _filter_problem(engine, sub.topic_filter, requests)
         codes.append(code)
         if code is None:
             requests.append(
@@ -43,35 +42,39 @@ def on_subscribe(conn: Connection, packet: Subscribe) -> None:
                     retain_handling=sub.retain_handling,
                 )
             )
-    chain = conn.broker.chains.auth_on_subscribe[conn.client.protocol_level == MQTT5]
+    chain = engine.host.chains.auth_on_subscribe[engine.client.protocol_level == MQTT5]
     if not chain or not requests:  # no authorization plugin: subscribing is allowed
-        return _subscribe(conn, packet, codes, [(r, r.qos) for r in requests], ALLOWED)
+        return _subscribe(engine, packet, codes, [(r, r.qos) for r in requests], ALLOWED)
     context = SubscribeContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
-        session_id=conn.client.session_id,
+        client_id=engine.client.client_id,
+        username=engine.client.username,
+        attributes=engine.client.attributes,
+        session_id=engine.client.session_id,
         topics=requests,
         properties=packet.properties,
     )
-    conn.decide(chain, context, _authorized_subscribe, conn, packet, codes, context)
+    if chain.synchronous:
+        return _authorized_subscribe(engine, packet, codes, context, chain.run_sync(context))
+    engine.decide_later(chain, context, _authorized_subscribe, engine, packet, codes, context)
 
 
 def _authorized_subscribe(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Subscribe,
     codes: list[int | None],
     context: SubscribeContext,
     result: Result,
 ) -> None:
-    granted = granted_topics(context.topics, result, conn.client.protocol_level)
-    _subscribe(conn, packet, codes, granted, result)
+    granted = granted_topics(context.topics, result, engine.client.protocol_level)
+    _subscribe(engine, packet, codes, granted, result)
 
 
-def _filter_problem(conn: Connection, topic_filter: str, earlier: list[TopicRequest]) -> int | None:
+def _filter_problem(
+    engine: ClientEngine, topic_filter: str, earlier: list[TopicRequest]
+) -> int | None:
     """The SUBACK failure code for a filter we cannot take, None for a good one
     (`earlier`: the filters of this SUBSCRIBE already taken, for the quota)."""
-    v5 = conn.client.protocol_level == MQTT5
+    v5 = engine.client.protocol_level == MQTT5
     shared = parse_shared(topic_filter)
     if shared is not None:  # $share/<group>/<filter>
         group, inner = shared
@@ -79,26 +82,26 @@ def _filter_problem(conn: Connection, topic_filter: str, earlier: list[TopicRequ
             return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
     elif not valid_topic_filter(topic_filter):
         return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-    depth = conn.broker.settings.topic_max_depth
+    depth = engine.host.settings.topic_max_depth
     inner = topic_filter if shared is None else shared[1]
     if depth and inner.count("/") >= depth:
-        conn.broker.metrics.topic_depth_exceeded += 1
+        engine.host.metrics.topic_depth_exceeded += 1
         return ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80
-    limit = conn.broker.settings.max_subscriptions_per_client
-    assert conn.session is not None  # SUBSCRIBE comes after CONNECT (the decoder sees to it)
-    subscriptions = conn.session.subscriptions
+    limit = engine.host.settings.max_subscriptions_per_client
+    assert engine.session is not None  # SUBSCRIBE comes after CONNECT (the decoder sees to it)
+    subscriptions = engine.session.subscriptions
     if (
         limit
         and topic_filter not in subscriptions
         and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
     ):
-        conn.broker.metrics.subscription_limit_exceeded += 1
+        engine.host.metrics.subscription_limit_exceeded += 1
         return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
     return None
 
 
 def _subscribe(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Subscribe,
     codes: list,
     granted: list[tuple[TopicRequest, int]],
@@ -106,7 +109,7 @@ def _subscribe(
 ) -> None:
     """Subscribe what was granted, answer SUBACK, then send the retained messages.
     on_subscribe fires only when the plugins allowed the request (`result` Ok)."""
-    session = conn.session
+    session = engine.session
     assert session is not None
     sub_ids = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER)
     sub_id = sub_ids[0] if sub_ids else None
@@ -125,7 +128,7 @@ def _subscribe(
             request.retain_handling,
             sub_id,
         )
-        is_new = conn.broker.registry.subscribe(session.owner, request.topic, options)
+        is_new = engine.host.registry.subscribe(session.owner, request.topic, options)
         # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
         # A shared subscription gets no retained messages [MQTT-4.8.2].
         if request.topic.startswith(SHARE_PREFIX):
@@ -133,14 +136,18 @@ def _subscribe(
         if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
             retained.append((request.topic, options))
     props = {}
-    if type(result) is Error and conn.client.protocol_level == MQTT5 and conn.client.problem_info:
+    if (
+        type(result) is Error
+        and engine.client.protocol_level == MQTT5
+        and engine.client.problem_info
+    ):
         props = refusal_properties(result)
-    conn.send(SubAckPacket(packet.packet_id, codes, props))
-    conn.broker.metrics.mqtt_suback_sent += 1
+    engine.outlet.send(SubAckPacket(packet.packet_id, codes, props))
+    engine.host.metrics.mqtt_suback_sent += 1
     for topic_filter, options in retained:
-        conn.broker.routing.send_retained(session, topic_filter, options)
-    chains = conn.broker.chains
-    on_subscribe = chains.on_subscribe[conn.client.protocol_level == MQTT5]
+        engine.host.routing.send_retained(session, topic_filter, options)
+    chains = engine.host.chains
+    on_subscribe = chains.on_subscribe[engine.client.protocol_level == MQTT5]
     if on_subscribe and granted and type(result) is Ok:
         topics = [
             TopicRequest(
@@ -156,36 +163,38 @@ def _subscribe(
         chains.notify(
             on_subscribe,
             SubscribeContext(
-                client_id=conn.client.client_id,
-                username=conn.client.username,
-                attributes=conn.client.attributes,
-                session_id=conn.client.session_id,
+                client_id=engine.client.client_id,
+                username=engine.client.username,
+                attributes=engine.client.attributes,
+                session_id=engine.client.session_id,
                 topics=topics,
                 properties=packet.properties,
             ),
         )
 
 
-def on_unsubscribe(conn: Connection, packet: Unsubscribe) -> None:
-    conn.broker.metrics.mqtt_unsubscribe_received += 1
-    chain = conn.broker.chains.on_unsubscribe[conn.client.protocol_level == MQTT5]
+def on_unsubscribe(engine: ClientEngine, packet: Unsubscribe) -> None:
+    engine.host.metrics.mqtt_unsubscribe_received += 1
+    chain = engine.host.chains.on_unsubscribe[engine.client.protocol_level == MQTT5]
     if not chain:
-        return _unsubscribe(conn, packet, packet.topic_filters, ALLOWED)
+        return _unsubscribe(engine, packet, packet.topic_filters, ALLOWED)
     context = UnsubscribeContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
-        session_id=conn.client.session_id,
+        client_id=engine.client.client_id,
+        username=engine.client.username,
+        attributes=engine.client.attributes,
+        session_id=engine.client.session_id,
         topics=list(packet.topic_filters),
         properties=packet.properties,
     )
-    conn.decide(chain, context, _decided_unsubscribe, conn, packet, context)
+    if chain.synchronous:
+        return _decided_unsubscribe(engine, packet, context, chain.run_sync(context))
+    engine.decide_later(chain, context, _decided_unsubscribe, engine, packet, context)
 
 
 def _decided_unsubscribe(
-    conn: Connection, packet: Unsubscribe, context: UnsubscribeContext, result: Result
+    engine: ClientEngine, packet: Unsubscribe, context: UnsubscribeContext, result: Result
 ) -> None:
-    _unsubscribe(conn, packet, _unsubscribe_topics(context, result), result)
+    _unsubscribe(engine, packet, _unsubscribe_topics(context, result), result)
 
 
 def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
@@ -198,21 +207,21 @@ def _unsubscribe_topics(context: UnsubscribeContext, result) -> list[str]:
 
 
 def _unsubscribe(
-    conn: Connection, packet: Unsubscribe, topic_filters: list[str], result: Result
+    engine: ClientEngine, packet: Unsubscribe, topic_filters: list[str], result: Result
 ) -> None:
     codes: list[int] = []
-    session = conn.session
+    session = engine.session
     assert session is not None
     for topic_filter in topic_filters:
-        found = conn.broker.registry.unsubscribe(session.owner, topic_filter)
+        found = engine.host.registry.unsubscribe(session.owner, topic_filter)
         codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-    if conn.client.protocol_level != MQTT5:
+    if engine.client.protocol_level != MQTT5:
         unsuback = UnsubAck(packet.packet_id)
     else:
         props = {}
-        if type(result) is Ok and conn.client.problem_info:
+        if type(result) is Ok and engine.client.problem_info:
             # on_unsubscribe_m5 may answer with a Reason String and User Properties.
             props = ack_properties(result.modifiers.get("properties", {}))
         unsuback = UnsubAck(packet.packet_id, codes, props)
-    conn.send(unsuback)
-    conn.broker.metrics.mqtt_unsuback_sent += 1
+    engine.outlet.send(unsuback)
+    engine.host.metrics.mqtt_unsuback_sent += 1

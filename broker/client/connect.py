@@ -1,8 +1,8 @@
-"""CONNECT for a client connection: validation, enhanced authentication, auth plugins,
-the session, CONNACK.
+"""CONNECT for a client: validation, enhanced authentication, auth plugins, the session,
+CONNACK.
 
-Functions over the connection shell (`conn`, broker/connection.py) and its ClientState
-(broker/client/state.py), which they move from awaiting-connect through authenticating
+Functions over a client's engine (broker/client/engine.py) and its ClientState
+(broker/client_state.py), which they move from awaiting-connect through authenticating
 to connected; DISCONNECT ends here too. The order follows VerneMQ: on_auth_m5 (MQTT 5
 enhanced authentication, [4.12]), auth_on_register (unless allow_anonymous), the will's
 auth_on_publish, then the registry (takeover, clean start, expiry), on_register,
@@ -24,7 +24,8 @@ from broker.authorization import (
     register_refusal,
     session_limits,
 )
-from broker.client import AUTHENTICATING, CONNECTED
+from broker.client.publish import publish_context
+from broker.client_state import AUTHENTICATING, CONNECTED
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.episodes import Episode
 from broker.message import Message, TopicAliases
@@ -38,14 +39,13 @@ from broker.protocol import (
     Property,
     ReasonCode,
 )
-from broker.publish_flow import publish_context
 from broker.topics import valid_topic_name
 from hooks import AuthContext, Chain, Ok, RegisterContext, Result
 from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
+    from broker.client.engine import ClientEngine, Host
     from broker.cluster.metadata import Registration
-    from broker.connection import Connection, Host
 
 log = logging.getLogger("nautilus.connection")
 
@@ -68,89 +68,89 @@ def _cluster_refusals(broker: Host) -> Episode:
     return refusals
 
 
-def on_connect(conn: Connection, packet: Connect) -> None:
-    conn.client.advance(AUTHENTICATING)  # until CONNACK: see broker/client/state.py
-    conn.client.protocol_level = level = packet.protocol_level
-    conn.broker.metrics.mqtt_connect_received += 1
+def on_connect(engine: ClientEngine, packet: Connect) -> None:
+    engine.client.advance(AUTHENTICATING)  # until CONNACK: see broker/client_state.py
+    engine.client.protocol_level = level = packet.protocol_level
+    engine.host.metrics.mqtt_connect_received += 1
     # Binds every packet we send from now on, a refusing CONNACK too [MQTT-3.1.2-24].
-    conn.client.max_packet_out = packet.properties.get(Property.MAXIMUM_PACKET_SIZE, 0)
+    engine.client.max_packet_out = packet.properties.get(Property.MAXIMUM_PACKET_SIZE, 0)
     client_id = packet.client_id
     assigned = None
     if not client_id:
         # [MQTT-3.1.3-6/8]: 3.1.1 assigns an id only to clean sessions; 3.1 never does.
         if level == 3 or (level == 4 and not packet.clean_start):
-            return refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+            return refuse(engine, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
         client_id = assigned = f"auto-{uuid.uuid4().hex}"
-    elif len(client_id) > conn.broker.settings.max_client_id_size:
-        return refuse(conn, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+    elif len(client_id) > engine.host.settings.max_client_id_size:
+        return refuse(engine, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
     if packet.will is not None and not valid_topic_name(packet.will.topic):
-        return refuse(conn, ReasonCode.TOPIC_NAME_INVALID)
-    conn.client.client_id = client_id
+        return refuse(engine, ReasonCode.TOPIC_NAME_INVALID)
+    engine.client.client_id = client_id
     # use_identity_as_username: the certificate's CN, whatever CONNECT says; a certificate
     # without one is refused (as Mosquitto does), not let through to a password check.
-    listener = conn.broker.config.listeners[conn.listener]
-    if listener.use_identity_as_username and not conn.client.identity:
-        return refuse(conn, ReasonCode.NOT_AUTHORIZED)
-    conn.client.username = conn.client.identity or packet.username
-    conn.client.problem_info = packet.properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
-    settings = conn.broker.settings
+    listener = engine.host.config.listeners[engine.listener]
+    if listener.use_identity_as_username and not engine.client.identity:
+        return refuse(engine, ReasonCode.NOT_AUTHORIZED)
+    engine.client.username = engine.client.identity or packet.username
+    engine.client.problem_info = packet.properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
+    settings = engine.host.settings
     if settings.server_reference:
         # This node is being drained: send clients elsewhere [4.11] (MQTT 3: "unavailable").
         moved = ReasonCode.SERVER_MOVED if settings.server_moved else ReasonCode.USE_ANOTHER_SERVER
-        return refuse(conn, moved, {Property.SERVER_REFERENCE: settings.server_reference})
+        return refuse(engine, moved, {Property.SERVER_REFERENCE: settings.server_reference})
     method = packet.properties.get(Property.AUTHENTICATION_METHOD) if level == MQTT5 else None
     if method is not None:  # enhanced authentication comes first [4.12]
-        chain = conn.broker.chains.on_auth_m5
+        chain = engine.host.chains.on_auth_m5
         if not chain:
-            return refuse(conn, ReasonCode.BAD_AUTHENTICATION_METHOD)
-        conn.auth_exchange = AuthExchange(chain, method)
-        conn.client.pending_connect = (packet, assigned)
-        return conn.spawn(_auth_step(conn, packet.properties.get(Property.AUTHENTICATION_DATA)))
-    _authenticate(conn, packet, assigned, {})
+            return refuse(engine, ReasonCode.BAD_AUTHENTICATION_METHOD)
+        engine.auth_exchange = AuthExchange(chain, method)
+        engine.client.pending_connect = (packet, assigned)
+        return engine.spawn(_auth_step(engine, packet.properties.get(Property.AUTHENTICATION_DATA)))
+    _authenticate(engine, packet, assigned, {})
 
 
 def _authenticate(
-    conn: Connection, packet: Connect, assigned: str | None, auth_props: dict
+    engine: ClientEngine, packet: Connect, assigned: str | None, auth_props: dict
 ) -> None:
     """auth_on_register and the will's auth_on_publish, then CONNACK (`auth_props`:
     what enhanced authentication adds to it)."""
-    chains = conn.broker.chains
-    level = conn.client.protocol_level
+    chains = engine.host.chains
+    level = engine.client.protocol_level
     v5 = level == MQTT5
     register = None
     # Anonymous access, or a client the certificate authenticated (use_identity_as_username):
     # then auth_on_register is skipped.
-    if not (conn.broker.settings.allow_anonymous or conn.client.identity):
+    if not (engine.host.settings.allow_anonymous or engine.client.identity):
         register = chains.auth_on_register[v5]
     will_check = None
     if packet.will is not None:
         will_check = chains.auth_on_publish[v5] or None
     if register is None and will_check is None:
-        return _accept(conn, packet, assigned, {}, auth_props)
+        return _accept(engine, packet, assigned, {}, auth_props)
     context = RegisterContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
-        session_id=conn.client.session_id,
-        peer=conn.client.peer[:2],
+        client_id=engine.client.client_id,
+        username=engine.client.username,
+        attributes=engine.client.attributes,
+        session_id=engine.client.session_id,
+        peer=engine.client.peer[:2],
         password=packet.password,
         clean_start=packet.clean_start,
         protocol_level=level,
         properties=packet.properties,
-        **_listener_fields(conn),
+        **_listener_fields(engine),
     )
     if register is None:
-        return _check_will(conn, packet, assigned, context, {}, will_check, auth_props)
+        return _check_will(engine, packet, assigned, context, {}, will_check, auth_props)
+    args = (engine, packet, assigned, context, will_check, auth_props)
     if not register:  # authentication is required and no plugin does it: refused
-        args = (conn, packet, assigned, context, will_check, auth_props)
         return _registered(*args, NO_HOOK)
-    conn.decide(
-        register, context, _registered, conn, packet, assigned, context, will_check, auth_props
-    )
+    if register.synchronous:
+        return _registered(*args, register.run_sync(context))
+    engine.decide_later(register, context, _registered, *args)
 
 
 def _registered(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Connect,
     assigned: str | None,
     context: RegisterContext,
@@ -160,14 +160,14 @@ def _registered(
 ) -> None:
     """auth_on_register(_m5) decided: refuse, or apply its modifiers and check the will."""
     if type(result) is not Ok:
-        return _register_failed(conn, context, result, register_refusal(result))
+        return _register_failed(engine, context, result, register_refusal(result))
     modifiers = dict(result.modifiers)
-    _apply_register_modifiers(conn, packet, context, modifiers)
-    _check_will(conn, packet, assigned, context, modifiers, will_check, auth_props)
+    _apply_register_modifiers(engine, packet, context, modifiers)
+    _check_will(engine, packet, assigned, context, modifiers, will_check, auth_props)
 
 
 def _check_will(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Connect,
     assigned: str | None,
     context: RegisterContext,
@@ -177,16 +177,17 @@ def _check_will(
 ) -> None:
     """The will's auth_on_publish, if a plugin implements it, then CONNACK."""
     if will_check is None:
-        return _accept(conn, packet, assigned, modifiers, auth_props)
+        return _accept(engine, packet, assigned, modifiers, auth_props)
     assert packet.will is not None
-    will = publish_context(conn, packet.will)
-    conn.decide(
-        will_check, will, _will_checked, conn, packet, assigned, context, modifiers, auth_props
-    )
+    will = publish_context(engine, packet.will)
+    args = (engine, packet, assigned, context, modifiers, auth_props)
+    if will_check.synchronous:
+        return _will_checked(*args, will_check.run_sync(will))
+    engine.decide_later(will_check, will, _will_checked, *args)
 
 
 def _will_checked(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Connect,
     assigned: str | None,
     context: RegisterContext,
@@ -196,88 +197,95 @@ def _will_checked(
 ) -> None:
     if type(result) is not Ok:
         # VerneMQ answers a refused will with CONNACK 5 / not authorized.
-        return _register_failed(conn, context, result, ReasonCode.NOT_AUTHORIZED)
-    _accept(conn, packet, assigned, modifiers, auth_props)
+        return _register_failed(engine, context, result, ReasonCode.NOT_AUTHORIZED)
+    _accept(engine, packet, assigned, modifiers, auth_props)
 
 
 def _apply_register_modifiers(
-    conn: Connection, packet: Connect, context: RegisterContext, modifiers: dict
+    engine: ClientEngine, packet: Connect, context: RegisterContext, modifiers: dict
 ) -> None:
     if "username" in modifiers:
-        conn.client.username = context.username = modifiers["username"]
+        engine.client.username = context.username = modifiers["username"]
     if "client_id" in modifiers:
-        conn.client.client_id = context.client_id = modifiers["client_id"]
+        engine.client.client_id = context.client_id = modifiers["client_id"]
     for key in ("clean_start", "clean_session"):
         if key in modifiers:
             packet.clean_start = modifiers[key]
     if modifiers.get("max_message_size"):
-        conn.decoder.max_packet_size = modifiers["max_message_size"]
+        engine.decoder.max_packet_size = modifiers["max_message_size"]
     if "max_message_rate" in modifiers:
-        conn.client.max_message_rate = modifiers["max_message_rate"]
+        engine.client.max_message_rate = modifiers["max_message_rate"]
 
 
-def _register_failed(conn: Connection, context: RegisterContext, result, code: int) -> None:
+def _register_failed(engine: ClientEngine, context: RegisterContext, result, code: int) -> None:
     reason = refusal_reason(result)
-    chains = conn.broker.chains
+    chains = engine.host.chains
     chain = chains.on_register_failed
     if chain:
         context.reason = reason
         context.password = None  # events (and the event relay) never see credentials
         chains.notify(chain, context)
-    log.info("%s: not authorized: %s", conn.client.name(), reason)
-    if not conn.closing:
-        refuse(conn, code, refusal_properties(result))
+    log.info("%s: not authorized: %s", engine.client.name(), reason)
+    if not engine.closing:
+        refuse(engine, code, refusal_properties(result))
 
 
 def _accept(
-    conn: Connection, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict
+    engine: ClientEngine, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict
 ) -> None:
     """The client may connect: set up will, keepalive and session, send CONNACK."""
-    conn.client.advance(CONNECTED)
-    level = conn.client.protocol_level
+    engine.client.advance(CONNECTED)
+    level = engine.client.protocol_level
     props = packet.properties
     if packet.will is not None:
         will = packet.will
-        conn.client.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
-        conn.client.will = Message(
+        engine.client.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
+        engine.client.will = Message(
             will.topic,
             will.payload,
             will.qos,
             will.retain,
             will.properties,
-            conn.client.client_id,
-            now=conn.loop.time(),
+            engine.client.client_id,
+            now=engine.clock(),
         )
-    conn.client.keepalive = packet.keepalive
-    server_keepalive = _server_keepalive(conn)
+    engine.client.keepalive = packet.keepalive
+    server_keepalive = _server_keepalive(engine)
     if server_keepalive is not None:
-        conn.client.keepalive = server_keepalive
+        engine.client.keepalive = server_keepalive
     alias_room = min(
-        props.get(Property.TOPIC_ALIAS_MAXIMUM, 0), conn.broker.settings.topic_alias_max_client
+        props.get(Property.TOPIC_ALIAS_MAXIMUM, 0), engine.host.settings.topic_alias_max_client
     )
     if alias_room:
-        conn.client.aliases_out = TopicAliases(alias_room)
-    conn.connected()  # the connect timeout ends, the keepalive watch begins
+        engine.client.aliases_out = TopicAliases(alias_room)
+    engine.connected()  # the connect timeout ends, the keepalive watch begins
     if level == MQTT5:
         expiry = props.get(Property.SESSION_EXPIRY_INTERVAL, 0)
         expiry = None if expiry == NEVER_EXPIRES else expiry
     elif packet.clean_start:
         expiry = 0
     else:
-        expiry = conn.broker.settings.persistent_client_expiration or None
+        expiry = engine.host.settings.persistent_client_expiration or None
     # In a cluster the client id is registered cluster-wide first (broker/peers.py).
-    registering = conn.broker.peers.register(conn.client.client_id, expiry == 0)
+    registering = engine.host.peers.register(engine.client.client_id, expiry == 0)
     if registering is not None:
-        return conn.spawn(
+        return engine.spawn(
             _register_in_cluster(
-                conn, registering, packet, assigned, modifiers, auth_props, expiry, server_keepalive
+                engine,
+                registering,
+                packet,
+                assigned,
+                modifiers,
+                auth_props,
+                expiry,
+                server_keepalive,
             )
         )
-    _attach(conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive, None)
+    _attach(engine, packet, assigned, modifiers, auth_props, expiry, server_keepalive, None)
 
 
 async def _register_in_cluster(
-    conn: Connection,
+    engine: ClientEngine,
     registering: Coroutine[Any, Any, Registration | None],
     packet: Connect,
     assigned: str | None,
@@ -294,32 +302,32 @@ async def _register_in_cluster(
         registration = await registering
     except MetadataUnavailable as exc:
         # The first refusal of an outage in full, then counts (a line per 10 s).
-        _cluster_refusals(conn.broker).occurred(
+        _cluster_refusals(engine.host).occurred(
             "%s: connection refused (reason 0x88): cannot register in the cluster: %s "
             "(while this lasts, refused CONNECTs are counted: one line per %d s)",
-            conn.client.name(),
+            engine.client.name(),
             exc,
             REFUSALS_INTERVAL,
             reason="metadata unavailable",
         )
-        if not conn.closing:
-            refuse(conn, ReasonCode.SERVER_UNAVAILABLE, quiet=True)
+        if not engine.closing:
+            refuse(engine, ReasonCode.SERVER_UNAVAILABLE, quiet=True)
         return
     except StaleRequest as exc:
-        log.warning("%s: cannot register in the cluster: %s", conn.client.name(), exc)
-        if not conn.closing:
-            refuse(conn, ReasonCode.SERVER_UNAVAILABLE)
+        log.warning("%s: cannot register in the cluster: %s", engine.client.name(), exc)
+        if not engine.closing:
+            refuse(engine, ReasonCode.SERVER_UNAVAILABLE)
         return
     if registration is not None:
-        refusals = _refusals.get(conn.broker)
+        refusals = _refusals.get(engine.host)
         if refusals is not None:
             refusals.ended("cluster registrations work again: connects accepted")
-    args = (conn, packet, assigned, modifiers, auth_props, expiry, server_keepalive)
+    args = (engine, packet, assigned, modifiers, auth_props, expiry, server_keepalive)
     _attach(*args, registration)
 
 
 def _attach(
-    conn: Connection,
+    engine: ClientEngine,
     packet: Connect,
     assigned: str | None,
     modifiers: dict,
@@ -329,63 +337,63 @@ def _attach(
     registration: Registration | None,
 ) -> None:
     """The session (taken over, resumed or new) and the CONNACK."""
-    level = conn.client.protocol_level
+    level = engine.client.protocol_level
     props = packet.properties
-    registry = conn.broker.registry
-    known = conn.client.client_id in registry
-    session, present = registry.connect(conn.client.client_id, packet.clean_start, expiry)
-    conn.broker.peers.registered(conn.client.client_id, session, registration, fresh=not known)
+    registry = engine.host.registry
+    known = engine.client.client_id in registry
+    session, present = registry.connect(engine.client.client_id, packet.clean_start, expiry)
+    engine.host.peers.registered(engine.client.client_id, session, registration, fresh=not known)
     if registration is not None and registration.existed and not packet.clean_start:
         present = True  # the session lived on another node
-    if conn.closing:  # the client left while the cluster registered it: offline now
-        registry.disconnected(session, None, 0, conn.client_context())
+    if engine.closing:  # the client left while the cluster registered it: offline now
+        registry.disconnected(session, None, 0, engine.client_context())
         return
     session.apply_limits(session_limits(modifiers))
-    conn.session = session
-    chains = conn.broker.chains
+    engine.session = session
+    chains = engine.host.chains
     on_register = chains.on_register[level == MQTT5]
     if on_register:
-        chains.notify(on_register, _register_event(conn, packet))
+        chains.notify(on_register, _register_event(engine, packet))
     if chains.on_client_wakeup:
-        chains.notify(chains.on_client_wakeup, conn.client_context())
-    connack_props = {**_connack_properties(conn, assigned), **auth_props}
+        chains.notify(chains.on_client_wakeup, engine.client_context())
+    connack_props = {**_connack_properties(engine, assigned), **auth_props}
     if level == MQTT5 and "properties" in modifiers:
         # auth_on_register_m5 may add User Properties (and a Reason String).
         connack_props.update(ack_properties(modifiers["properties"]))
     if server_keepalive is not None:
         connack_props = {**connack_props, Property.SERVER_KEEP_ALIVE: server_keepalive}
-    response_information = conn.broker.settings.response_information
+    response_information = engine.host.settings.response_information
     if response_information and props.get(Property.REQUEST_RESPONSE_INFORMATION):
         # [3.1.2.11.7]: only when asked for; %c stands for the client id.
-        info = response_information.replace("%c", conn.client.client_id)
+        info = response_information.replace("%c", engine.client.client_id)
         connack_props = {**connack_props, Property.RESPONSE_INFORMATION: info}
-    conn.send(ConnAck(ReasonCode.SUCCESS, present, connack_props))
-    conn.broker.metrics.connack_sent(ConnectReturnCode.ACCEPTED)
-    session.attach(conn, props.get(Property.RECEIVE_MAXIMUM, 65535))
+    engine.outlet.send(ConnAck(ReasonCode.SUCCESS, present, connack_props))
+    engine.host.metrics.connack_sent(ConnectReturnCode.ACCEPTED)
+    engine.attach(session, props.get(Property.RECEIVE_MAXIMUM, 65535))
 
 
-def _server_keepalive(conn: Connection) -> int | None:
+def _server_keepalive(engine: ClientEngine) -> int | None:
     """`max_keepalive` caps what an MQTT 5 client asked for (0 counts as "forever"),
     told in CONNACK's Server Keep Alive [MQTT-3.2.2-21]; MQTT 3 has no way to say so."""
-    limit = conn.broker.settings.max_keepalive
-    if not limit or conn.client.protocol_level != MQTT5:
+    limit = engine.host.settings.max_keepalive
+    if not limit or engine.client.protocol_level != MQTT5:
         return None
-    if conn.client.keepalive and conn.client.keepalive <= limit:
+    if engine.client.keepalive and engine.client.keepalive <= limit:
         return None
     return limit
 
 
-def _register_event(conn: Connection, packet: Connect) -> RegisterContext:
+def _register_event(engine: ClientEngine, packet: Connect) -> RegisterContext:
     return RegisterContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
-        session_id=conn.client.session_id,
-        peer=conn.client.peer[:2],
+        client_id=engine.client.client_id,
+        username=engine.client.username,
+        attributes=engine.client.attributes,
+        session_id=engine.client.session_id,
+        peer=engine.client.peer[:2],
         clean_start=packet.clean_start,
-        protocol_level=conn.client.protocol_level,
+        protocol_level=engine.client.protocol_level,
         properties=packet.properties,
-        **_listener_fields(conn),
+        **_listener_fields(engine),
     )
 
 
@@ -393,87 +401,89 @@ def _register_event(conn: Connection, packet: Connect) -> RegisterContext:
 LISTENER_TYPES = {"tcp": "mqtt", "ssl": "mqtts", "ws": "mqttws", "wss": "mqttwss"}
 
 
-def _listener_fields(conn: Connection) -> dict[str, Any]:
-    host, port = conn.broker.listening[conn.listener]
-    kind = conn.broker.config.listeners[conn.listener].type
+def _listener_fields(engine: ClientEngine) -> dict[str, Any]:
+    host, port = engine.host.listening[engine.listener]
+    kind = engine.host.config.listeners[engine.listener].type
     return {
         "listener_type": LISTENER_TYPES[kind],
         "listener_addr": host,
         "listener_port": port,
-        "client_cert": conn.client.certificate,
+        "client_cert": engine.client.certificate,
     }
 
 
-def on_auth(conn: Connection, packet: Auth) -> None:
-    exchange = conn.auth_exchange
+def on_auth(engine: ClientEngine, packet: Auth) -> None:
+    exchange = engine.auth_exchange
     method = packet.properties.get(Property.AUTHENTICATION_METHOD)
     if exchange is None or method != exchange.method:
-        return conn.close(ReasonCode.PROTOCOL_ERROR)  # [MQTT-4.12.0-5] / [MQTT-4.12.1-1]
-    allowed = (CONTINUE,) if conn.client.pending_connect else (CONTINUE, ReasonCode.RE_AUTHENTICATE)
-    if packet.reason_code not in allowed:
-        return conn.close(ReasonCode.PROTOCOL_ERROR)
-    conn.spawn(_auth_step(conn, packet.properties.get(Property.AUTHENTICATION_DATA)))
-
-
-async def _auth_step(conn: Connection, data: bytes | None) -> None:
-    context = AuthContext(
-        client_id=conn.client.client_id,
-        username=conn.client.username,
-        attributes=conn.client.attributes,
+        return engine.close(ReasonCode.PROTOCOL_ERROR)  # [MQTT-4.12.0-5] / [MQTT-4.12.1-1]
+    allowed = (
+        (CONTINUE,) if engine.client.pending_connect else (CONTINUE, ReasonCode.RE_AUTHENTICATE)
     )
-    assert conn.auth_exchange is not None  # on_auth saw to it
-    step = await conn.auth_exchange.step(context, data)
-    if conn.closing:
+    if packet.reason_code not in allowed:
+        return engine.close(ReasonCode.PROTOCOL_ERROR)
+    engine.spawn(_auth_step(engine, packet.properties.get(Property.AUTHENTICATION_DATA)))
+
+
+async def _auth_step(engine: ClientEngine, data: bytes | None) -> None:
+    context = AuthContext(
+        client_id=engine.client.client_id,
+        username=engine.client.username,
+        attributes=engine.client.attributes,
+    )
+    assert engine.auth_exchange is not None  # on_auth saw to it
+    step = await engine.auth_exchange.step(context, data)
+    if engine.closing:
         return None
-    connecting, conn.client.pending_connect = conn.client.pending_connect, None
+    connecting, engine.client.pending_connect = engine.client.pending_connect, None
     if step.reason_code >= 0x80:
-        log.info("%s: authentication failed (%#04x)", conn.client.name(), step.reason_code)
-        return refuse(conn, step.reason_code) if connecting else conn.close(step.reason_code)
+        log.info("%s: authentication failed (%#04x)", engine.client.name(), step.reason_code)
+        return refuse(engine, step.reason_code) if connecting else engine.close(step.reason_code)
     if step.reason_code == CONTINUE:
-        conn.client.pending_connect = connecting
-        return conn.send(Auth(CONTINUE, step.properties))
+        engine.client.pending_connect = connecting
+        return engine.outlet.send(Auth(CONTINUE, step.properties))
     if connecting:
-        return _authenticate(conn, *connecting, step.properties)
-    return conn.send(Auth(SUCCESS, step.properties))  # re-authenticated
+        return _authenticate(engine, *connecting, step.properties)
+    return engine.outlet.send(Auth(SUCCESS, step.properties))  # re-authenticated
 
 
-def _connack_properties(conn: Connection, assigned_id: str | None) -> dict:
-    if conn.client.protocol_level != MQTT5:
+def _connack_properties(engine: ClientEngine, assigned_id: str | None) -> dict:
+    if engine.client.protocol_level != MQTT5:
         return {}
-    props = conn.broker.connack_properties
+    props = engine.host.connack_properties
     if assigned_id is not None:
         props = {**props, Property.ASSIGNED_CLIENT_IDENTIFIER: assigned_id}
     return props
 
 
 def refuse(
-    conn: Connection, reason: int, properties: dict | None = None, *, quiet: bool = False
+    engine: ClientEngine, reason: int, properties: dict | None = None, *, quiet: bool = False
 ) -> None:
     """CONNACK with a refusal, then the close. `quiet`: the caller logged it already."""
     # 3.x has five codes; "not authorized" stands for every other refusal.
     v3_code = V3_CONNACK_CODE.get(ReasonCode(reason), ConnectReturnCode.NOT_AUTHORIZED)
     if not quiet:
-        log.info("%s: connection refused (reason %#04x)", conn.client.name(), reason)
-    if conn.client.protocol_level == MQTT5:
-        conn.send(ConnAck(reason, False, properties or {}))
+        log.info("%s: connection refused (reason %#04x)", engine.client.name(), reason)
+    if engine.client.protocol_level == MQTT5:
+        engine.outlet.send(ConnAck(reason, False, properties or {}))
     elif reason != ReasonCode.TOPIC_NAME_INVALID:
-        conn.send(ConnAck(v3_code, False))
+        engine.outlet.send(ConnAck(v3_code, False))
     else:  # 3.1.1 has no code for it: close without CONNACK [MQTT-3.2.2-6]
-        return conn.close()
-    conn.broker.metrics.connack_sent(v3_code)
-    conn.close()
+        return engine.close()
+    engine.host.metrics.connack_sent(v3_code)
+    engine.close()
 
 
-def on_disconnect(conn: Connection, packet: Disconnect) -> None:
-    conn.broker.metrics.mqtt_disconnect_received += 1
+def on_disconnect(engine: ClientEngine, packet: Disconnect) -> None:
+    engine.host.metrics.mqtt_disconnect_received += 1
     if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
-        conn.client.will = None  # a normal DISCONNECT discards the will [MQTT-3.14.4-3]
+        engine.client.will = None  # a normal DISCONNECT discards the will [MQTT-3.14.4-3]
     expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
-    if expiry is not None and conn.session is not None:
-        session = conn.session.owner
+    if expiry is not None and engine.session is not None:
+        session = engine.session.owner
         if session.expiry == 0 and expiry:
             # Zero at CONNECT cannot become non-zero at DISCONNECT [MQTT-3.14.2-2].
-            return conn.close(ReasonCode.PROTOCOL_ERROR)
+            return engine.close(ReasonCode.PROTOCOL_ERROR)
         session.expiry = None if expiry == NEVER_EXPIRES else expiry
-    conn.client.disconnect_reason = "normal_disconnect"
-    conn.close()
+    engine.client.disconnect_reason = "normal_disconnect"
+    engine.close()

@@ -1,0 +1,410 @@
+"""ClientEngine: one client's MQTT, without I/O.
+
+Bytes in (`receive`), packets handled by the flows the host names (broker/client/flows.py:
+connect, publish, subscribe), answers out through the client's outlet. The engine owns
+what one client is to the broker apart from its socket: the decoder, the ClientState, the
+session, the hook flows that hold its packets, and its place in flow control (a publisher
+is a `Reader`: `hold` stops handling its packets, `release` resumes them).
+
+It touches no transport, no timer and no event loop: what it needs of them it asks of its
+`Shell` (broker/connection.py is the asyncio one: reading paused or not, a hook flow run
+as a task, a callback later, the keepalive watch, the close), so a unit test drives it
+with bytes and a fake shell alone (tests/unit/test_client_engine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.client_state import AUTHENTICATING, CLOSING
+from broker.outlet import Outlet
+from broker.protocol import (
+    Auth,
+    ConnAck,
+    ConnectReturnCode,
+    Decoder,
+    Disconnect,
+    PingReq,
+    PingResp,
+    Property,
+    Publish,
+    ReasonCode,
+    RemoteProtocolError,
+    UnsupportedProtocolVersion,
+    encode,
+)
+from hooks import Chain, ClientContext, PublishContext
+
+if TYPE_CHECKING:
+    from broker.clock import Clock
+    from broker.config import BrokerSettings, Config
+    from broker.enhanced_auth import AuthExchange
+    from broker.flow import FlowControl
+    from broker.hook_callers import HookCallers
+    from broker.message import Message
+    from broker.metrics import Metrics
+    from broker.peers import Peers
+    from broker.registry import Registry
+    from broker.routing import Routing
+    from broker.session import Session
+    from broker.store import MessageStore
+
+log = logging.getLogger("nautilus.connection")
+
+MQTT5 = 5
+PINGRESP = encode(PingResp(), 4)  # the same bytes in every version
+# Why a connection ended, as events report it: Courier's names where it has one.
+_DISCONNECT_REASONS: dict[int, str] = {
+    ReasonCode.SESSION_TAKEN_OVER: "session_taken_over",
+    ReasonCode.KEEP_ALIVE_TIMEOUT: "disconnect_keep_alive",
+    ReasonCode.NOT_AUTHORIZED: "not_authorized",
+    ReasonCode.PROTOCOL_ERROR: "protocol_error",
+    ReasonCode.MALFORMED_PACKET: "protocol_error",
+    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED: "receive_max_exceeded",
+    ReasonCode.ADMINISTRATIVE_ACTION: "administrative_action",
+    ReasonCode.BAD_AUTHENTICATION_METHOD: "bad_authentication_method",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Flows:
+    """The packet handlers an engine runs (the one set: broker/client/flows.py), given by
+    the host, so that the engine imports none of them: the function that handles each
+    packet class, and the one that routes a PUBLISH postponed while it was held."""
+
+    handlers: Mapping[type, Callable[[ClientEngine, Any], None]]
+    route_held: Callable[[ClientEngine, Publish, Message, PublishContext | None], None]
+
+
+class Host(Protocol):
+    """What an engine and its packet flows use of the broker: the Broker provides it, and
+    they never import broker/server.py."""
+
+    flows: Flows  # what handles each packet
+    loop: Clock  # the broker's clock (broker/clock.py): no I/O is done through it
+    config: Config  # the listeners' settings
+    settings: BrokerSettings
+    metrics: Metrics
+    chains: HookCallers  # the plugins' hooks
+    store: MessageStore  # a QoS 1/2 publish is refused while it cannot write
+    flow: FlowControl
+    registry: Registry  # the client's session
+    routing: Routing  # its publishes
+    peers: Peers  # its client id registered cluster-wide
+    max_packet_size: int
+    connack_properties: dict  # what an MQTT 5 client learns in CONNACK
+    listening: list[tuple[str, int]]  # each listener's address
+
+
+class ClientOutlet(Outlet, Protocol):
+    """Where an engine's answers go (broker/writer.py): a session's outlet, plus the
+    acknowledgements that wait for the store, and the session it drains."""
+
+    session: Session | None  # drained when the outlet has room again
+
+    def acknowledge(self, data: bytes) -> None:
+        """Write a PUBACK / PUBREC: a promise, kept back until the message is stored."""
+
+
+class Shell(Protocol):
+    """What an engine asks of the I/O around it (broker/connection.py)."""
+
+    def read(self, wanted: bool) -> None:
+        """Read from the client, or stop reading (flow control, hook flows, throttling)."""
+
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+        """Run a hook flow; call the engine's `flow_done` when it ends."""
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> None:
+        """Call back at the clock's time `when`."""
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Call back after the handling under way."""
+
+    def watch_keepalive(self, seconds: int) -> None:
+        """CONNACK is on its way: the connect timeout ends; the client must send something
+        every `seconds` from now on (0: no watch)."""
+
+    def close_transport(self) -> None:
+        """Write what is written, then close the socket (gracefully)."""
+
+
+class ClientEngine:
+    __slots__ = (
+        "_postponed",
+        "_rate_count",
+        "_rate_window_end",
+        "auth_exchange",
+        "awaiting_hooks",
+        "client",
+        "clock",
+        "decoder",
+        "host",
+        "listener",
+        "outlet",
+        "reading_paused",
+        "session",
+        "shell",
+        "throttled",
+    )
+
+    def __init__(
+        self,
+        host: Host,
+        shell: Shell,
+        outlet: ClientOutlet,
+        clock: Callable[[], float],
+        listener: int = 0,
+    ) -> None:
+        self.host = host
+        self.shell = shell
+        self.outlet = outlet
+        self.client = client = outlet.client  # shared with the outlet: its wire profile
+        client.max_message_rate = host.settings.max_message_rate  # an auth plugin may change it
+        self.clock = clock  # the loop's time: deadlines (broker/clock.py)
+        self.listener = listener  # index into the broker's listeners
+        self.decoder = Decoder("server", max_packet_size=host.max_packet_size)
+        self.session: Session | None = None
+        self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
+        self.reading_paused = False  # held by flow control: a subscriber we feed is full
+        self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
+        self.throttled = False  # max_message_rate reached for this second
+        self._rate_count = 0
+        self._rate_window_end = 0.0
+        # A PUBLISH held back by flow control, routed first when released (postpone()).
+        self._postponed: tuple[Publish, Message, PublishContext | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ClientEngine {self.client.name()}>"
+
+    @property
+    def closing(self) -> bool:
+        return self.client.phase == CLOSING
+
+    # -- bytes in ----------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        if self.client.phase == CLOSING:
+            return  # lingering: read and discard (see close)
+        self.host.metrics.bytes_received += len(data)
+        self.decoder.receive_data(data)
+        self.process()
+
+    def process(self) -> None:
+        """Handle every complete packet buffered, unless closed or paused meanwhile."""
+        decoder = self.decoder
+        client = self.client
+        flows = self.host.flows
+        handlers = flows.handlers
+        try:
+            postponed = self._postponed
+            if postponed is not None and not (self.reading_paused or client.phase == CLOSING):
+                self._postponed = None  # routed first: this client's messages keep order
+                flows.route_held(self, *postponed)
+            while not (
+                client.phase == CLOSING
+                or self.reading_paused
+                or self.awaiting_hooks
+                or self.throttled
+            ):
+                packet = decoder.next_packet()
+                if packet is None:
+                    return
+                if client.phase == AUTHENTICATING and type(packet) not in (Auth, Disconnect):
+                    # Only AUTH or DISCONNECT until CONNACK [MQTT-4.12.0-4].
+                    raise RemoteProtocolError("packet during authentication", 0x82)
+                handlers[type(packet)](self, packet)
+        except UnsupportedProtocolVersion as exc:
+            log.info("%s: %s", client.name(), exc)
+            # Answer in the 3.1.1 layout, which every client version can read.
+            code = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+            self.outlet.write(encode(ConnAck(code), 4))
+            self.host.metrics.connack_sent(code)
+            self.close()
+        except RemoteProtocolError as exc:  # the client's; a LocalProtocolError is ours
+            self.host.metrics.mqtt_protocol_error += 1
+            if exc.reason_code == ReasonCode.PACKET_TOO_LARGE:
+                self.host.metrics.mqtt_invalid_msg_size_error += 1
+            log.info("%s: protocol error: %s", client.name(), exc)
+            self.close(exc.reason_code, str(exc))
+        except Exception:
+            # A bug of ours: this connection ends, the broker and everyone else go on.
+            log.exception("%s: internal error; closing the connection", client.name())
+            self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+
+    def on_pingreq(self, packet: PingReq) -> None:
+        self.host.metrics.mqtt_pingreq_received += 1
+        self.host.metrics.mqtt_pingresp_sent += 1
+        self.outlet.write(PINGRESP)
+
+    # -- the session -------------------------------------------------------------------
+
+    def attach(self, session: Session, receive_maximum: int) -> None:
+        """The session is this client's from now on (CONNACK is written)."""
+        self.session = session
+        self.outlet.session = session
+        session.attach(self.outlet, receive_maximum)
+
+    def connected(self) -> None:
+        """CONNACK is on its way: the connect timeout ends, the keepalive watch begins."""
+        self.shell.watch_keepalive(self.client.keepalive)
+
+    def leave_session(self) -> None:
+        """Hand the session back to the registry (offline, or ended), with our will."""
+        session = self.session
+        if session is None:
+            return
+        self.session = self.outlet.session = None
+        will, self.client.will = self.client.will, None
+        self.host.registry.disconnected(
+            session, will, self.client.will_delay, self.client_context()
+        )
+
+    def take_over(self) -> None:
+        """Another connection claimed this client id [MQTT-3.1.4-3]: close, and leave the
+        session at once so that the new connection can attach to it."""
+        self.close(ReasonCode.SESSION_TAKEN_OVER)
+        self.leave_session()
+
+    def client_context(self) -> ClientContext:
+        """This client as the client event hooks see it."""
+        client = self.client
+        return ClientContext(
+            client_id=client.client_id,
+            username=client.username,
+            attributes=client.attributes,
+            session_id=client.session_id,
+            reason=client.disconnect_reason,
+        )
+
+    # -- the end -----------------------------------------------------------------------
+
+    def close(self, reason_code: int | None = None, reason: str | None = None) -> None:
+        """Close this connection; MQTT 5 clients past CONNECT are told why first (with
+        `reason` as the Reason String, which DISCONNECT may always carry [MQTT-3.1.2-29])."""
+        if self.closing:
+            return
+        client = self.client
+        if not client.disconnect_reason:
+            client.disconnect_reason = _disconnect_reason(reason_code)
+        if reason_code is not None and self.session is not None and client.protocol_level == MQTT5:
+            self.host.metrics.mqtt_disconnect_sent += 1
+            props: dict[int, Any] = {Property.REASON_STRING: reason} if reason else {}
+            self.outlet.send(Disconnect(reason_code, props))
+        self.shell.close_transport()  # what is written goes first
+        client.advance(CLOSING)
+        self._leave()
+
+    def lost(self) -> None:
+        """The socket is gone (closed by us, or by the client without a word)."""
+        if self.client.phase != CLOSING:
+            self.client.advance(CLOSING)
+        if not self.client.disconnect_reason:
+            self.client.disconnect_reason = "tcp_closed"  # gone without a word
+        self._leave()
+
+    def _leave(self) -> None:
+        """This client is done: it waits for no subscriber, and its session goes back to
+        the registry (idempotent: called at close and again when the socket is gone)."""
+        self.host.flow.forget_publisher(self)
+        self.leave_session()
+
+    # -- flow control: this client as a publisher --------------------------------------
+
+    def postpone(self, packet: Publish, message: Message, context: PublishContext | None) -> None:
+        """Keep a message whose subscriber is full, unacknowledged, until released (the
+        client is held right after). If the connection ends first, the client sends it
+        again: it was never acknowledged."""
+        self._postponed = (packet, message, context)
+
+    def hold(self) -> None:
+        """Stop reading: a subscriber this client feeds has a full queue."""
+        self.host.metrics.flow_publisher_held += 1
+        self.reading_paused = True
+        self._update_reading()
+
+    def release(self) -> None:
+        """Read again: the subscribers it waited for have drained."""
+        if self.reading_paused and not self.closing:
+            self.reading_paused = False
+            self._update_reading()
+            self.shell.call_soon(self.process)  # packets that arrived before the hold
+
+    def _update_reading(self) -> None:
+        """Stop reading while back-pressure, a hook flow or the rate limit holds us."""
+        if not self.closing:
+            self.shell.read(not (self.reading_paused or self.awaiting_hooks or self.throttled))
+
+    # -- hook flows that await ---------------------------------------------------------
+
+    def decide_later(
+        self, chain: Chain, context: Any, then: Callable[..., None], *args: Any
+    ) -> None:
+        """Run a deciding chain that awaits (some implementation is a coroutine) as a hook
+        flow, then `then(*args, verdict)`. (A synchronous chain is run inline by the
+        caller: `chain.run_sync`, the hot path.)"""
+        self.spawn(self._decided(chain, context, then, args))
+
+    async def _decided(
+        self, chain: Chain, context: Any, then: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
+        verdict = await chain.run(context)
+        if not self.closing:
+            then(*args, verdict)
+
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+        """Run an awaiting hook flow; no further packet is handled until it is done, so
+        this client's packets keep their order. (A flow may start the next one.)"""
+        self.awaiting_hooks += 1
+        self._update_reading()
+        self.shell.spawn(flow)
+
+    def flow_done(self, error: BaseException | None, cancelled: bool = False) -> None:
+        """A hook flow ended (`error`: what it raised)."""
+        self.awaiting_hooks -= 1
+        if cancelled:
+            return
+        if error is not None:
+            log.error("%s: internal error in a hook flow", self.client.name(), exc_info=error)
+            return self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+        if not self.closing:
+            self._update_reading()
+            self.process()
+
+    # -- max_message_rate ---------------------------------------------------------------
+
+    def count_rate(self) -> None:
+        """max_message_rate: after N PUBLISHes in a second, stop reading from this client
+        until the second is over (VerneMQ throttles the socket the same way)."""
+        now = self.clock()
+        if now >= self._rate_window_end:
+            self._rate_window_end = now + 1.0
+            self._rate_count = 0
+        self._rate_count += 1
+        if self._rate_count >= self.client.max_message_rate:
+            self.host.metrics.client_publish_throttled += 1
+            self.throttled = True
+            self._update_reading()
+            self.shell.call_at(self._rate_window_end, self._end_throttle)
+
+    def _end_throttle(self) -> None:
+        if self.throttled and not self.closing:
+            self.throttled = False
+            self._update_reading()
+            self.process()
+
+
+def _disconnect_reason(reason_code: int | None) -> str:
+    """The disconnect reason of a connection the broker closes (with this MQTT 5 code)."""
+    if reason_code is None:
+        return "normal"
+    known = _DISCONNECT_REASONS.get(reason_code)
+    if known is not None:
+        return known
+    try:
+        return ReasonCode(reason_code).name.lower()
+    except ValueError:
+        return f"reason_code_{reason_code:#04x}"

@@ -1,0 +1,163 @@
+"""Writer: one connection's outgoing bytes, batched per event-loop turn.
+
+A client's outlet (broker/outlet.py): its session's deliveries and its engine's answers
+are appended to a list and flushed with one `writelines` per loop turn, so a burst costs
+one system call. When the transport's buffer passes its high-water mark, or the
+unflushed bytes pass OUT_HIGH_WATER, `writable` turns false and deliveries wait in the
+session's bounded queue until there is room (`resume`), when the session drains.
+
+The flush keeps the store's promise: the turn's store batch is committed before the
+bytes go out, so a PUBACK never leaves before what it acknowledges is on disk, and the
+plugins that keep something before an acknowledgement (`before_ack`) have kept it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from broker.protocol import Packet, Property, encode
+
+if TYPE_CHECKING:
+    from broker.client_state import ClientState
+    from broker.metrics import Metrics
+    from broker.session import Session
+    from broker.store import MessageStore
+
+OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
+_PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
+
+
+class Host(Protocol):
+    """What a writer uses of the broker."""
+
+    loop: asyncio.AbstractEventLoop
+    metrics: Metrics
+    store: MessageStore  # committed before a turn's bytes go out
+    before_ack: list[Callable[[], bool]]  # plugins that keep a message before its ack
+
+
+class Writer:
+    __slots__ = (
+        "_acked",
+        "_out",
+        "_out_bytes",
+        "_paused",
+        "_take_over",
+        "client",
+        "closed",
+        "host",
+        "session",
+        "tls",
+        "transport",
+        "writable",
+    )
+
+    def __init__(self, host: Host, client: ClientState, take_over: Callable[[], None]) -> None:
+        self.host = host
+        self.client = client  # Outlet: the wire profile packets are encoded for
+        self._take_over = take_over
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.tls = False  # the transport encrypts (see flush)
+        self.session: Session | None = None  # drained when there is room again
+        self.writable = True  # Outlet: room for deliveries (see OUT_HIGH_WATER)
+        self.closed = False  # nothing more goes out
+        self._paused = False  # the transport's buffer is above its high-water mark
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._acked = False  # PUBACK / PUBREC written since the last flush (store promises)
+
+    # -- Outlet ------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        out = self._out
+        if not out:
+            self.host.loop.call_soon(self.flush)
+        out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= OUT_HIGH_WATER:
+            self.writable = False  # what comes next waits in the session's queue
+
+    def send(self, packet: Packet) -> None:
+        data = encode(packet, self.client.protocol_level)
+        limit = self.client.max_packet_out
+        if limit and len(data) > limit:
+            data = self._without_problem_info(packet, data)
+        self.write(data)
+
+    def acknowledge(self, data: bytes) -> None:
+        """Write a PUBACK / PUBREC: a promise that the message is stored (see flush)."""
+        self._acked = True
+        self.write(data)
+
+    def take_over(self) -> None:
+        self._take_over()
+
+    def _without_problem_info(self, packet: Packet, data: bytes) -> bytes:
+        """A packet over the client's Maximum Packet Size loses its Reason String and User
+        Properties, the parts the standard lets us leave out [MQTT-3.2.2-19/20, 3.4.2-2/3,
+        3.14.2-3/4 and alike]. (PUBLISHes over the limit are dropped by the session.)"""
+        props = getattr(packet, "properties", None)
+        if not props or not (props.keys() & _PROBLEM_INFO):
+            return data
+        kept = {key: value for key, value in props.items() if key not in _PROBLEM_INFO}
+        slimmer = dataclasses.replace(packet, properties=kept)  # type: ignore[arg-type]
+        return encode(slimmer, self.client.protocol_level)
+
+    # -- the transport -----------------------------------------------------------------
+
+    def flush(self) -> None:
+        out = self._out
+        if out and not self.closed:
+            host = self.host
+            store = host.store
+            store.commit()  # a PUBACK goes out only after what it acknowledges is stored
+            if self._acked and (store.failed or not self._plugins_kept()):
+                # Not written (a full disk): acknowledge nothing; the client resends what
+                # it has not seen acknowledged.
+                self.discard()
+                self.transport.abort()
+                return
+            if self.tls:
+                # One TLS record for the turn's packets: the TLS transport would make a
+                # record (and an encryption call) of each item of a list.
+                self.transport.write(b"".join(out))
+            else:
+                self.transport.writelines(out)  # one writev
+            host.metrics.bytes_sent += self._out_bytes
+        self.discard()
+        self.writable = not self._paused
+        session = self.session
+        if session is not None and self.writable:
+            queue = session.queue
+            if queue.memory or session.held or queue.on_disk:
+                session.drain()  # the next step of a long queue, one step per loop turn
+
+    def discard(self) -> None:
+        """Forget what is not written yet."""
+        self._out = []
+        self._out_bytes = 0
+        self._acked = False
+
+    def _plugins_kept(self) -> bool:
+        """Plugins that must keep something before an acknowledgement (the event relay
+        with acknowledged durability) have kept it."""
+        for before_ack in self.host.before_ack:
+            if not before_ack():
+                self.host.metrics.store_publish_refused += 1
+                return False
+        return True
+
+    def pause(self) -> None:
+        """The transport's buffer is full (asyncio's pause_writing)."""
+        self._paused = True
+        self.writable = False
+
+    def resume(self) -> None:
+        """The transport's buffer has room again: the session drains."""
+        self._paused = False
+        self.writable = self._out_bytes < OUT_HIGH_WATER
+        if self.session is not None:
+            self.session.drain()
