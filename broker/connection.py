@@ -54,8 +54,8 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_reading",
         "_timer",
-        "broker",
         "engine",
+        "host",
         "last_seen",
         "listener",
         "loop",
@@ -63,12 +63,12 @@ class Connection(asyncio.Protocol):
         "writer",
     )
 
-    def __init__(self, broker: Host, listener: int = 0) -> None:
-        self.broker = broker
+    def __init__(self, host: Host, listener: int = 0) -> None:
+        self.host = host
         self.listener = listener  # index into the broker's listeners
-        self.loop = broker.loop
-        self.writer = Writer(broker, ClientState(), self._take_over)
-        self.engine = ClientEngine(broker, self, self.writer, self.loop.time, listener)
+        self.loop = host.loop
+        self.writer = Writer(host, ClientState(), self._take_over)
+        self.engine = ClientEngine(host, self, self.writer, self.loop.time, listener)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.last_seen = 0.0
         self._reading = True  # the transport is read (not paused for the engine)
@@ -101,15 +101,15 @@ class Connection(asyncio.Protocol):
         if tls is not None:
             self.writer.tls = True
             client.certificate = tls.getpeercert(binary_form=True)  # if it showed one
-            if self.broker.config.listeners[self.listener].use_identity_as_username:
+            if self.host.config.listeners[self.listener].use_identity_as_username:
                 client.identity = common_name(tls.getpeercert() or {})
-        self.broker.metrics.socket_open += 1
-        if not self.broker.admit(self):
+        self.host.metrics.socket_open += 1
+        if not self.host.admit(self):
             client.advance(CLOSING)  # over the listener's max_connections: not read
             transport.close()
             return
-        self.broker.connections.add(self)
-        self._timer = self.loop.call_later(self.broker.settings.connect_timeout, self._no_connect)
+        self.host.connections.add(self)
+        self._timer = self.loop.call_later(self.host.settings.connect_timeout, self._no_connect)
 
     def use_peer(self, peer: tuple[str, int]) -> None:
         """The client's address as a PROXY header gave it (broker/proxy_protocol.py)."""
@@ -120,14 +120,14 @@ class Connection(asyncio.Protocol):
         self.engine.receive(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self not in self.broker.connections:
+        if self not in self.host.connections:
             return  # refused at connection_made
         if self._timer is not None:
             self._timer.cancel()
-        self.broker.connections.discard(self)
-        self.broker.closed(self)
-        self.broker.metrics.socket_close += 1
-        self.writer.closed = True
+        self.host.connections.discard(self)
+        self.host.closed(self)
+        self.host.metrics.socket_close += 1
+        self.writer.shut = True
         self.writer.discard()
         self.engine.lost()
 
@@ -149,11 +149,11 @@ class Connection(asyncio.Protocol):
 
     def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(flow)
-        self.broker.tasks.add(task)
+        self.host.tasks.add(task)
         task.add_done_callback(self._flow_done)
 
     def _flow_done(self, task: asyncio.Task[None]) -> None:
-        self.broker.tasks.discard(task)
+        self.host.tasks.discard(task)
         if task.cancelled():
             self.engine.flow_done(None, cancelled=True)
         else:
@@ -181,7 +181,7 @@ class Connection(asyncio.Protocol):
         DISCONNECT with its reason, a refusing CONNACK). The client's own close (EOF) ends
         the wait early."""
         self.writer.flush()
-        self.writer.closed = True
+        self.writer.shut = True
         transport = self.transport
         if self._timer is not None:
             self._timer.cancel()
@@ -203,7 +203,7 @@ class Connection(asyncio.Protocol):
         log.info(
             "%s: no CONNECT within %ss",
             self.engine.client.name(),
-            self.broker.settings.connect_timeout,
+            self.host.settings.connect_timeout,
         )
         self.engine.close()
 
@@ -216,6 +216,6 @@ class Connection(asyncio.Protocol):
         if remaining > 0:
             self._timer = self.loop.call_later(remaining, self._check_keepalive)
             return
-        self.broker.metrics.client_keepalive_expired += 1
+        self.host.metrics.client_keepalive_expired += 1
         log.info("%s: keepalive expired", self.engine.client.name())
         self.engine.close(ReasonCode.KEEP_ALIVE_TIMEOUT)

@@ -63,7 +63,7 @@ def water_marks(queue_limit: int) -> tuple[int, int]:
 
 
 class Reader(Protocol):
-    """A publisher's connection, as flow control sees it."""
+    """A publisher (its client engine, broker/client/engine.py), as flow control sees it."""
 
     def hold(self) -> None:
         """Stop reading from the client."""

@@ -47,9 +47,9 @@ class Writer:
         "_paused",
         "_take_over",
         "client",
-        "closed",
         "host",
         "session",
+        "shut",
         "tls",
         "transport",
         "writable",
@@ -63,7 +63,7 @@ class Writer:
         self.tls = False  # the transport encrypts (see flush)
         self.session: Session | None = None  # drained when there is room again
         self.writable = True  # Outlet: room for deliveries (see OUT_HIGH_WATER)
-        self.closed = False  # nothing more goes out
+        self.shut = False  # nothing more goes out
         self._paused = False  # the transport's buffer is above its high-water mark
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -110,7 +110,7 @@ class Writer:
 
     def flush(self) -> None:
         out = self._out
-        if out and not self.closed:
+        if out and not self.shut:
             host = self.host
             store = host.store
             store.commit()  # a PUBACK goes out only after what it acknowledges is stored

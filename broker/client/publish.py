@@ -206,7 +206,7 @@ def route_held(
     engine: ClientEngine, packet: Publish, message: Message, context: PublishContext | None
 ) -> None:
     """Route an allowed message and acknowledge it, unless a subscriber it goes to has a
-    full queue: then the connection keeps it (unacknowledged) and is held, and this runs
+    full queue: then the engine keeps it (unacknowledged) and is held, and this runs
     again when it is released. So no queue ever takes a message above its high-water
     mark, however many publishers feed it (broker/flow.py)."""
     broker = engine.host
