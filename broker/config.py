@@ -142,6 +142,18 @@ class HttpSettings:
 
 
 @dataclass(slots=True)
+class SwcSettings:
+    """[cluster.swc]: the leaderless metadata's replication (metadata = "swc")."""
+
+    directory: str = ""  # its LevelDB; "": <store.path>/swc
+    groups: int = 10  # the keys are spread over this many replicas (1-100)
+    sync_interval: float = 5.0  # seconds between a group's exchanges (plus up to half)
+    exchange_batch_size: int = 100  # dots asked for per request of an exchange
+    gc_interval: float = 15.0  # seconds between forgetting what every peer holds
+    enable_broadcast: bool = True  # push each write to the peers at once
+
+
+@dataclass(slots=True)
 class ClusterSettings:
     """[cluster]: this node as one of several (docs/clustering.md). Off while `address`
     is empty."""
@@ -149,7 +161,10 @@ class ClusterSettings:
     node_name: str = ""  # "" keeps broker.node_name; set, it names this node everywhere
     address: str = ""  # the cluster listener, "host:port" (port 0: any free port)
     advertise: str = ""  # where other nodes reach it, if not `address` (NAT, proxies)
-    metadata: Literal["redis"] = "redis"  # the shared truth: plugins/redis_subs
+    # The shared truth: "redis" (plugins/redis_subs, Courier's way), or "swc": every node
+    # holds it, replicated leaderlessly (broker/cluster/swc/; no external service).
+    metadata: Literal["redis", "swc"] = "redis"
+    seeds: list[str] = field(default_factory=list)  # swc: "host:port" of nodes to join
     secret: str = ""  # nodes must present the same one to link
     liveness_interval: float = 0.5  # seconds between liveness refreshes
     dead_after: float = 3.0  # a node silent this long is dead: its sessions are reaped
@@ -164,6 +179,7 @@ class ClusterSettings:
     allow_register_during_outage: bool = False
     # node -> "host:port": reach these nodes there instead of at what they advertise.
     peer_addresses: dict[str, str] = field(default_factory=dict)
+    swc: SwcSettings = field(default_factory=SwcSettings)
 
 
 @dataclass(slots=True)
@@ -407,6 +423,7 @@ def _validate_cluster(config: Config) -> None:
         config.broker.node_name = cluster.node_name  # the one name the node goes by
     addresses = [("address", cluster.address), ("advertise", cluster.advertise)]
     addresses += [(f"peer_addresses.{n}", a) for n, a in cluster.peer_addresses.items()]
+    addresses += [(f"seeds[{i}]", a) for i, a in enumerate(cluster.seeds)]
     for key, address in addresses:
         if not address:
             continue
@@ -425,6 +442,15 @@ def _validate_cluster(config: Config) -> None:
         plugin = config.plugins.get("redis_subs", {})
         if cluster.metadata == "redis" and plugin.get("enabled") is not True:
             raise ConfigError('cluster.metadata: "redis" needs [plugins.redis_subs] enabled = true')
+        if not 1 <= cluster.swc.groups <= 100:
+            raise ConfigError(f"cluster.swc.groups: 1 to 100, got {cluster.swc.groups}")
+        for key in ("sync_interval", "gc_interval"):
+            if getattr(cluster.swc, key) <= 0:
+                raise ConfigError(f"cluster.swc.{key}: must be above 0")
+        if cluster.swc.exchange_batch_size < 1:
+            raise ConfigError("cluster.swc.exchange_batch_size: must be at least 1")
+        if not cluster.swc.directory:
+            cluster.swc.directory = os.path.join(config.store.path, "swc")
 
 
 TLS_KEYS = (

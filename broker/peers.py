@@ -51,6 +51,10 @@ class Peers(Protocol):
         """The cluster's nodes, links and routing score; None when not in a cluster."""
         ...
 
+    def figures(self) -> dict[str, int]:
+        """Gauges for /metrics and $SYS (the leaderless metadata's); none alone."""
+        ...
+
 
 class Alone:
     """The Peers of a node that is not in a cluster."""
@@ -80,6 +84,9 @@ class Alone:
 
     def status(self) -> None:
         return None
+
+    def figures(self) -> dict[str, int]:
+        return {}
 
 
 ALONE: Peers = Alone()

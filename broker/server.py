@@ -115,6 +115,11 @@ class Broker:
         from broker.cluster.node import Cluster
 
         wanted = self.config.cluster.metadata
+        if wanted == "swc":  # the leaderless metadata: every node holds it, no plugin
+            from broker.cluster.swc.backend import SwcBackend
+
+            cluster = self.config.cluster
+            return Cluster(self, cluster, SwcBackend(cluster.swc, joining=bool(cluster.seeds)))
         for _, plugin in self.plugins:
             doors = side_doors(plugin)
             if doors.metadata == wanted and doors.metadata_backend is not None:
@@ -307,6 +312,7 @@ class Broker:
             "sessions_offline": len(sessions) - online,
             "router_subscriptions": self.router.subscription_count,
             "retain_messages": len(self.retained),
+            **self.peers.figures(),
         }
 
     def admit(self, connection: Connection) -> bool:

@@ -50,7 +50,7 @@ class DocSection:
     rows: dict[str, tuple[str, str]]  # key -> (default as written, meaning)
 
 
-_HEADING = re.compile(r"^## `(\[\[?)(\w+)\]\]?`\s*$")
+_HEADING = re.compile(r"^##+ `(\[\[?)([\w.]+)\]\]?`\s*$")
 _ROW = re.compile(r"^\| `(\w+)` \| `([^`]+)` \| (.+) \|$")
 
 
@@ -77,8 +77,13 @@ def documented_sections() -> dict[str, DocSection]:
 
 
 def section_class(name: str) -> tuple[type, bool]:
-    """The dataclass behind a Config section, and whether the section is a list of them."""
-    hint = get_type_hints(Config)[name]
+    """The dataclass behind a Config section (`cluster.swc`: a table inside one), and
+    whether the section is a list of them."""
+    owner: type = Config
+    *outer, last = name.split(".")
+    for part in outer:
+        owner = get_type_hints(owner)[part]
+    hint = get_type_hints(owner)[last]
     if get_origin(hint) is list:
         return get_args(hint)[0], True
     return hint, False
@@ -111,7 +116,14 @@ def config_error(data: dict[str, Any]) -> str:
 
 # [plugins.<name>] tables belong to the plugins; docs/plugins.md documents their keys.
 # [event_relay] is validated by the relay (event_relay/config.py): checked on its own.
-SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name not in ("plugins", "event_relay")]
+TOP = [f.name for f in dataclasses.fields(Config) if f.name not in ("plugins", "event_relay")]
+# Tables inside a section (`[cluster.swc]`) are documented as sections of their own.
+SECTIONS = TOP + [
+    f"{name}.{f.name}"
+    for name in TOP
+    for f in dataclasses.fields(section_class(name)[0])
+    if dataclasses.is_dataclass(get_type_hints(section_class(name)[0])[f.name])
+]
 
 
 def test_docs_document_every_section_and_only_those():
@@ -133,6 +145,9 @@ def test_docs_and_dataclass_agree_on_keys_and_defaults(section):
     for key, (written, meaning) in doc.rows.items():
         documented = toml_value(written)
         actual = field_default(fields[key])
+        if dataclasses.is_dataclass(actual):  # a table of its own, documented below
+            assert documented == {} and f"[{section}.{key}]" in meaning, f"{section}.{key}"
+            continue
         assert actual == documented, f"{section}.{key}: default {actual!r}, docs say {written}"
         assert isinstance(actual, bool) == isinstance(documented, bool), f"{section}.{key}"
         assert isinstance(actual, type(documented)), f"{section}.{key}: type differs"
@@ -192,7 +207,12 @@ def test_documented_defaults_written_out_give_the_default_config():
     sections: dict[str, Any] = {}
     for name, doc in documented_sections().items():
         table = {key: toml_value(written) for key, (written, _) in doc.rows.items()}
-        sections[name] = [table] if doc.is_list else table
+        *outer, last = name.split(".")
+        into = sections
+        for part in outer:  # [cluster.swc] goes inside [cluster]
+            into = into.setdefault(part, {})
+        into.setdefault(last, {})
+        into[last] = [table] if doc.is_list else {**table, **into[last]}
     assert config_from_dict(sections) == Config()
 
 

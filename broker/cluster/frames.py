@@ -31,6 +31,13 @@ PING = 8  # [PING, n]
 PONG = 9  # [PONG, n]
 LEAVING = 10  # [LEAVING]: the sender stops; send it nothing more until it is back
 DRAINED = 11  # [DRAINED]: the answer, last on the answering node's own link
+ANSWER = 12  # [ANSWER, ref, result]: a request's result (ACK says only done or not)
+# The leaderless metadata's replication (broker/cluster/swc/service.py):
+SWC_WRITE = 20  # [SWC_WRITE, group, key, object]: a write, broadcast
+SWC_CLOCK = 21  # [SWC_CLOCK, ref, group] -> ANSWER [replica id, node clock]
+SWC_FETCH = 22  # [SWC_FETCH, ref, group, dots] -> ANSWER [[key, dots, object]]
+SWC_WATERMARK = 23  # [SWC_WATERMARK, ref, group] -> ANSWER watermark
+SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[key, object]] (a full sync)
 
 _LENGTH = struct.Struct(">I")
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.cluster import frames
 from broker.cluster.frames import (
     ACK,
+    ANSWER,
     DRAINED,
     HELLO,
     PING,
@@ -160,8 +161,9 @@ class PeerLink(asyncio.Protocol):
         return True
 
     def request(self, *frame: Any) -> asyncio.Future[Any]:
-        """Send a frame whose second item is a reference for the peer's ACK; the future
-        holds the ACK's error (None: done). It fails if the link goes down first."""
+        """Send a frame whose second item is a reference for the peer's ACK (or ANSWER);
+        the future holds the ACK's error (None: done), or the ANSWER's result. It fails
+        if the link goes down first."""
         ref = next(self._refs)
         future: asyncio.Future[Any] = self.loop.create_future()
         self._requests[ref] = future
@@ -249,7 +251,7 @@ class PeerLink(asyncio.Protocol):
             return
         for frame in received:
             kind = frame[0]
-            if kind == ACK:
+            if kind in (ACK, ANSWER):
                 future = self._requests.pop(frame[1], None)
                 if future is not None and not future.done():
                     future.set_result(frame[2])

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgpack
+
 from broker.router import SubOptions
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "SubOptions",  # what a backend stores per subscription
     "Subscriber",
     "Write",
+    "pack_subscriptions",
+    "unpack_subscriptions",
 ]
 
 
@@ -148,3 +152,26 @@ class MetadataBackend(Protocol):
         """Take over up to `limit` subscribers of a dead node: clean ones are deleted,
         the others moved to this node and returned. None once the dead node has none left
         (it is then forgotten). Refused (empty list) if `dead` came back meanwhile."""
+
+
+def pack_subscriptions(subscriptions: dict[str, SubOptions]) -> bytes:
+    """A subscriber's subscriptions as both backends store them (msgpack)."""
+    return msgpack.packb(
+        {
+            topic_filter: [
+                o.qos,
+                o.no_local,
+                o.retain_as_published,
+                o.retain_handling,
+                o.subscription_id,
+            ]
+            for topic_filter, o in sorted(subscriptions.items())
+        }
+    )
+
+
+def unpack_subscriptions(data: bytes) -> dict[str, SubOptions]:
+    return {
+        topic_filter: SubOptions(*options)
+        for topic_filter, options in msgpack.unpackb(data).items()
+    }

@@ -31,12 +31,18 @@ from typing import TYPE_CHECKING, Any
 from broker.cluster import frames
 from broker.cluster.frames import (
     ACK,
+    ANSWER,
     DRAINED,
     ENQUEUE,
     LEAVING,
     PING,
     PONG,
     PUBLISH,
+    SWC_CLOCK,
+    SWC_FETCH,
+    SWC_KEYS,
+    SWC_WATERMARK,
+    SWC_WRITE,
     TAKEOVER,
 )
 from broker.cluster.handover import Handover
@@ -49,6 +55,9 @@ from broker.cluster.metadata import (
     Subscriber,
 )
 from broker.cluster.remote import RemoteMember, RemoteNode
+from broker.cluster.swc.backend import SwcBackend
+from broker.cluster.swc.seeds import Seeds
+from broker.cluster.swc.service import Replication
 from broker.cluster.sync import MetadataSync
 from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
@@ -95,6 +104,10 @@ class Cluster:
         self._draining: dict[str, asyncio.Future[None]] = {}  # stopping: DRAINED awaited
         self.sync = MetadataSync(self)  # the metadata: loading, following, writing
         self.handover = Handover(self)  # sessions moving between nodes
+        # The leaderless metadata (metadata = "swc") replicates over this node's links.
+        self.replicated = backend if isinstance(backend, SwcBackend) else None
+        if self.replicated is not None:
+            self.replicated.attach(LinkTransport(self), self.loop)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
@@ -104,6 +117,9 @@ class Cluster:
         self.address = self._server.sockets[0].getsockname()[:2]
         advertise = self.settings.advertise or "{}:{}".format(*self.address)
         await self.backend.open(self.node, self.boot_id, advertise)
+        if self.replicated is not None and self.settings.seeds:
+            seeds = Seeds(self, self.replicated, self.settings.seeds, self.address)
+            self.spawn(seeds.join(), "cluster join")
         await self._heartbeat()
         snapshot = await self.backend.snapshot()
         self.sync.reconcile(snapshot)
@@ -318,6 +334,8 @@ class Cluster:
     def link_up(self, link: PeerLink, restarted: bool) -> None:
         if restarted:
             log.info("cluster: node %s restarted", link.node)
+        if self.replicated is not None:  # it learns of this node at once (its record)
+            link.send(frames.encode(SWC_WRITE, *self.replicated.replicas.introduction()))
 
     def link_down(self, link: PeerLink) -> None:
         self.release_publishers(link.node)
@@ -408,6 +426,10 @@ class Cluster:
             self.handover.on_takeover(inbound, ref, client_id, clean)
         elif kind == PING:
             inbound.reply(PONG, frame[1])
+        elif kind == SWC_WRITE:
+            self._replication().on_write(frame[1], frame[2], frame[3])
+        elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):
+            inbound.reply(ANSWER, frame[1], self._replication().answer(kind, frame[2:]))
         elif kind == LEAVING:  # that node stops: what it has not read yet waits here
             link = self.links.get(inbound.node)
             if link is not None:
@@ -418,6 +440,14 @@ class Cluster:
                 drained.set_result(None)
         else:
             raise ValueError(f"unknown frame kind {kind}")
+
+    def figures(self) -> dict[str, int]:
+        return self.replicated.replicas.figures() if self.replicated is not None else {}
+
+    def _replication(self) -> Replication:
+        if self.replicated is None:
+            raise ValueError("replication frames, and this node's metadata is not swc")
+        return self.replicated.replicas
 
     def status(self) -> dict[str, Any]:
         """What `nautilus cluster status` and the admin API show."""
@@ -450,3 +480,27 @@ class Cluster:
             },
             "remote_subscribers": len(self.view.records),
         }
+
+
+class LinkTransport:
+    """The leaderless metadata's transport (swc/service.Transport) over this node's
+    links: requests go out on this node's link to the peer, answers come back on it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def linked(self) -> list[str]:
+        return [node for node, link in self.cluster.links.items() if link.up]
+
+    def send(self, node: str, *frame: Any) -> None:
+        link = self.cluster.links.get(node)
+        if link is not None and link.up:
+            link.send(frames.encode(*frame))
+
+    def request(self, node: str, *frame: Any) -> asyncio.Future[Any]:
+        link = self.cluster.links.get(node)
+        if link is None or not link.up:
+            failed: asyncio.Future[Any] = self.cluster.loop.create_future()
+            failed.set_exception(ConnectionError(f"no link to {node}"))
+            return failed
+        return link.request(*frame)

@@ -21,7 +21,6 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
-import msgpack
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -40,9 +39,10 @@ from broker.cluster.metadata import (
     Resync,
     Snapshot,
     StaleRequest,
-    SubOptions,
     Subscriber,
     Write,
+    pack_subscriptions,
+    unpack_subscriptions,
 )
 
 log = logging.getLogger("nautilus.redis_subs")
@@ -89,28 +89,6 @@ def _version(text: str) -> tuple[int, ...]:
 # redis-py retries a pipeline on a ConnectionError from 5.0.2 on (redis-py #3134); 5.0.1,
 # the lowest version allowed, only a single command: its pipelines are retried here.
 PIPELINES_RETRIED = _version(redis.__version__) >= (5, 0, 2)
-
-
-def pack_subscriptions(subscriptions: dict[str, SubOptions]) -> bytes:
-    return msgpack.packb(
-        {
-            topic_filter: [
-                o.qos,
-                o.no_local,
-                o.retain_as_published,
-                o.retain_handling,
-                o.subscription_id,
-            ]
-            for topic_filter, o in sorted(subscriptions.items())
-        }
-    )
-
-
-def unpack_subscriptions(data: bytes) -> dict[str, SubOptions]:
-    return {
-        topic_filter: SubOptions(*options)
-        for topic_filter, options in msgpack.unpackb(data).items()
-    }
 
 
 class RedisStore:

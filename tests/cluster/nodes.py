@@ -36,6 +36,8 @@ DEAD_AFTER = 1.5
 CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on 127\.0\.0\.1:(\d+)")
 HTTP_LINE = re.compile(r"HTTP on 127\.0\.0\.1:(\d+)")
 API_KEY = "cluster-tests-key"
+# [cluster.swc] for the tests: exchanges and GC within a test's time.
+SWC_TIMES = "[cluster.swc]\nsync_interval = 0.3\ngc_interval = 1.0\n"
 
 
 def start_in_process_node(
@@ -102,6 +104,8 @@ class ClusterNode:
         liveness_interval: float = LIVENESS_INTERVAL,
         dead_after: float = DEAD_AFTER,
         redis_keys: str = "",
+        metadata: str = "redis",
+        seeds: list[tuple[str, int]] | None = None,
     ) -> None:
         self.directory = directory
         self.name = name
@@ -114,6 +118,9 @@ class ClusterNode:
         self.dead_after = dead_after
         # [plugins.redis_subs] keys instead of `url = redis_url` (e.g. Sentinel's).
         self.redis_keys = redis_keys or f'url = "{redis_url}"'
+        # "swc": the leaderless metadata, joined through `seeds` (no Redis at all).
+        self.metadata = metadata
+        self.seeds = list(seeds or [])
         self.process: BrokerProcess | None = None
         self.port = 0  # MQTT
         self.http_port = 0
@@ -139,12 +146,17 @@ class ClusterNode:
             "[cluster]\n"
             f'node_name = "{self.name}"\n'
             f'address = "127.0.0.1:{self.cluster_port}"\n'
-            'metadata = "redis"\n'
+            f'metadata = "{self.metadata}"\n'
+            f"seeds = {json.dumps([f'{host}:{port}' for host, port in self.seeds])}\n"
             f"liveness_interval = {self.liveness_interval}\n"
             f"dead_after = {self.dead_after}\n"
             f"{self.extra}\n"
             + (f"[cluster.peer_addresses]\n{peers}\n" if peers else "")
-            + f"[plugins.redis_subs]\nenabled = true\n{self.redis_keys}\n",
+            + (
+                f"[plugins.redis_subs]\nenabled = true\n{self.redis_keys}\n"
+                if self.metadata == "redis"
+                else SWC_TIMES
+            ),
             encoding="utf-8",
         )
         return self.config_path

@@ -1,0 +1,218 @@
+"""The cluster's metadata without any external service: `[cluster] metadata = "swc"`.
+
+A MetadataBackend (broker/cluster/metadata.py) over this node's replicas (service.py):
+every node holds every record, replicated leaderlessly over the cluster channel. The keys:
+
+    ("node", name)          a member: [cluster address, boot id, replica id]
+    ("sub", client id)      a subscriber: [owner node, clean, packed subscriptions, ts]
+    ("retain", topic)       a retained message: [packed message, ts]
+
+Writes are checked here as Redis's scripts check them (broker/cluster/metadata.py):
+a subscriber record only by its owner (NotOwner) and only newer than the stored one
+(StaleRequest); a retained change older than the stored one is ignored. Two nodes may
+still write one key at once (no leader orders them): the later timestamp wins on every
+node once they have exchanged (groups.latest).
+
+Reads are local, so they never wait for the network; the change stream is what this
+node's replicas saw change (its own writes, broadcasts, exchanges), numbered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import plyvel
+
+from broker.cluster.metadata import (
+    Change,
+    NodeInfo,
+    NotOwner,
+    Registration,
+    Snapshot,
+    StaleRequest,
+    Subscriber,
+    Write,
+    pack_subscriptions,
+    unpack_subscriptions,
+)
+from broker.cluster.swc.replica import Key
+from broker.cluster.swc.service import Replication, Transport
+from broker.config import SwcSettings
+
+NODE = "node"
+SUB = "sub"
+RETAIN = "retain"
+
+
+class SwcBackend:
+    """Every call answers from this node's replicas: none waits for another node."""
+
+    def __init__(self, settings: SwcSettings, joining: bool) -> None:
+        """`joining`: the node has seeds (it joins a cluster; without, it starts one)."""
+        self.settings = settings
+        self.joining = joining
+        self.path = settings.directory  # the replicas' LevelDB
+        self.node = ""
+        self.replication: Replication | None = None
+        self._db: plyvel.DB | None = None
+        self._seq = 0
+        self._log: list[Change] = []  # changes not read yet by the stream
+        self._wake = asyncio.Event()
+        self._members: dict[str, Any] = {}  # node -> its record, kept from the changes
+        self._transport: Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, transport: Transport, loop: asyncio.AbstractEventLoop) -> None:
+        """The cluster channel, given by the Cluster before `open`."""
+        self._transport = transport
+        self._loop = loop
+
+    @property
+    def replicas(self) -> Replication:
+        assert self.replication is not None, "open() first"
+        return self.replication
+
+    async def open(self, node: str, boot_id: str, address: str) -> None:
+        self.node = node
+        assert self._transport is not None and self._loop is not None, "attach() first"
+        os.makedirs(self.path, exist_ok=True)
+        self._db = plyvel.DB(self.path, create_if_missing=True)
+        self.replication = Replication(
+            self.settings, node, self._db, self._transport, self._changed, self._loop
+        )
+        self._members = {k[1]: v for k, v in self.replication.items() if k[0] == NODE}
+        member = [address, boot_id, self.replication.replica_id]
+        self.replication.put((NODE, node), member, time.time_ns())
+        self.replication.set_peers(self.members())
+        if not self.joining:
+            self.replication.found()
+        self.replication.start()
+
+    async def close(self) -> None:
+        if self.replication is not None:
+            self.replication.stop()
+        if self._db is not None:
+            self._db.close()
+
+    def members(self) -> dict[str, str]:
+        """Node -> replica id, of every member this node knows."""
+        return {node: record[2] for node, record in self._members.items()}
+
+    # -- MetadataBackend ---------------------------------------------------------------
+
+    async def heartbeat(self) -> list[NodeInfo]:
+        # Membership is what the replicas hold; a node nobody can reach stays a member
+        # (as in VerneMQ) until `nautilus cluster leave` removes it: age 0.
+        return [
+            NodeInfo(node, address, boot_id, 0.0)
+            for node, (address, boot_id, _) in self._members.items()
+        ]
+
+    async def register(self, client_id: str, clean: bool, ts: int) -> Registration:
+        key = (SUB, client_id)
+        stored = self.replicas.get(key)
+        previous = None
+        subscriptions: dict = {}
+        if stored is not None:
+            node, was_clean, packed, stored_ts = stored
+            if ts <= stored_ts:
+                raise StaleRequest(f"registration of {client_id} at {ts}, stored {stored_ts}")
+            previous = node
+            if not (clean or was_clean):
+                subscriptions = unpack_subscriptions(packed)
+        existed = bool(stored is not None and not clean and not stored[1])
+        record = [self.node, clean, pack_subscriptions(subscriptions), ts]
+        self.replicas.put(key, record, ts)
+        return Registration(previous, existed, subscriptions)
+
+    async def write(self, writes: list[Write]) -> list[Exception | None]:
+        results: list[Exception | None] = []
+        for write in writes:
+            key = (SUB, write.client_id)
+            stored = self.replicas.get(key)
+            if stored is not None and stored[0] != self.node:
+                results.append(NotOwner(f"{write.client_id} is owned by {stored[0]}"))
+                continue
+            if stored is not None and write.ts <= stored[3]:
+                results.append(StaleRequest(f"{write.client_id} at {write.ts}"))
+                continue
+            record = write.subscriber
+            if record is None:
+                self.replicas.delete(key)
+            else:
+                packed = pack_subscriptions(record.subscriptions)
+                self.replicas.put(key, [self.node, record.clean, packed, write.ts], write.ts)
+            results.append(None)
+        return results
+
+    async def retain(self, changes: list[tuple[str, bytes | None, int]]) -> None:
+        for topic, message, ts in changes:
+            key = (RETAIN, topic)
+            stored = self.replicas.get(key)
+            if stored is not None and ts <= stored[1]:
+                continue  # older than what is kept
+            if message is None:
+                self.replicas.delete(key)
+            else:
+                self.replicas.put(key, [message, ts], ts)
+
+    async def snapshot(self) -> Snapshot:
+        subscribers: dict[str, Subscriber] = {}
+        retained: dict[str, bytes] = {}
+        for key, value in self.replicas.items():
+            if key[0] == SUB:
+                subscribers[key[1]] = _subscriber(value)
+            elif key[0] == RETAIN:
+                retained[key[1]] = value[0]
+        self._log.clear()  # changes() reads on from here
+        return Snapshot(self._seq, subscribers, retained)
+
+    async def subscribers(self) -> dict[str, Subscriber]:
+        return {key[1]: _subscriber(value) for key, value in self.replicas.items() if key[0] == SUB}
+
+    async def changes(self, after: int) -> AsyncIterator[Change]:
+        while True:
+            while not self._log:
+                self._wake.clear()
+                await self._wake.wait()
+            log, self._log = self._log, []
+            for change in log:
+                if change.seq > after:
+                    yield change
+
+    async def reap(self, dead: str, limit: int) -> list[tuple[str, Subscriber]] | None:
+        return None  # a silent member is not reaped: `nautilus cluster leave` removes it
+
+    # -- what the replicas saw change --------------------------------------------------
+
+    def _changed(self, key: Key, value: Any) -> None:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return
+        kind, name = key
+        if kind == SUB:
+            self._seq += 1
+            record = _subscriber(value) if value is not None else None
+            self._log.append(Change(self._seq, client_id=name, subscriber=record))
+        elif kind == RETAIN:
+            self._seq += 1
+            self._log.append(Change(self._seq, topic=name, retained=value[0] if value else None))
+        elif kind == NODE:
+            if value is None:
+                self._members.pop(name, None)
+            else:
+                self._members[name] = value
+            if self.replication is not None:
+                self.replication.set_peers(self.members())
+            return
+        else:
+            return
+        self._wake.set()
+
+
+def _subscriber(value: list[Any]) -> Subscriber:
+    node, clean, packed, _ = value
+    return Subscriber(node, bool(clean), unpack_subscriptions(packed))

@@ -1,0 +1,343 @@
+"""Replication: this node's replicas of every group, kept in step with the other nodes.
+
+The sans-I/O replicas (replica.py) get their I/O here, over a `Transport` (the cluster
+channel: broker/cluster/node.py provides it):
+
+- a write (`put`, `delete`) is saved, then broadcast best effort to every linked peer
+  (`SWC_WRITE`), unless `enable_broadcast` is off;
+- every `sync_interval` plus a random leeway of up to half of it, each group pulls from
+  one random linked peer (`SWC_CLOCK`, `SWC_FETCH` in batches of `exchange_batch_size`
+  dots, `SWC_WATERMARK`), one exchange per group at a time;
+- every `gc_interval` each group forgets what every peer holds (tombstones included);
+- what changed is saved to LevelDB in one write batch per loop turn, and that batch is
+  written before any frame leaves this node or any write is acknowledged: a dot or a
+  clock that another node saw is never lost by a crash here, so never made again.
+
+What a read sees changing (a key set, changed or gone, here or from a peer) is told to
+`on_change(key, value or None)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgpack
+import plyvel
+
+from broker.cluster.frames import SWC_CLOCK, SWC_FETCH, SWC_KEYS, SWC_WATERMARK, SWC_WRITE
+from broker.cluster.swc import storage, wire
+from broker.cluster.swc.clock import Dot, NodeClock
+from broker.cluster.swc.exchange import pull
+from broker.cluster.swc.groups import Groups, Shipped, latest
+from broker.cluster.swc.replica import Fetched, Key, Replica
+from broker.cluster.swc.watermark import Watermark
+from broker.config import SwcSettings
+
+log = logging.getLogger("nautilus.cluster")
+
+REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchange
+
+
+class Transport(Protocol):
+    """The cluster channel, as replication uses it."""
+
+    def linked(self) -> list[str]:
+        """The nodes whose link is up."""
+        ...
+
+    def send(self, node: str, *frame: Any) -> None:
+        """Best effort: dropped if the link is down or full."""
+
+    def request(self, node: str, *frame: Any) -> Awaitable[Any]:
+        """The peer's answer (ConnectionError if the link goes down first)."""
+        ...
+
+
+class Replication:
+    def __init__(
+        self,
+        settings: SwcSettings,
+        node: str,
+        db: plyvel.DB,
+        transport: Transport,
+        on_change: Callable[[Key, Any], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.settings = settings
+        self.node = node
+        self.db = db
+        self.transport = transport
+        self.on_change = on_change
+        self.loop = loop
+        self.replica_id = storage.stored_id(db, 0) or f"{node}/{uuid.uuid4().hex[:12]}"
+        replicas = [storage.load(db, g, self.replica_id, []) for g in range(settings.groups)]
+        self.groups = Groups(replicas, node)
+        self.peers: dict[str, str] = {}  # node -> its replica id, for the linked ones
+        self._touched: set[int] = set()  # groups changed since the last commit
+        self._commit_due = False
+        self._tasks: set[asyncio.Task] = set()
+        self.exchanges = 0  # done
+        self.exchange_failures = 0
+
+    @property
+    def fresh(self) -> bool:
+        """No history: no write of its own, no dot of anyone else's (a join is allowed)."""
+        return all(
+            not replica.objects and not any(replica.clock.bases().values())
+            for replica in self.groups.replicas
+        )
+
+    def found(self) -> None:
+        """This node starts a cluster (no seeds): what it holds is the whole state."""
+        for group, replica in enumerate(self.groups.replicas):
+            if not replica.synced:
+                replica.synced = True
+                self._touch(group)
+
+    def start(self) -> None:
+        for group in range(len(self.groups)):
+            self._spawn(self._exchanges(group))
+        self._spawn(self._collect())
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self.commit()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = self.loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- membership --------------------------------------------------------------------
+
+    def set_peers(self, peers: dict[str, str]) -> None:
+        """The group's members: node -> replica id (this node's added)."""
+        self.peers = {node: rid for node, rid in peers.items() if node != self.node}
+        members = [self.replica_id, *self.peers.values()]
+        for group, replica in enumerate(self.groups.replicas):
+            replica.set_peers(members)
+            self._touch(group)
+
+    # -- the broker's reads and writes -------------------------------------------------
+
+    def get(self, key: Key) -> Any:
+        shipped: list[Shipped] = []
+        value = self.groups.get(key, shipped)
+        for write in shipped:  # siblings resolved: the resolution goes out like a write
+            self._written(write)
+        return value
+
+    def put(self, key: Key, value: Any, ts: int) -> None:
+        self._written(self.groups.put(key, value, ts))
+        self.on_change(key, value)
+
+    def delete(self, key: Key) -> None:
+        self._written(self.groups.delete(key))
+        self.on_change(key, None)
+
+    def items(self) -> list[tuple[Key, Any]]:
+        return list(self.groups.items())
+
+    def introduction(self) -> tuple[int, Key, Any]:
+        """This node's member record as an SWC_WRITE carries it (group, key, object):
+        what a node it links to, or a seed, learns it from."""
+        key = ("node", self.node)
+        group, replica = self.groups.replica(key)
+        return group, key, wire.pack_object(replica.read(key))
+
+    def _written(self, write: Shipped) -> None:
+        self._touch(write.group)
+        if self.settings.enable_broadcast:
+            self.commit()  # before the dot leaves this node
+            packed = wire.pack_object(write.obj)
+            for node in self.transport.linked():
+                self.transport.send(node, SWC_WRITE, write.group, write.key, packed)
+
+    # -- frames from peers -------------------------------------------------------------
+
+    def on_write(self, group: int, key: Key, packed: Any) -> None:
+        replica = self._replica(group)
+        key = wire.frozen(key)
+        if replica.receive(key, wire.unpack_object(packed)):
+            self._changed(key)
+        self._touch(group)
+
+    def answer(self, kind: int, args: list[Any]) -> Any:
+        """The answer to a peer's request (the frame after its kind and reference)."""
+        if kind == SWC_CLOCK:
+            return self.answer_clock(*args)
+        if kind == SWC_FETCH:
+            return self.answer_fetch(*args)
+        if kind == SWC_WATERMARK:
+            return self.answer_watermark(*args)
+        if kind == SWC_KEYS:
+            return self.answer_keys(*args)
+        raise ValueError(f"not a replication request: {kind}")
+
+    def answer_clock(self, group: int) -> list[Any]:
+        self.commit()  # what the clock says must be on disk before anyone learns it
+        replica = self._replica(group)
+        return [self.replica_id, wire.pack_clock(replica.clock), replica.synced]
+
+    def answer_fetch(self, group: int, dots: list[Any]) -> list[Any]:
+        self.commit()
+        wanted: list[Dot] = [(replica, n) for replica, n in dots]
+        return wire.pack_fetched(self._replica(group).fetch(wanted))
+
+    def answer_watermark(self, group: int) -> Any:
+        self.commit()
+        return wire.pack_watermark(self._replica(group).watermark)
+
+    def answer_keys(self, group: int, start: int, limit: int) -> list[Any]:
+        """A page of the group's whole key space, in the order of the keys' bytes (a
+        joining node's full sync)."""
+        self.commit()
+        objects = self._replica(group).objects
+        keys = sorted(objects, key=msgpack.packb)[start : start + limit]
+        return [(key, wire.pack_object(objects[key])) for key in keys]
+
+    def _replica(self, group: int) -> Replica:
+        if not 0 <= group < len(self.groups):
+            raise ValueError(f"group {group} (this node has {len(self.groups)})")
+        return self.groups.replicas[group]
+
+    def _changed(self, key: Key) -> None:
+        _, replica = self.groups.replica(key)
+        values = replica.read(key).values()
+        self.on_change(key, latest(values)[2] if values else None)
+
+    # -- anti-entropy and GC -----------------------------------------------------------
+
+    async def _exchanges(self, group: int) -> None:
+        interval = self.settings.sync_interval
+        await asyncio.sleep(random.uniform(0, interval / 2))
+        while True:
+            try:
+                await self.exchange(group)
+            except Exception:  # a bug of ours: this round is lost, not the loop
+                log.exception("cluster: exchange of group %d failed", group)
+            await asyncio.sleep(interval + random.uniform(0, interval / 2))
+
+    async def exchange(self, group: int, node: str | None = None) -> bool:
+        """Pull from one linked peer (random unless `node`); False if there was none or
+        it failed."""
+        linked = [n for n in self.transport.linked() if n in self.peers]
+        if node is None:
+            if not linked:
+                return False
+            node = random.choice(linked)
+        peer = _RemoteGroup(self, node, group)
+        replica = self.groups.replicas[group]
+        try:
+            if replica.synced:
+                changed = await pull(replica, self.peers[node], peer, self._batch)
+            else:
+                changed = await self._full_sync(replica, self.peers[node], peer)
+        except (ConnectionError, TimeoutError, ValueError) as exc:
+            self.exchange_failures += 1
+            log.warning("cluster: exchange of group %d with %s failed: %s", group, node, exc)
+            return False
+        self.exchanges += 1
+        self._touch(group)
+        for key in changed:
+            self._changed(key)
+        return True
+
+    async def _full_sync(self, replica: Replica, peer_id: str, peer: _RemoteGroup) -> list[Key]:
+        """Copy a synced peer's whole group (a joining node: what the others forgot
+        before it joined cannot be asked for by dot). Nothing if the peer is not synced
+        itself (it is joining too): another round tries another peer."""
+        remote_clock = await peer.clock()
+        if not peer.synced:
+            return []
+        changed: list[Key] = []
+        start = 0
+        while True:
+            page = await peer.keys(start, self._batch)
+            objects = [(wire.frozen(key), wire.unpack_object(obj)) for key, obj in page]
+            changed += replica.take_page(objects, remote_clock)
+            if len(page) < self._batch:
+                break
+            start += len(page)
+        replica.finish_copy(peer_id, remote_clock, await peer.watermark())
+        log.info(
+            "cluster: group %d copied from %s (%d keys)", peer.group, peer.node, start + len(page)
+        )
+        return changed
+
+    @property
+    def _batch(self) -> int:
+        return self.settings.exchange_batch_size
+
+    async def _collect(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gc_interval)
+            self.gc()
+
+    def gc(self) -> None:
+        for group, replica in enumerate(self.groups.replicas):
+            replica.gc()
+            self._touch(group)
+
+    # -- saving ------------------------------------------------------------------------
+
+    def _touch(self, group: int) -> None:
+        self._touched.add(group)
+        if not self._commit_due:
+            self._commit_due = True
+            self.loop.call_soon(self.commit)
+
+    def commit(self) -> None:
+        """Write what changed, in one batch (before anything is told of it)."""
+        self._commit_due = False
+        if not self._touched:
+            return
+        with self.db.write_batch(sync=True) as batch:
+            for group in self._touched:
+                storage.save(self.groups.replicas[group], batch, group)
+        self._touched.clear()
+
+    def figures(self) -> dict[str, int]:
+        replicas = self.groups.replicas
+        return {
+            "swc_objects": sum(len(r.objects) for r in replicas),
+            "swc_tombstones": sum(r.tombstones() for r in replicas),
+            "swc_dotkeymap_entries": sum(len(e) for r in replicas for e in r.dkm.values()),
+            "swc_exchanges": self.exchanges,
+            "swc_exchange_failures": self.exchange_failures,
+        }
+
+
+class _RemoteGroup:
+    """A group's replica on another node, over the transport (exchange.Peer)."""
+
+    def __init__(self, replication: Replication, node: str, group: int) -> None:
+        self.replication = replication
+        self.node = node
+        self.group = group
+        self.synced = False  # the peer's group holds the whole state (from its clock)
+
+    async def clock(self) -> NodeClock:
+        replica_id, packed, self.synced = await self._ask(SWC_CLOCK, self.group)
+        if replica_id != self.replication.peers.get(self.node):
+            raise ValueError(f"{self.node} answers as replica {replica_id}")
+        return wire.unpack_clock(packed)
+
+    async def fetch(self, dots: list[Dot]) -> list[Fetched]:
+        return wire.unpack_fetched(await self._ask(SWC_FETCH, self.group, dots))
+
+    async def watermark(self) -> Watermark:
+        return wire.unpack_watermark(await self._ask(SWC_WATERMARK, self.group))
+
+    async def keys(self, start: int, limit: int) -> list[Any]:
+        return list(await self._ask(SWC_KEYS, self.group, start, limit))
+
+    async def _ask(self, *frame: Any) -> Any:
+        request = self.replication.transport.request(self.node, *frame)
+        return await asyncio.wait_for(request, REQUEST_TIMEOUT)
