@@ -52,6 +52,25 @@ async def serve(config, plugins) -> None:
         await broker.stop()
 
 
+_ADMIN_VALUED = ("--url", "--key")  # the admin tool's options that take a value
+
+
+def _split_admin_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The admin tool's options among `argv` (they go before its command), and the
+    command's operands."""
+    options: list[str] = []
+    operands: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item in _ADMIN_VALUED:
+            options += [item, next(items, "")]
+        elif item.startswith(tuple(f"{o}=" for o in _ADMIN_VALUED)) or item == "--json":
+            options.append(item)
+        else:
+            operands.append(item)
+    return options, operands
+
+
 def _subcommand(name: str):
     """A tool a plugin ships (`nautilus passwd ...`), declared as a `nautilus.commands`
     entry point, so the broker itself names no plugin."""
@@ -75,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         from broker.http.admin_cli import main as admin_tool
 
         return admin_tool([*argv[2:], "cluster"])
+    if argv[:1] == ["cluster"] and argv[1:2] in (["show"], ["join"], ["leave"]):
+        # nautilus cluster show | join ADDRESS | leave NODE [--url ... --key ...]
+        from broker.http.admin_cli import main as admin_tool
+
+        options, operands = _split_admin_options(argv[2:])
+        return admin_tool([*options, f"cluster-{argv[1]}", *operands])
     if argv and argv[0] == "admin":  # nautilus admin sessions|client|disconnect|...
         from broker.http.admin_cli import main as admin_tool
 

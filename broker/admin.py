@@ -189,6 +189,14 @@ def cluster_nodes(broker: Managed) -> list[dict[str, Any]]:
     return cluster_status(broker)["nodes"]
 
 
+def cluster_join(broker: Managed, address: str) -> dict[str, Any]:
+    return {"result": broker.peers.join(address)}
+
+
+def cluster_leave(broker: Managed, node: str) -> dict[str, Any]:
+    return {"result": broker.peers.leave(node)}
+
+
 def cluster_status(broker: Managed) -> dict[str, Any]:
     """The metadata's state, the nodes, and the routing score."""
     status = broker.peers.status()

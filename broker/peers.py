@@ -55,6 +55,14 @@ class Peers(Protocol):
         """Gauges for /metrics and $SYS (the leaderless metadata's); none alone."""
         ...
 
+    def join(self, address: str) -> str:
+        """Join the cluster of the node listening at `address` (ValueError: cannot)."""
+        ...
+
+    def leave(self, node: str) -> str:
+        """Remove member `node` from the cluster (ValueError: cannot)."""
+        ...
+
 
 class Alone:
     """The Peers of a node that is not in a cluster."""
@@ -87,6 +95,12 @@ class Alone:
 
     def figures(self) -> dict[str, int]:
         return {}
+
+    def join(self, address: str) -> str:
+        raise ValueError("this node is not in a cluster ([cluster] address is empty)")
+
+    def leave(self, node: str) -> str:
+        raise ValueError("this node is not in a cluster ([cluster] address is empty)")
 
 
 ALONE: Peers = Alone()

@@ -37,7 +37,7 @@ SWC_WRITE = 20  # [SWC_WRITE, group, key, object]: a write, broadcast
 SWC_CLOCK = 21  # [SWC_CLOCK, ref, group] -> ANSWER [replica id, node clock]
 SWC_FETCH = 22  # [SWC_FETCH, ref, group, dots] -> ANSWER [[key, dots, object]]
 SWC_WATERMARK = 23  # [SWC_WATERMARK, ref, group] -> ANSWER watermark
-SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[key, object]] (a full sync)
+SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[[key, object]], last]
 
 _LENGTH = struct.Struct(">I")
 

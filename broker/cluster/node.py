@@ -441,6 +441,43 @@ class Cluster:
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
+    def join(self, address: str) -> str:
+        """`nautilus cluster join ADDRESS` (metadata = "swc")."""
+        replicated = self._replicated("join")
+        try:
+            host_port(address)
+        except ValueError:
+            raise ValueError(f"expected host:port, got {address!r}") from None
+        if replicated.alone():  # nothing of its own to keep: copy the cluster's first
+            replicated.replicas.unfound()
+        seeds = Seeds(self, replicated, [address], self.address)
+        self.spawn(seeds.join(), f"cluster join through {address}")
+        return f"joining the cluster of {address}: `nautilus cluster show` lists the members"
+
+    def leave(self, node: str) -> str:
+        """`nautilus cluster leave NODE` (metadata = "swc"): NODE is no longer a member;
+        after dead_after the live node with the lowest name takes its sessions."""
+        replicated = self._replicated("leave")
+        if node == self.node:
+            raise ValueError(
+                f"{node} is this node: stop it, then run `nautilus cluster leave {node}` "
+                "on another member"
+            )
+        if node not in replicated.members():
+            raise ValueError(f"{node} is not a member ({', '.join(sorted(replicated.members()))})")
+        replicated.remove(node)
+        log.warning("cluster: node %s removed from the cluster", node)
+        after = self.settings.dead_after
+        return f"{node} removed: its sessions are taken by a live member after {after}s"
+
+    def _replicated(self, command: str) -> SwcBackend:
+        if self.replicated is None:
+            raise ValueError(
+                f'cluster {command}: only with metadata = "swc" (with "redis", nodes come '
+                "and go through Redis)"
+            )
+        return self.replicated
+
     def figures(self) -> dict[str, int]:
         return self.replicated.replicas.figures() if self.replicated is not None else {}
 

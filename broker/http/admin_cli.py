@@ -12,6 +12,11 @@ talking to a running broker's HTTP server.
       plugin-enable NAME | plugin-disable NAME
       cluster                                the nodes, their links, the routing score
                                              (also `nautilus cluster status`)
+      cluster-show                           the members (also `nautilus cluster show`)
+      cluster-join ADDRESS                   metadata = "swc": join the cluster of the
+                                             node at ADDRESS (`nautilus cluster join`)
+      cluster-leave NODE                     metadata = "swc": remove member NODE
+                                             (`nautilus cluster leave`)
 
 The key comes from --key or NAUTILUS_API_KEY (make one with `nautilus api-key add`).
 Rows print as aligned columns, or as the API's JSON with --json.
@@ -61,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("plugin-enable").add_argument("name")
     commands.add_parser("plugin-disable").add_argument("name")
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
+    commands.add_parser("cluster-show", help="the cluster's members")
+    commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
+    commands.add_parser("cluster-leave", help="remove a member (swc)").add_argument("node")
     return parser.parse_args(argv)
 
 
@@ -89,6 +97,12 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             return "plugin/show", {}
         case "cluster":
             return "cluster/status", {}
+        case "cluster-show":
+            return "cluster/show", {}
+        case "cluster-join":
+            return "cluster/join", {"address": args.address}
+        case "cluster-leave":
+            return "cluster/leave", {"node": args.node}
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)

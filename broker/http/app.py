@@ -189,6 +189,8 @@ class HttpServer:
             "plugin/show": lambda a: admin.plugins(broker),
             "cluster/show": lambda a: admin.cluster_nodes(broker),
             "cluster/status": lambda a: [admin.cluster_status(broker)],
+            "cluster/join": lambda a: [admin.cluster_join(broker, a.required("address"))],
+            "cluster/leave": lambda a: [admin.cluster_leave(broker, a.required("node"))],
             "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
             "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
         }

@@ -4,11 +4,16 @@ processes on loopback and no Redis at all. Node a starts alone; b and c join thr
 member. Then subscriptions and retained messages replicate: a subscription on one node
 routes publishes from the others (exact, wildcard, `$share`), an unsubscribe removes the
 route everywhere, a retained message set and cleared on one node is seen so on another.
-A node that holds another cluster's metadata is refused at join, in one line.
+A node that holds another cluster's metadata is refused at join, in one line. Members
+come and go by command (`nautilus cluster join`, `leave`, `show`); a partition heals to
+one state; a node killed with -9 comes back with what it let out.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,8 @@ from typing import Any
 import pytest
 
 from tests.broker.helpers import V5, V311, PahoClient, unique_id
+from tests.cluster.nodes import API_KEY
+from tests.cluster.redis_server import free_port
 from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,
@@ -25,6 +32,7 @@ from tests.cluster.test_cluster import (
     subscribe_with_probe,
     wait_routed,
 )
+from tests.test_cli import clean_env
 
 
 class SwcCluster:
@@ -162,3 +170,162 @@ def test_a_node_with_another_clusters_metadata_is_refused(tmp_path: Path) -> Non
         )
     finally:
         cluster.close()
+
+
+def cluster_command(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    """`nautilus cluster ARGS...` against `node`'s admin API."""
+    url = f"http://{HOST}:{node.http_port}"
+    return subprocess.run(
+        [sys.executable, "-m", "broker", "cluster", *args, "--url", url, "--key", API_KEY],
+        cwd=node.directory,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def members(node: Node) -> list[str]:
+    return sorted(
+        row["node"] for row in json.loads(cluster_command(node, "show", "--json").stdout)["table"]
+    )
+
+
+def test_a_dead_member_removed_by_leave_has_its_sessions_taken_over(swc_trio: SwcCluster) -> None:
+    a, b, c = (swc_trio.nodes[name] for name in "abc")
+    client_id = unique_id("kept")
+    sub = PahoClient(HOST, c.port, V311, client_id)
+    swc_trio.clients.append(sub)
+    sub.connect(clean=False)
+    subscribe_with_probe(sub, ("left/t", 1))
+    wait_routed(swc_trio.client("b"), sub)
+    sub.close()
+    c.kill()  # a crash: its members still list it, its link retries
+    refused = cluster_command(a, "leave", "a")
+    assert refused.returncode == 1 and "is this node" in refused.stderr
+    result = cluster_command(a, "leave", "c")
+    assert result.returncode == 0, result.stderr
+    assert "c removed" in result.stdout
+    eventually(lambda: members(b) == ["a", "b"], what="c gone from b's members")
+    # a, the live member with the lowest name, takes c's persistent session.
+    a.wait_for_log(r"node c forgotten \(its sessions reaped\)", TIMEOUT)
+    swc_trio.client("b").publish("left/t", b"while away", 1)
+    back = PahoClient(HOST, a.port, V311, client_id)
+    swc_trio.clients.append(back)
+    assert back.connect(clean=False).session_present
+    assert back.expect_message().payload == b"while away"
+
+
+def test_a_node_started_alone_joins_by_command_and_copies_the_cluster(
+    swc_trio: SwcCluster,
+) -> None:
+    sub = swc_trio.client("a")
+    subscribe_with_probe(sub, ("joined/t", 1))
+    d = swc_trio.start("d")  # no seeds: a cluster of its own
+    result = cluster_command(d, "join", f"{HOST}:{swc_trio.nodes['a'].cluster_port}")
+    assert result.returncode == 0, result.stderr
+    d.wait_links(["a", "b", "c"])
+    pub = swc_trio.client("d")
+    wait_routed(pub, sub)  # a's subscription, copied to d
+    assert members(d) == ["a", "b", "c", "d"]
+    refused = cluster_command(d, "join", "nowhere")
+    assert refused.returncode == 1 and "host:port" in refused.stderr
+
+
+def test_a_partition_heals_to_one_state_with_every_change_of_both_sides(
+    tmp_path: Path, start_proxy: Any
+) -> None:
+    """{a, b} | {c}: each side keeps serving; after the heal every node holds both
+    sides' subscriptions, and a retained message set on both sides is the later one."""
+    ports = {name: free_port() for name in "abc"}
+    to_c = {name: start_proxy((HOST, ports["c"])) for name in "ab"}  # a -> c, b -> c
+    from_c = {name: start_proxy((HOST, ports[name])) for name in "ab"}  # c -> a, c -> b
+    cluster = SwcCluster(tmp_path)
+
+    def start(name: str, peers: dict[str, tuple[str, int]], seeds: list[str]) -> Node:
+        node = Node(
+            tmp_path / name,
+            name,
+            "",
+            metadata="swc",
+            cluster_port=ports[name],
+            peer_addresses=peers,
+            seeds=[(HOST, ports[seed]) for seed in seeds],
+        )
+        cluster.nodes[name] = node
+        return node.start()
+
+    try:
+        start("a", {"c": to_c["a"].address}, [])
+        start("b", {"c": to_c["b"].address}, ["a"])
+        c = start("c", {"a": from_c["a"].address, "b": from_c["b"].address}, ["a"])
+        for name, node in cluster.nodes.items():
+            node.wait_links([peer for peer in "abc" if peer != name])
+        topic = unique_id("split/retained")
+        proxies = [*to_c.values(), *from_c.values()]
+        split_at = {name: len(node.drain_log()) for name, node in cluster.nodes.items()}
+        for proxy in proxies:
+            proxy.reset()
+        c.wait_line(r"cluster link to a \(\S+\) down", split_at["c"])
+        c.wait_line(r"cluster link to b \(\S+\) down", split_at["c"])
+        cluster.client("a").publish(topic, b"from a", 1, retain=True)
+        sub_b = cluster.client("b")
+        subscribe_with_probe(sub_b, ("split/b", 1))
+        sub_c = cluster.client("c")
+        subscribe_with_probe(sub_c, ("split/c", 1))
+        cluster.client("c").publish(topic, b"from c, later", 1, retain=True)
+        for proxy in proxies:
+            proxy.pass_through()
+        c.wait_links(["a", "b"], since=split_at["c"])
+        for name in "ab":
+            cluster.nodes[name].wait_links(["c"], since=split_at[name])
+        wait_routed(cluster.client("a"), sub_c)  # c's side's subscription, on a
+        wait_routed(cluster.client("c"), sub_b)  # and the other way
+        for name in "abc":
+            reader = cluster.client(name)
+            seen = eventually(
+                lambda r=reader: (m := retained_seen(r, topic)) and m.payload == b"from c, later",
+                what=f"the later retained message on {name}",
+            )
+            assert seen
+    finally:
+        cluster.close()
+
+
+def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write(
+    swc_trio: SwcCluster,
+) -> None:
+    """b writes a stream of subscription changes, a sees them, b is killed (-9) and
+    restarted: what a saw from b is still b's (b's next writes are news to a, so b made
+    no write identity twice), and b's persistent subscriber is routed from a again."""
+    a, b = swc_trio.nodes["a"], swc_trio.nodes["b"]
+    client_id = unique_id("durable")
+    sub = PahoClient(HOST, b.port, V311, client_id)
+    swc_trio.clients.append(sub)
+    sub.connect(clean=False)
+    for i in range(30):
+        assert sub.subscribe(f"kill/{i}", 1) == [1]
+    subscribe_with_probe(sub)
+    wait_routed(swc_trio.client("a"), sub)  # a has every one of b's writes so far
+    sub.close()
+    b.kill()
+    restarted = Node(
+        b.directory,
+        "b",
+        "",
+        metadata="swc",
+        cluster_port=b.cluster_port,
+        seeds=[(HOST, a.cluster_port)],
+    )
+    swc_trio.nodes["b"] = restarted
+    restarted.start()
+    restarted.wait_links(["a", "c"])
+    fresh = swc_trio.client("b")
+    subscribe_with_probe(fresh, ("after/restart", 1))
+    wait_routed(swc_trio.client("a"), fresh)  # a new write of b's reaches a: no reuse
+    back = PahoClient(HOST, restarted.port, V311, client_id)
+    swc_trio.clients.append(back)
+    assert back.connect(clean=False).session_present
+    pub = swc_trio.client("a")
+    pub.publish("kill/29", b"after the crash", 1)
+    assert back.expect_message().payload == b"after the crash"

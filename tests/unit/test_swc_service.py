@@ -210,20 +210,21 @@ def test_a_restarted_node_keeps_its_replica_id_and_never_makes_a_dot_twice(tmp_p
 def test_a_node_joining_after_gc_copies_the_whole_group_first(tmp_path, run):
     async def scenario() -> None:
         net, (a, b) = cluster(tmp_path, names="ab")
-        for i in range(7):
+        for i in range(40):
             a.replication.put(("sub", "", f"c{i}"), i, ts=i + 1)
-        await b.wait_for(("sub", "", "c6"), 6)
+        await b.wait_for(("sub", "", "c39"), 39)
         await sync_all([a, b])  # every dot known to both: a and b forget them
         assert all(not r.dkm for r in a.replication.groups.replicas)
-        late = Node(net, "c", tmp_path, SwcSettings(groups=3, exchange_batch_size=2))
+        late = Node(net, "c", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
         members = {n.node: n.replica_id for n in net.nodes.values()}
         for replication in net.nodes.values():
             replication.set_peers(members)
-        # Its first exchange of each group copies the group (pages of 2 keys): asked by
-        # dot, the forgotten ones would be skipped and c would never hold them.
+        # Its first exchange of each group copies the group (pages of 10 keys, 40 keys
+        # over 3 groups): asked by dot, the forgotten ones would be skipped, and c would
+        # never hold them.
         for group in range(3):
             assert await late.replication.exchange(group, "b")
-        for i in range(7):
+        for i in range(40):
             assert late.replication.get(("sub", "", f"c{i}")) == i
         assert all(r.synced for r in late.replication.groups.replicas)
         for node in (a, b, late):

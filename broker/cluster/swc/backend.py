@@ -185,7 +185,38 @@ class SwcBackend:
                     yield change
 
     async def reap(self, dead: str, limit: int) -> list[tuple[str, Subscriber]] | None:
-        return None  # a silent member is not reaped: `nautilus cluster leave` removes it
+        """Take up to `limit` subscribers of a node that is no longer a member (`nautilus
+        cluster leave`): clean ones deleted, persistent ones moved here. A member that
+        only went silent is not reaped (as in VerneMQ): refused, []."""
+        if dead in self._members:
+            return []
+        moved: list[tuple[str, Subscriber]] = []
+        owned = 0
+        for key, value in self.replicas.items():
+            if key[0] != SUB or value[0] != dead:
+                continue
+            owned += 1
+            if owned > limit:
+                break
+            ts = max(time.time_ns(), value[3] + 1)
+            if value[1]:  # clean: its session ended with the node
+                self.replicas.delete(key)
+                continue
+            self.replicas.put(key, [self.node, False, value[2], ts], ts)
+            moved.append((key[1], _subscriber([self.node, False, value[2], ts])))
+        return moved if owned else None
+
+    def remove(self, node: str) -> None:
+        """`nautilus cluster leave NODE`: NODE's member record goes, on every node."""
+        self.replicas.delete((NODE, node))
+
+    def alone(self) -> bool:
+        """No other member, and nothing but this node's own record: joining loses
+        nothing."""
+        own = (NODE, self.node)
+        return set(self._members) <= {self.node} and all(
+            key == own for key, _ in self.replicas.items()
+        )
 
     # -- what the replicas saw change --------------------------------------------------
 

@@ -41,6 +41,7 @@ from broker.config import SwcSettings
 log = logging.getLogger("nautilus.cluster")
 
 REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchange
+COPY_PAGE_FACTOR = 10  # a full copy's page: this many times exchange_batch_size keys
 
 
 class Transport(Protocol):
@@ -81,6 +82,7 @@ class Replication:
         self._touched: set[int] = set()  # groups changed since the last commit
         self._commit_due = False
         self._tasks: set[asyncio.Task] = set()
+        self._copy_order: dict[int, list[Key]] = {}  # group -> its keys, while copied
         self.exchanges = 0  # done
         self.exchange_failures = 0
 
@@ -98,6 +100,13 @@ class Replication:
             if not replica.synced:
                 replica.synced = True
                 self._touch(group)
+
+    def unfound(self) -> None:
+        """This node, alone and with nothing of its own, joins a cluster: each group
+        copies a member's state first (as a node started with seeds does)."""
+        for group, replica in enumerate(self.groups.replicas):
+            replica.synced = False
+            self._touch(group)
 
     def start(self) -> None:
         for group in range(len(self.groups)):
@@ -196,11 +205,18 @@ class Replication:
 
     def answer_keys(self, group: int, start: int, limit: int) -> list[Any]:
         """A page of the group's whole key space, in the order of the keys' bytes (a
-        joining node's full sync)."""
+        joining node's full copy). The order is taken at the first page and kept for the
+        next ones (a key written since arrives by the exchanges after the copy)."""
         self.commit()
         objects = self._replica(group).objects
-        keys = sorted(objects, key=msgpack.packb)[start : start + limit]
-        return [(key, wire.pack_object(objects[key])) for key in keys]
+        keys = self._copy_order.get(group)
+        if start == 0 or keys is None:
+            keys = self._copy_order[group] = sorted(objects, key=msgpack.packb)
+        page = [(key, objects[key]) for key in keys[start : start + limit] if key in objects]
+        done = start + limit >= len(keys)
+        if done:
+            self._copy_order.pop(group, None)
+        return [[(key, wire.pack_object(obj)) for key, obj in page], done]
 
     def _replica(self, group: int) -> Replica:
         if not 0 <= group < len(self.groups):
@@ -257,19 +273,21 @@ class Replication:
         if not peer.synced:
             return []
         changed: list[Key] = []
-        start = 0
-        while True:
-            page = await peer.keys(start, self._batch)
+        start = copied = 0
+        done = False
+        while not done:
+            page, done = await peer.keys(start, self._copy_page)
             objects = [(wire.frozen(key), wire.unpack_object(obj)) for key, obj in page]
             changed += replica.take_page(objects, remote_clock)
-            if len(page) < self._batch:
-                break
-            start += len(page)
+            start += self._copy_page
+            copied += len(objects)
         replica.finish_copy(peer_id, remote_clock, await peer.watermark())
-        log.info(
-            "cluster: group %d copied from %s (%d keys)", peer.group, peer.node, start + len(page)
-        )
+        log.info("cluster: group %d copied from %s (%d keys)", peer.group, peer.node, copied)
         return changed
+
+    @property
+    def _copy_page(self) -> int:
+        return self.settings.exchange_batch_size * COPY_PAGE_FACTOR
 
     @property
     def _batch(self) -> int:
@@ -335,8 +353,10 @@ class _RemoteGroup:
     async def watermark(self) -> Watermark:
         return wire.unpack_watermark(await self._ask(SWC_WATERMARK, self.group))
 
-    async def keys(self, start: int, limit: int) -> list[Any]:
-        return list(await self._ask(SWC_KEYS, self.group, start, limit))
+    async def keys(self, start: int, limit: int) -> tuple[list[Any], bool]:
+        """A page of the peer's keys, and whether it was the last."""
+        page, done = await self._ask(SWC_KEYS, self.group, start, limit)
+        return list(page), bool(done)
 
     async def _ask(self, *frame: Any) -> Any:
         request = self.replication.transport.request(self.node, *frame)
