@@ -4,6 +4,8 @@
     python -m bench.cluster --write                 # also regenerates "## Clustering" in
                                                     # docs/performance.md
     python -m bench.cluster --only latency,propagation --seconds 1 --repeats 1
+    python -m bench.cluster --only connect --metadata swc   # the leaderless metadata,
+                                                    # no Redis (--swc-sync: fsync each commit)
 
 Figures (`--only` takes their names):
 - throughput: QoS 0 and QoS 1, 16 B, 1 publisher -> 1 subscriber, bounded and flood, on
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import secrets
 import shlex
@@ -139,6 +142,17 @@ def parse_args(argv: list[str] | None) -> Args:
         help=f"migration: queued messages, comma-separated (from {ONCE_FROM:,} measured once)",
     )
     parser.add_argument(
+        "--metadata",
+        choices=("redis", "swc"),
+        default=defaults.metadata,
+        help="the clusters' metadata: Redis (default), or the leaderless swc (no Redis)",
+    )
+    parser.add_argument(
+        "--swc-sync",
+        action="store_true",
+        help="with --metadata swc: [cluster.swc] sync = true (an fsync per commit)",
+    )
+    parser.add_argument(
         "--write",
         nargs="?",
         const=PAGE,
@@ -168,6 +182,8 @@ def parse_args(argv: list[str] | None) -> Args:
         queue=queue,
         only=[name for name in FIGURES if name in only],
         write=ns.write,
+        metadata=ns.metadata,
+        swc_sync=ns.swc_sync,
         argv=sys.argv[1:] if argv is None else list(argv),
     )
 
@@ -255,6 +271,12 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+def node_config(args: Args, mode: str = "bounded", base: NodeConfig | None = None) -> NodeConfig:
+    """The nodes' config for a figure, with the run's metadata backend."""
+    config = base if base is not None else NodeConfig(mode=mode)
+    return dataclasses.replace(config, metadata=args.metadata, swc_sync=args.swc_sync)
 
 
 def _deployed(
@@ -375,7 +397,12 @@ def run_throughput(args: Args, redis_server: Redis, raw: dict[str, list[Result]]
             ) -> Result:
                 return await _throughput(d, layout, qos, mode == "bounded", args)
 
-            result = _deployed(layout.nodes, NodeConfig(mode=mode), redis_server, work)
+            result = _deployed(
+                layout.nodes,
+                node_config(args, mode=mode),
+                redis_server,
+                work,
+            )
             raw.setdefault(key, []).append(result)
             _progress("throughput", key.partition("/")[2], result, ("delivered", "lost"))
 
@@ -464,7 +491,12 @@ def run_latency(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -
             async def work(d: Deployment, layout: Layout = layout) -> Result:
                 return await _latency(d, layout, args)
 
-            result = _deployed(layout.nodes, NodeConfig(), redis_server, work)
+            result = _deployed(
+                layout.nodes,
+                node_config(args),
+                redis_server,
+                work,
+            )
             raw.setdefault(key, []).append(result)
             _progress("latency", name, result, ("p50_ms", "p99_ms", "delivered"))
 
@@ -519,7 +551,12 @@ def run_propagation(args: Args, redis_server: Redis, raw: dict[str, list[Result]
 
         # The load's mode sets the queue limits, as in the throughput figure.
         mode = "flood" if case == "flood" else "bounded"
-        result = _deployed(2, NodeConfig(mode=mode), redis_server, work)
+        result = _deployed(
+            2,
+            node_config(args, mode=mode),
+            redis_server,
+            work,
+        )
         raw.setdefault(key, []).append(result)
         _progress("propagation", case, result, ("samples", "missed", "p50_ms", "p99_ms", "max_ms"))
 
@@ -633,7 +670,12 @@ def run_connect(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -
             async def work(d: Deployment) -> Result:
                 return await _connects(d, args)
 
-            result = _deployed(nodes, NodeConfig(), redis_server, work)
+            result = _deployed(
+                nodes,
+                node_config(args),
+                redis_server,
+                work,
+            )
             raw.setdefault(key, []).append(result)
             _progress("connect", name, result, ("rate", "p50_ms", "p99_ms", "connected"))
 
@@ -694,7 +736,8 @@ def run_migration(args: Args, redis_server: Redis, raw: dict[str, list[Result]])
             async def work(d: Deployment, size: int = size) -> Result:
                 return await _migration(d, size)
 
-            result = _deployed(2, MIGRATION_CONFIG, redis_server, work, names=("b", "c"))
+            config = node_config(args, base=MIGRATION_CONFIG)
+            result = _deployed(2, config, redis_server, work, names=("b", "c"))
             raw.setdefault(key, []).append(result)
             _progress(
                 "migration",

@@ -156,13 +156,24 @@ class NodeConfig:
     mode: str = "bounded"  # bench/brokers.py MODES: the queue limits
     store: str = "memory"  # or "leveldb" (sync = false), in the node's directory
     broker: str = ""  # extra [broker] lines
+    metadata: str = "redis"  # "swc": the leaderless metadata, no Redis (seeds: node A)
+    swc_sync: bool = False  # [cluster.swc] sync: an fsync per commit
 
 
 class Node:
     """One `python -m broker` process; `name` empty: a plain node, not clustered."""
 
-    def __init__(self, name: str, config: NodeConfig, redis_url: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: NodeConfig,
+        redis_url: str | None,
+        cluster_port: int = 0,
+        seeds: Sequence[int] = (),
+    ) -> None:
         self.name = name
+        self.cluster_port = cluster_port  # fixed for swc: the others' seed
+        self.seeds = list(seeds)
         self._tmp = tempfile.TemporaryDirectory(prefix=f"bench-cluster-{name or 'plain'}-")
         self.directory = Path(self._tmp.name)
         self.log = self.directory / "broker.log"
@@ -182,7 +193,15 @@ class Node:
         if config.broker:
             text = text.replace("[broker]\n", f"[broker]\n{config.broker.rstrip()}\n", 1)
         text += "[http]\nenabled = false\n"
-        if self.name:
+        if self.name and config.metadata == "swc":
+            seeds = ", ".join(f'"{HOST}:{port}"' for port in self.seeds)
+            text += (
+                f'[cluster]\nnode_name = "{self.name}"\naddress = "{HOST}:{self.cluster_port}"\n'
+                f'metadata = "swc"\nseeds = [{seeds}]\n'
+                f'[cluster.swc]\ndirectory = "{self.directory / "swc"}"\n'
+                f"sync = {'true' if config.swc_sync else 'false'}\n"
+            )
+        elif self.name:
             assert redis_url is not None
             text += (
                 f'[cluster]\nnode_name = "{self.name}"\naddress = "{HOST}:0"\n'
@@ -264,12 +283,17 @@ class Deployment:
         redis_server: Redis | None,
         names: Sequence[str] = NAMES,
     ) -> None:
-        if nodes and redis_server is None:
+        swc = config.metadata == "swc"
+        if nodes and redis_server is None and not swc:
             raise ValueError("a cluster needs a Redis server")
-        self.redis = redis_server
+        self.redis = None if swc else redis_server  # swc: no Redis in the figures
         url = None if redis_server is None else redis_server.url
         names = tuple(names[:nodes]) if nodes else ("",)
-        self.nodes = [Node(name, config, url) for name in names]
+        ports = [free_port() if swc else 0 for _ in names]
+        self.nodes = [
+            Node(name, config, url, ports[i], ports[:1] if swc and i else ())
+            for i, name in enumerate(names)
+        ]
         self.startup = 0.0  # seconds until ready
 
     def __enter__(self) -> Deployment:

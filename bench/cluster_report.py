@@ -121,6 +121,8 @@ class Args:
     only: list[str] = field(default_factory=lambda: list(FIGURES))
     write: str | None = None
     argv: list[str] = field(default_factory=list)
+    metadata: str = "redis"  # the clusters' metadata backend: "redis" or "swc"
+    swc_sync: bool = False  # swc: [cluster.swc] sync = true
 
 
 def cell(raw: Raw, key: str) -> Sequence[Result]:
@@ -175,6 +177,9 @@ def figure_text(figure: str, args: Args, raw: Raw, command: str, date: str) -> s
         connects=args.connects,
         concurrency=args.concurrency,
     )
+    if args.metadata == "swc":  # the cluster nodes keep the metadata themselves
+        settings += '; metadata = "swc" (no Redis: the cluster rows hold it in the nodes)'
+        settings += ", sync = true" if args.swc_sync else ""
     parts = [
         HEADINGS[figure] + "\n",
         f"`{command}`, {date}; {settings}.\n",

@@ -151,6 +151,9 @@ class SwcSettings:
     exchange_batch_size: int = 100  # dots asked for per request of an exchange
     gc_interval: float = 15.0  # seconds between forgetting what every peer holds
     enable_broadcast: bool = True  # push each write to the peers at once
+    # fsync each commit (a power loss keeps it too); false: written, which a crash of the
+    # process (kill -9) keeps, but a crash of the machine may not.
+    sync: bool = False
 
 
 @dataclass(slots=True)

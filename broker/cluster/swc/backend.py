@@ -127,6 +127,7 @@ class SwcBackend:
         existed = bool(stored is not None and not clean and not stored[1])
         record = [self.node, clean, pack_subscriptions(subscriptions), ts]
         self.replicas.put(key, record, ts)
+        await self.replicas.durable()  # the CONNACK promises what is on disk
         return Registration(previous, existed, subscriptions)
 
     async def write(self, writes: list[Write]) -> list[Exception | None]:
@@ -147,6 +148,7 @@ class SwcBackend:
                 packed = pack_subscriptions(record.subscriptions)
                 self.replicas.put(key, [self.node, record.clean, packed, write.ts], write.ts)
             results.append(None)
+        await self.replicas.durable()
         return results
 
     async def retain(self, changes: list[tuple[str, bytes | None, int]]) -> None:
@@ -159,6 +161,7 @@ class SwcBackend:
                 self.replicas.delete(key)
             else:
                 self.replicas.put(key, [message, ts], ts)
+        await self.replicas.durable()
 
     async def snapshot(self) -> Snapshot:
         subscribers: dict[str, Subscriber] = {}

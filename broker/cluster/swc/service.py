@@ -4,7 +4,8 @@ The sans-I/O replicas (replica.py) get their I/O here, over a `Transport` (the c
 channel: broker/cluster/node.py provides it):
 
 - a write (`put`, `delete`) is saved, then broadcast best effort to every linked peer
-  (`SWC_WRITE`), unless `enable_broadcast` is off;
+  (`SWC_WRITE`), unless `enable_broadcast` is off; the writes of one loop turn share one
+  commit (`durable()` waits for it);
 - every `sync_interval` plus a random leeway of up to half of it, each group pulls from
   one random linked peer (`SWC_CLOCK`, `SWC_FETCH` in batches of `exchange_batch_size`
   dots, `SWC_WATERMARK`), one exchange per group at a time;
@@ -83,6 +84,8 @@ class Replication:
         self._commit_due = False
         self._tasks: set[asyncio.Task] = set()
         self._copy_order: dict[int, list[Key]] = {}  # group -> its keys, while copied
+        self._outbox: list[tuple[int, Key, Any]] = []  # writes to broadcast after commit
+        self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
         self.exchanges = 0  # done
         self.exchange_failures = 0
 
@@ -161,12 +164,19 @@ class Replication:
         return group, key, wire.pack_object(replica.read(key))
 
     def _written(self, write: Shipped) -> None:
+        """A write of this node's: broadcast once this turn's batch is on disk."""
         self._touch(write.group)
         if self.settings.enable_broadcast:
-            self.commit()  # before the dot leaves this node
-            packed = wire.pack_object(write.obj)
-            for node in self.transport.linked():
-                self.transport.send(node, SWC_WRITE, write.group, write.key, packed)
+            self._outbox.append((write.group, write.key, wire.pack_object(write.obj)))
+
+    async def durable(self) -> None:
+        """Wait until what was written so far is on disk (this turn's one batch: the
+        writes of a turn share one fsync)."""
+        if not self._touched:
+            return
+        if self._saved is None:
+            self._saved = self.loop.create_future()
+        await asyncio.shield(self._saved)
 
     # -- frames from peers -------------------------------------------------------------
 
@@ -312,14 +322,23 @@ class Replication:
             self.loop.call_soon(self.commit)
 
     def commit(self) -> None:
-        """Write what changed, in one batch (before anything is told of it)."""
+        """Write what changed, in one batch; then the broadcasts of the writes it holds
+        go out, and whoever waited for them to be durable goes on."""
         self._commit_due = False
-        if not self._touched:
-            return
-        with self.db.write_batch(sync=True) as batch:
-            for group in self._touched:
-                storage.save(self.groups.replicas[group], batch, group)
-        self._touched.clear()
+        if self._touched:
+            with self.db.write_batch(sync=self.settings.sync) as batch:
+                for group in self._touched:
+                    storage.save(self.groups.replicas[group], batch, group)
+            self._touched.clear()
+        outbox, self._outbox = self._outbox, []
+        if outbox:
+            linked = self.transport.linked()
+            for group, key, packed in outbox:
+                for node in linked:
+                    self.transport.send(node, SWC_WRITE, group, key, packed)
+        saved, self._saved = self._saved, None
+        if saved is not None and not saved.done():
+            saved.set_result(None)
 
     def figures(self) -> dict[str, int]:
         replicas = self.groups.replicas
