@@ -180,6 +180,13 @@ class ClusterSettings:
     # Registrations while Redis is away: refused with 0x88 server unavailable (false), or
     # taken on this node alone and written to Redis when it returns (true).
     allow_register_during_outage: bool = False
+    # metadata = "swc": while a member cannot be reached (a netsplit), CONNECT is refused
+    # (0x88 / 3), a PUBLISH dropped without an acknowledgement, SUBSCRIBE and UNSUBSCRIBE
+    # refused, as in VerneMQ; each switch lets its kind through (both sides converge after).
+    allow_register_during_netsplit: bool = False
+    allow_publish_during_netsplit: bool = False
+    allow_subscribe_during_netsplit: bool = False
+    allow_unsubscribe_during_netsplit: bool = False
     # node -> "host:port": reach these nodes there instead of at what they advertise.
     peer_addresses: dict[str, str] = field(default_factory=dict)
     swc: SwcSettings = field(default_factory=SwcSettings)

@@ -75,6 +75,7 @@ class Metrics:
     cluster_registrations_refused: int = 0  # CONNECTs refused while the metadata was away
     netsplit_detected: int = 0  # a peer was declared dead
     netsplit_resolved: int = 0  # a dead peer came back
+    netsplit_refused: int = 0  # CONNECTs, PUBLISHes, (UN)SUBSCRIBEs refused in a netsplit
 
     def connack_sent(self, return_code: int) -> None:
         """Count a CONNACK; `return_code` is the MQTT 3 one (0..5)."""

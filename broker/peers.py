@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 
 class Peers(Protocol):
+    # A member of the cluster cannot be reached (metadata = "swc"): the netsplit switches
+    # apply (`refuses`). Read on the hot path before anything else is asked.
+    split: bool
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -59,6 +63,11 @@ class Peers(Protocol):
         """Join the cluster of the node listening at `address` (ValueError: cannot)."""
         ...
 
+    def refuses(self, action: str) -> str | None:
+        """Why `action` ("register", "publish", "subscribe", "unsubscribe") is refused
+        now (a netsplit, and its allow_*_during_netsplit off), or None. Counted."""
+        ...
+
     def leave(self, node: str) -> str:
         """Remove member `node` from the cluster (ValueError: cannot)."""
         ...
@@ -66,6 +75,8 @@ class Peers(Protocol):
 
 class Alone:
     """The Peers of a node that is not in a cluster."""
+
+    split = False
 
     async def start(self) -> None:
         pass
@@ -98,6 +109,9 @@ class Alone:
 
     def join(self, address: str) -> str:
         raise ValueError("this node is not in a cluster ([cluster] address is empty)")
+
+    def refuses(self, action: str) -> None:
+        return None
 
     def leave(self, node: str) -> str:
         raise ValueError("this node is not in a cluster ([cluster] address is empty)")

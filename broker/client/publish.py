@@ -50,6 +50,11 @@ def _utf8(data: bytes) -> bool:
 
 def on_publish(engine: ClientEngine, packet: Publish) -> None:
     engine.host.metrics.mqtt_publish_received += 1
+    peers = engine.host.peers
+    if peers.split and peers.refuses("publish") is not None:
+        # A netsplit (allow_publish_during_netsplit off), as VerneMQ: QoS 0 is dropped,
+        # QoS 1/2 get no acknowledgement, so the client sends them again.
+        return None
     if engine.client.max_message_rate:
         engine.count_rate()
     properties = packet.properties  # empty below MQTT 5: the checks on them cost nothing

@@ -6,7 +6,7 @@ subscription side of the protocol in one place, apart from the PUBLISH path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.authorization import ack_properties, granted_topics, refusal_properties
 from broker.protocol import Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
@@ -24,6 +24,13 @@ ALLOWED = Ok()  # the verdict when no plugin has a say
 
 def on_subscribe(engine: ClientEngine, packet: Subscribe) -> None:
     engine.host.metrics.mqtt_subscribe_received += 1
+    peers = engine.host.peers
+    if peers.split and (why := peers.refuses("subscribe")) is not None:
+        # A netsplit (allow_subscribe_during_netsplit off): every filter refused.
+        refused = [0x80] * len(packet.subscriptions)
+        engine.outlet.send(SubAckPacket(packet.packet_id, refused, _why(engine, why)))
+        engine.host.metrics.mqtt_suback_sent += 1
+        return None
     codes: list[int | None] = []  # None: valid, decided by the plugins below
     requests: list[TopicRequest] = []
     for sub in packet.subscriptions:
@@ -175,6 +182,16 @@ def _subscribe(
 
 def on_unsubscribe(engine: ClientEngine, packet: Unsubscribe) -> None:
     engine.host.metrics.mqtt_unsubscribe_received += 1
+    peers = engine.host.peers
+    if peers.split and (why := peers.refuses("unsubscribe")) is not None:
+        # A netsplit (allow_unsubscribe_during_netsplit off). MQTT 5 says so per filter;
+        # an MQTT 3 UNSUBACK cannot refuse: the connection closes instead of lying.
+        if engine.client.protocol_level != MQTT5:
+            return engine.close()
+        refused: list[int] = [ReasonCode.UNSPECIFIED_ERROR] * len(packet.topic_filters)
+        engine.outlet.send(UnsubAck(packet.packet_id, refused, _why(engine, why)))
+        engine.host.metrics.mqtt_unsuback_sent += 1
+        return None
     chain = engine.host.chains.on_unsubscribe[engine.client.protocol_level == MQTT5]
     if not chain:
         return _unsubscribe(engine, packet, packet.topic_filters, ALLOWED)
@@ -225,3 +242,10 @@ def _unsubscribe(
         unsuback = UnsubAck(packet.packet_id, codes, props)
     engine.outlet.send(unsuback)
     engine.host.metrics.mqtt_unsuback_sent += 1
+
+
+def _why(engine: ClientEngine, why: str) -> dict[int, Any]:
+    """A refusal's Reason String, for an MQTT 5 client that did not opt out of them."""
+    if engine.client.protocol_level == MQTT5 and engine.client.problem_info:
+        return {Property.REASON_STRING: why}
+    return {}

@@ -61,6 +61,7 @@ from broker.cluster.swc.service import Replication
 from broker.cluster.sync import MetadataSync
 from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
+from broker.episodes import Episode
 from broker.message import Message
 
 if TYPE_CHECKING:
@@ -106,6 +107,12 @@ class Cluster:
         self.handover = Handover(self)  # sessions moving between nodes
         # The leaderless metadata (metadata = "swc") replicates over this node's links.
         self.replicated = backend if isinstance(backend, SwcBackend) else None
+        self.split = False  # (Peers) swc: a member cannot be reached
+        self._unreachable: list[str] = []
+        self._unanswered: dict[str, float] = {}  # member -> since when its link is not up
+        self._split_episode = Episode(
+            log, "requests refused in a netsplit", self.loop, interval=10.0, end_level=logging.INFO
+        )
         if self.replicated is not None:
             self.replicated.attach(LinkTransport(self), self.loop)
 
@@ -226,7 +233,56 @@ class Cluster:
 
     def register(self, client_id: str, clean: bool) -> Coroutine[Any, Any, Registration | None]:
         """Before a CONNACK: see Handover.register."""
+        if self.split and (why := self.refuses("register")) is not None:
+            return _refused(why)
         return self.handover.register(client_id, clean)
+
+    def refuses(self, action: str) -> str | None:
+        if not self.split or getattr(self.settings, f"allow_{action}_during_netsplit"):
+            return None
+        self.metrics.netsplit_refused += 1
+        why = f"netsplit: {', '.join(self._unreachable)} cannot be reached"
+        self._split_episode.occurred(
+            "cluster: a %s refused (%s; allow_%s_during_netsplit is off); while this lasts "
+            "refusals are counted in netsplit_refused",
+            action,
+            why,
+            action,
+            reason=why,
+        )
+        return why
+
+    def _check_split(self) -> None:
+        """swc: the cluster is ready while every member's link answers (VerneMQ's
+        check); a member whose link has not answered for dead_after makes it a netsplit,
+        and the netsplit switches apply. (Run every liveness_interval, and as links come
+        and go.)"""
+        if self.replicated is None:
+            return
+        now = self.loop.time()
+        members = self.replicated.members()
+        since = self._unanswered
+        for node in members:
+            link = self.links.get(node)
+            if node == self.node or (link is not None and link.answering):
+                since.pop(node, None)
+            else:  # a member just learned of, or a link just dropped, gets dead_after
+                since.setdefault(node, now)
+        for node in [node for node in since if node not in members]:
+            del since[node]
+        dead_after = self.settings.dead_after
+        unreachable = sorted(node for node, t in since.items() if now - t >= dead_after)
+        split = bool(unreachable)
+        if split and not self.split:
+            log.warning(
+                "cluster: not ready: %s cannot be reached (netsplit)", ", ".join(unreachable)
+            )
+        elif self.split and not split:
+            if self._split_episode.active:  # the total of what it refused, in the line
+                self._split_episode.ended("cluster: ready again, every member reached")
+            else:
+                log.info("cluster: ready again, every member reached")
+        self.split, self._unreachable = split, unreachable
 
     def registered(
         self, client_id: str, session: Session, registration: Registration | None, fresh: bool
@@ -307,6 +363,7 @@ class Cluster:
                 self._declare_dead(info.name, f"silent for {info.age:.1f}s")
             if info.name in self.dead and alive and alive[0] == self.node:
                 self.spawn(self._reap(info.name), f"cluster reaping {info.name}")
+        self._check_split()
 
     def _declare_dead(self, name: str, why: str) -> None:
         self.dead.add(name)
@@ -334,11 +391,13 @@ class Cluster:
     def link_up(self, link: PeerLink, restarted: bool) -> None:
         if restarted:
             log.info("cluster: node %s restarted", link.node)
+        self._check_split()
         if self.replicated is not None:  # it learns of this node at once (its record)
             link.send(frames.encode(SWC_WRITE, *self.replicated.replicas.introduction()))
 
     def link_down(self, link: PeerLink) -> None:
         self.release_publishers(link.node)
+        self._check_split()
 
     def release_publishers(self, node: str) -> None:
         remote = self.remote_nodes.get(node)
@@ -541,3 +600,8 @@ class LinkTransport:
             failed.set_exception(ConnectionError(f"no link to {node}"))
             return failed
         return link.request(*frame)
+
+
+async def _refused(why: str) -> Registration | None:
+    """A registration refused before it started (a netsplit): CONNACK 0x88."""
+    raise MetadataUnavailable(why)

@@ -20,7 +20,17 @@ from typing import Any
 
 import pytest
 
-from tests.broker.helpers import V5, V311, PahoClient, unique_id
+from tests.broker.helpers import (
+    PUBLISH,
+    UNSUBACK,
+    V5,
+    V311,
+    PahoClient,
+    RawClient,
+    publish_packet,
+    unique_id,
+    unsubscribe_packet,
+)
 from tests.cluster.nodes import API_KEY
 from tests.cluster.redis_server import free_port
 from tests.cluster.test_cluster import (
@@ -329,3 +339,81 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
     pub = swc_trio.client("a")
     pub.publish("kill/29", b"after the crash", 1)
     assert back.expect_message().payload == b"after the crash"
+
+
+def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
+    tmp_path: Path, start_proxy: Any
+) -> None:
+    """c cut off from a and b: every node misses a member. With the switches off
+    (VerneMQ's defaults) a CONNECT is refused (3 / 0x88), a QoS 1 PUBLISH gets no PUBACK,
+    a SUBSCRIBE a SUBACK of 0x80, an MQTT 5 UNSUBSCRIBE an UNSUBACK of 0x80 and an MQTT 3
+    one closes its connection; once the links are back, c serves again. With
+    allow_publish_during_netsplit on (c's), c's own subscribers get c's publishes."""
+    ports = {name: free_port() for name in "abc"}
+    to_c = {name: start_proxy((HOST, ports["c"])) for name in "ab"}
+    from_c = {name: start_proxy((HOST, ports[name])) for name in "ab"}
+    cluster = SwcCluster(tmp_path)
+
+    def start(name: str, peers: dict[str, tuple[str, int]], seeds: list[str], **keys: str) -> Node:
+        node = Node(
+            tmp_path / name,
+            name,
+            "",
+            metadata="swc",
+            cluster_port=ports[name],
+            peer_addresses=peers,
+            seeds=[(HOST, ports[seed]) for seed in seeds],
+            extra="".join(f"{key} = {value}\n" for key, value in keys.items()),
+        )
+        cluster.nodes[name] = node
+        return node.start()
+
+    try:
+        start("a", {"c": to_c["a"].address}, [])
+        start("b", {"c": to_c["b"].address}, ["a"])
+        c = start(
+            "c",
+            {"a": from_c["a"].address, "b": from_c["b"].address},
+            ["a"],
+            allow_publish_during_netsplit="true",
+        )
+        for name, node in cluster.nodes.items():
+            node.wait_links([peer for peer in "abc" if peer != name])
+        v5, v3 = RawClient(HOST, c.port, V5), RawClient(HOST, c.port, V311)
+        listener = RawClient(HOST, c.port, V311)
+        on_a = RawClient(HOST, cluster.nodes["a"].port, V5)  # a keeps the switches off
+        for raw in (v5, v3, listener, on_a):
+            raw.connect(unique_id("split"))
+        assert listener.subscribe(("split/allowed", 0)) == [0]
+        split_at = len(c.drain_log())
+        a_split_at = len(cluster.nodes["a"].drain_log())
+        for proxy in [*to_c.values(), *from_c.values()]:
+            proxy.reset()
+        c.wait_line(r"cluster: not ready: .*cannot be reached \(netsplit\)", split_at)
+
+        late = RawClient(HOST, c.port, V311)
+        assert late.connect(unique_id("late"), expect_code=None).reason_code == 3
+        late.close()
+        cluster.nodes["a"].wait_line(r"cluster: not ready", a_split_at)
+        on_a.send(publish_packet("split/t", b"x", qos=1, packet_id=7, version=V5))
+        assert on_a.subscribe(("split/t", 1)) == [0x80]  # a PUBACK would have come first
+        assert v5.subscribe(("split/t", 1)) == [0x80]
+        v5.send(unsubscribe_packet(9, ["split/t"], version=V5))
+        assert v5.expect(UNSUBACK).reason_codes == [0x80]
+        v3.send(unsubscribe_packet(3, ["split/t"]))
+        v3.expect_closed()
+        v5.publish("split/allowed", b"kept on c")  # QoS 0: allowed on c by its switch
+        # ... which is why it reaches c's own subscriber:
+        assert listener.expect(PUBLISH).payload == b"kept on c"
+
+        for proxy in [*to_c.values(), *from_c.values()]:
+            proxy.pass_through()
+        c.wait_line(r"cluster: ready again, every member reached", split_at)
+        again = RawClient(HOST, c.port, V311)
+        assert again.connect(unique_id("again")).reason_code == 0
+        assert again.subscribe(("split/t", 1)) == [1]
+        again.close()
+        for raw in (v5, listener, on_a):
+            raw.close()
+    finally:
+        cluster.close()
