@@ -8,6 +8,8 @@
 --   P.."cluster"          ZSET node -> last liveness refresh (Redis TIME, ms)
 --   P.."nodes"            HASH node -> "<address>\n<boot id>"
 --   P.."retain"           HASH topic -> packed retained message; P.."retain_ts" its ts
+--   P.."retain_cleared"   ZSET topic -> when it was cleared (Redis TIME, ms), and
+--   P.."retain_cleared_ts" HASH topic -> the clear's ts: kept CLEARED_KEPT_MS only
 --   P.."changes"          STREAM of every change, numbered by P.."seq" without gaps
 --   P.."reaped:"<node>    LIST the last reap's caller, ts and answer (a minute)
 --
@@ -79,17 +81,40 @@ local function delete_subscriber(keys, args)
   return 1
 end
 
+-- A clear is remembered this long, so that a set older than it that arrives late (from
+-- another node's writer) is still refused; then the topic leaves no trace at all.
+local CLEARED_KEPT_MS = 60000
+local FORGET_BATCH = 1000 -- clears forgotten per call at most
+
+local function forget_old_clears(p, now)
+  local cutoff = now - CLEARED_KEPT_MS
+  local old = redis.call('ZRANGEBYSCORE', p .. 'retain_cleared', '-inf', cutoff,
+                         'LIMIT', 0, FORGET_BATCH)
+  if #old > 0 then
+    redis.call('HDEL', p .. 'retain_cleared_ts', unpack(old))
+    redis.call('ZREM', p .. 'retain_cleared', unpack(old))
+  end
+end
+
 -- retain(P, topic, ts[, message]): without a message the topic's retained one is cleared.
 local function retain(keys, args)
   local p, topic, ts, message = args[1], args[2], args[3], args[4]
+  local now = now_ms()
+  forget_old_clears(p, now)
   local stored = redis.call('HGET', p .. 'retain_ts', topic)
+    or redis.call('HGET', p .. 'retain_cleared_ts', topic)
   if stored and not newer(ts, stored) then return redis.error_reply('stale_request') end
-  redis.call('HSET', p .. 'retain_ts', topic, ts)
   if message then
+    redis.call('HSET', p .. 'retain_ts', topic, ts)
+    redis.call('HDEL', p .. 'retain_cleared_ts', topic)
+    redis.call('ZREM', p .. 'retain_cleared', topic)
     redis.call('HSET', p .. 'retain', topic, message)
     emit(p, {'t', topic, 'd', message})
   else
     redis.call('HDEL', p .. 'retain', topic)
+    redis.call('HDEL', p .. 'retain_ts', topic)
+    redis.call('HSET', p .. 'retain_cleared_ts', topic, ts)
+    redis.call('ZADD', p .. 'retain_cleared', now, topic)
     emit(p, {'t', topic})
   end
   return 1

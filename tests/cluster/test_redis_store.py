@@ -912,3 +912,30 @@ def test_a_reap_sent_twice_answers_the_same(redis_url: str) -> None:
                 assert client.exists(PREFIX + "reaped:b") == 0
 
     run(main())
+
+
+def test_a_cleared_retained_topic_leaves_nothing_once_its_clear_is_old(redis_url: str) -> None:
+    """A clear is remembered 60 s (an older set arriving late is refused meanwhile), then
+    the topic has no key or field left: no tombstone per topic ever retained."""
+
+    async def main() -> None:
+        clock = Clock()
+        async with opened(redis_url, "a") as (a,):
+            await a.retain([("gone", b"m", clock()), ("kept", b"k", clock())])
+            cleared_at = clock()
+            await a.retain([("gone", None, cleared_at)])
+            redis = a.redis
+            p = a.prefix
+            assert not await redis.hexists(p + "retain_ts", "gone")
+            assert await redis.hget(p + "retain_cleared_ts", "gone") == str(cleared_at).encode()
+            await a.retain([("gone", b"late", cleared_at - 1)])  # older than the clear
+            assert (await a.snapshot()).retained == {"kept": b"k"}
+            # 61 s later (the clear's time moved back instead of waiting): the next
+            # retain call forgets it.
+            await redis.zadd(p + "retain_cleared", {"gone": 0})
+            await a.retain([("kept", b"k2", clock())])
+            assert not await redis.hexists(p + "retain_cleared_ts", "gone")
+            assert await redis.zcard(p + "retain_cleared") == 0
+            assert await redis.hkeys(p + "retain_ts") == [b"kept"]
+
+    run(main())
