@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from broker.cluster.metadata import Registration
     from broker.message import Message
     from broker.session import Session
+    from hooks import Metric
 
 
 class Peers(Protocol):
@@ -68,6 +69,10 @@ class Peers(Protocol):
         now (a netsplit, and its allow_*_during_netsplit off), or None. Counted."""
         ...
 
+    def group_metrics(self) -> list[Metric]:
+        """/metrics' labelled figures (the leaderless metadata's, per group)."""
+        ...
+
     def leave(self, node: str) -> str:
         """Remove member `node` from the cluster (ValueError: cannot)."""
         ...
@@ -112,6 +117,9 @@ class Alone:
 
     def refuses(self, action: str) -> None:
         return None
+
+    def group_metrics(self) -> list[Metric]:
+        return []
 
     def leave(self, node: str) -> str:
         raise ValueError("this node is not in a cluster ([cluster] address is empty)")

@@ -63,6 +63,7 @@ from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
 from broker.episodes import Episode
 from broker.message import Message
+from hooks import Metric
 
 if TYPE_CHECKING:
     from broker.cluster.host import Host
@@ -536,6 +537,21 @@ class Cluster:
                 "and go through Redis)"
             )
         return self.replicated
+
+    def group_metrics(self) -> list[Metric]:
+        if self.replicated is None:
+            return []
+        counters = ("exchanges", "exchange_failures")
+        return [
+            Metric(
+                f"swc_group_{name}",
+                value,
+                "counter" if name in counters else "gauge",
+                (("group", str(group)),),
+            )
+            for group, figures in enumerate(self.replicated.replicas.group_figures())
+            for name, value in figures.items()
+        ]
 
     def figures(self) -> dict[str, int]:
         return self.replicated.replicas.figures() if self.replicated is not None else {}

@@ -23,6 +23,7 @@ def collect(broker: Managed) -> list[Metric]:
     found += [Metric(name, value, "gauge") for name, value in broker.gauges().items()]
     found.append(Metric("uptime_seconds", int(time.time() - broker.started_at), "gauge"))
     found += [Metric(name, value, kind) for name, (value, kind) in broker.store.figures().items()]
+    found += broker.peers.group_metrics()
     for name, plugin in broker.plugins:
         report = side_doors(plugin).metrics
         if report is None:

@@ -115,6 +115,9 @@ def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster)
         b"two",
     ]
     assert [sub_c.expect_message().payload for _ in range(2)] == [b"one", b"two"]
+    metrics = swc_trio.nodes["b"].metrics()  # the totals, and per group (labels dropped)
+    assert metrics["swc_objects"] >= 5  # 3 members, 2 subscribers
+    assert metrics["swc_exchanges"] > 0 and "swc_group_sync_age_seconds" in metrics
 
 
 def test_a_shared_group_across_nodes_gets_each_message_once(swc_trio: SwcCluster) -> None:

@@ -88,6 +88,10 @@ class Replication:
         self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
         self.exchanges = 0  # done
         self.exchange_failures = 0
+        count = settings.groups
+        self.group_exchanges = [0] * count
+        self.group_failures = [0] * count
+        self.last_exchange = [loop.time()] * count  # of each group's last one that worked
 
     @property
     def fresh(self) -> bool:
@@ -267,9 +271,12 @@ class Replication:
                 changed = await self._full_sync(replica, self.peers[node], peer)
         except (ConnectionError, TimeoutError, ValueError) as exc:
             self.exchange_failures += 1
+            self.group_failures[group] += 1
             log.warning("cluster: exchange of group %d with %s failed: %s", group, node, exc)
             return False
         self.exchanges += 1
+        self.group_exchanges[group] += 1
+        self.last_exchange[group] = self.loop.time()
         self._touch(group)
         for key in changed:
             self._changed(key)
@@ -339,6 +346,21 @@ class Replication:
         saved, self._saved = self._saved, None
         if saved is not None and not saved.done():
             saved.set_result(None)
+
+    def group_figures(self) -> list[dict[str, float]]:
+        """Per group, for /metrics (labelled by group)."""
+        now = self.loop.time()
+        return [
+            {
+                "objects": len(replica.objects),
+                "tombstones": replica.tombstones(),
+                "dotkeymap_entries": sum(len(e) for e in replica.dkm.values()),
+                "exchanges": self.group_exchanges[group],
+                "exchange_failures": self.group_failures[group],
+                "sync_age_seconds": round(now - self.last_exchange[group], 3) if self.peers else 0,
+            }
+            for group, replica in enumerate(self.groups.replicas)
+        ]
 
     def figures(self) -> dict[str, int]:
         replicas = self.groups.replicas
