@@ -158,6 +158,7 @@ class NodeConfig:
     broker: str = ""  # extra [broker] lines
     metadata: str = "redis"  # "swc": the leaderless metadata, no Redis (seeds: node A)
     swc_sync: bool = False  # [cluster.swc] sync: an fsync per commit
+    cluster: str = ""  # extra [cluster] lines (swc)
 
 
 class Node:
@@ -197,7 +198,7 @@ class Node:
             seeds = ", ".join(f'"{HOST}:{port}"' for port in self.seeds)
             text += (
                 f'[cluster]\nnode_name = "{self.name}"\naddress = "{HOST}:{self.cluster_port}"\n'
-                f'metadata = "swc"\nseeds = [{seeds}]\n'
+                f'metadata = "swc"\nseeds = [{seeds}]\n{config.cluster}'
                 f'[cluster.swc]\ndirectory = "{self.directory / "swc"}"\n'
                 f"sync = {'true' if config.swc_sync else 'false'}\n"
             )
