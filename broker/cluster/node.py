@@ -581,9 +581,24 @@ class Cluster:
                     "bytes_dropped": link.bytes_dropped if link is not None else 0,
                 }
             )
+        if self.replicated is not None:  # swc: ready (no netsplit), and in sync
+            replicas = self.replicated.replicas
+            ages = [g["sync_age_seconds"] for g in replicas.group_figures()]
+            metadata = "ready" if not self.split else "not ready (netsplit)"
+            swc: dict[str, Any] | None = {
+                "ready": not self.split,
+                "unreachable": list(self._unreachable),
+                "groups_synced": sum(r.synced for r in replicas.groups.replicas),
+                "groups": len(replicas.groups),
+                "oldest_exchange_s": max(ages) if ages else 0,
+            }
+        else:
+            metadata = "available" if self.sync.available else "unavailable"
+            swc = None
         return {
             "node": self.node,
-            "metadata": "available" if self.sync.available else "unavailable",
+            "metadata": metadata,
+            "swc": swc,
             "nodes": nodes,
             "routing_score": {
                 "local": m.router_matches_local,

@@ -159,6 +159,13 @@ def print_cluster(status: dict[str, Any]) -> None:
         f"node {status['node']}, metadata {status['metadata']}, routing score {local} "
         f"({score['local']} local / {score['remote']} remote matches)"
     )
+    swc = status.get("swc")
+    if swc:
+        unreachable = ", ".join(swc["unreachable"]) or "none"
+        print(
+            f"swc: {swc['groups_synced']} of {swc['groups']} groups synced, oldest exchange "
+            f"{swc['oldest_exchange_s']:.1f} s ago, unreachable members: {unreachable}"
+        )
     print_table(status["nodes"])
 
 

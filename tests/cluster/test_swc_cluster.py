@@ -118,6 +118,10 @@ def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster)
     metrics = swc_trio.nodes["b"].metrics()  # the totals, and per group (labels dropped)
     assert metrics["swc_objects"] >= 5  # 3 members, 2 subscribers
     assert metrics["swc_exchanges"] > 0 and "swc_group_sync_age_seconds" in metrics
+    status = swc_trio.nodes["c"].cluster_status()  # nautilus cluster status --json
+    assert status["metadata"] == "ready"
+    assert status["swc"]["groups_synced"] == status["swc"]["groups"] == 10
+    assert status["swc"]["unreachable"] == []
 
 
 def test_a_shared_group_across_nodes_gets_each_message_once(swc_trio: SwcCluster) -> None:
@@ -393,6 +397,9 @@ def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
         for proxy in [*to_c.values(), *from_c.values()]:
             proxy.reset()
         c.wait_line(r"cluster: not ready: .*cannot be reached \(netsplit\)", split_at)
+        status = c.cluster_status()
+        assert status["metadata"] == "not ready (netsplit)"
+        assert status["swc"]["unreachable"] == ["a", "b"]
 
         late = RawClient(HOST, c.port, V311)
         assert late.connect(unique_id("late"), expect_code=None).reason_code == 3
