@@ -166,7 +166,8 @@ class ClusterSettings:
     advertise: str = ""  # where other nodes reach it, if not `address` (NAT, proxies)
     # The shared truth: "redis" (plugins/redis_subs, Courier's way), or "swc": every node
     # holds it, replicated leaderlessly (broker/cluster/swc/; no external service).
-    metadata: Literal["redis", "swc"] = "redis"
+    # "auto": "redis" when [plugins.redis_subs] is enabled, else "swc".
+    metadata: Literal["auto", "redis", "swc"] = "auto"
     seeds: list[str] = field(default_factory=list)  # swc: "host:port" of nodes to join
     secret: str = ""  # nodes must present the same one to link
     liveness_interval: float = 0.5  # seconds between liveness refreshes
@@ -450,6 +451,8 @@ def _validate_cluster(config: Config) -> None:
                 f"({cluster.liveness_interval}s), got {cluster.dead_after}s"
             )
         plugin = config.plugins.get("redis_subs", {})
+        if cluster.metadata == "auto":  # existing Redis set-ups keep Redis
+            cluster.metadata = "redis" if plugin.get("enabled") is True else "swc"
         if cluster.metadata == "redis" and plugin.get("enabled") is not True:
             raise ConfigError('cluster.metadata: "redis" needs [plugins.redis_subs] enabled = true')
         if not 1 <= cluster.swc.groups <= 100:

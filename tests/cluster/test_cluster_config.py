@@ -29,13 +29,16 @@ def error(data: dict[str, Any]) -> str:
     return str(caught.value)
 
 
-def test_a_cluster_needs_the_redis_plugin() -> None:
+def test_redis_metadata_needs_the_redis_plugin_and_auto_picks_by_it() -> None:
     no_plugin: list[dict[str, Any]] = [{}, {"redis_subs": {}}, {"redis_subs": {"enabled": False}}]
     for plugins in no_plugin:
-        assert error(cluster(plugins)).startswith("cluster.metadata:")
-    config = config_from_dict(cluster())
+        assert error(cluster(plugins, metadata="redis")).startswith("cluster.metadata:")
+        # By default ("auto") a cluster without the plugin keeps its metadata itself.
+        assert config_from_dict(cluster(plugins)).cluster.metadata == "swc"
+    config = config_from_dict(cluster())  # the plugin enabled: a Redis set-up stays one
     assert config.cluster.address == "127.0.0.1:0"
     assert config.cluster.metadata == "redis"
+    assert config_from_dict(cluster(metadata="swc")).cluster.metadata == "swc"
 
 
 def test_no_cluster_needs_no_plugin() -> None:
