@@ -118,9 +118,12 @@ def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster)
     metrics = swc_trio.nodes["b"].metrics()  # the totals, and per group (labels dropped)
     assert metrics["swc_objects"] >= 5  # 3 members, 2 subscribers
     assert metrics["swc_exchanges"] > 0 and "swc_group_sync_age_seconds" in metrics
-    status = swc_trio.nodes["c"].cluster_status()  # nautilus cluster status --json
-    assert status["metadata"] == "ready"
-    assert status["swc"]["groups_synced"] == status["swc"]["groups"] == 10
+    c = swc_trio.nodes["c"]  # a joiner: each group synced by its first exchange
+    status = eventually(
+        lambda: (s := c.cluster_status())["swc"]["groups_synced"] == 10 and s,
+        what="every group of c synced",
+    )
+    assert status["metadata"] == "ready" and status["swc"]["groups"] == 10
     assert status["swc"]["unreachable"] == []
 
 
@@ -249,40 +252,68 @@ def test_a_node_started_alone_joins_by_command_and_copies_the_cluster(
     assert refused.returncode == 1 and "host:port" in refused.stderr
 
 
+class ProxiedTrio(SwcCluster):
+    """a, b and c, where every link between c and the others goes through a proxy
+    (`cut()` resets them all, `heal()` lets them pass), so c can be split off."""
+
+    def __init__(self, tmp_path: Path, start_proxy: Any, **c_keys: str) -> None:
+        super().__init__(tmp_path)
+        self.ports = {name: free_port() for name in "abc"}
+        to_c = {name: start_proxy((HOST, self.ports["c"])) for name in "ab"}  # a, b -> c
+        from_c = {name: start_proxy((HOST, self.ports[name])) for name in "ab"}  # c -> a, b
+        self.proxies = [*to_c.values(), *from_c.values()]
+        self._peers = {"a": {"c": to_c["a"].address}, "b": {"c": to_c["b"].address}}
+        self._peers["c"] = {n: from_c[n].address for n in "ab"}
+        self._c_keys = c_keys
+
+    def start_all(self) -> None:
+        """a, then b and c joining through a (inside the test's try: close() stops
+        whatever started)."""
+        for name in "abc":
+            keys = self._c_keys if name == "c" else {}
+            self._node(name, self._peers[name], [] if name == "a" else ["a"], **keys)
+        for name, node in self.nodes.items():
+            node.wait_links([peer for peer in "abc" if peer != name])
+
+    def _node(
+        self, name: str, peers: dict[str, tuple[str, int]], seeds: list[str], **keys: str
+    ) -> None:
+        node = Node(
+            self.tmp_path / name,
+            name,
+            "",
+            metadata="swc",
+            cluster_port=self.ports[name],
+            peer_addresses=peers,
+            seeds=[(HOST, self.ports[seed]) for seed in seeds],
+            extra="".join(f"{key} = {value}\n" for key, value in keys.items()),
+        )
+        self.nodes[name] = node
+        node.start()
+
+    def cut(self) -> dict[str, int]:
+        """Split c off; each node's log position before it (to wait for what follows)."""
+        before = {name: len(node.drain_log()) for name, node in self.nodes.items()}
+        for proxy in self.proxies:
+            proxy.reset()
+        return before
+
+    def heal(self) -> None:
+        for proxy in self.proxies:
+            proxy.pass_through()
+
+
 def test_a_partition_heals_to_one_state_with_every_change_of_both_sides(
     tmp_path: Path, start_proxy: Any
 ) -> None:
     """{a, b} | {c}: each side keeps serving; after the heal every node holds both
     sides' subscriptions, and a retained message set on both sides is the later one."""
-    ports = {name: free_port() for name in "abc"}
-    to_c = {name: start_proxy((HOST, ports["c"])) for name in "ab"}  # a -> c, b -> c
-    from_c = {name: start_proxy((HOST, ports[name])) for name in "ab"}  # c -> a, c -> b
-    cluster = SwcCluster(tmp_path)
-
-    def start(name: str, peers: dict[str, tuple[str, int]], seeds: list[str]) -> Node:
-        node = Node(
-            tmp_path / name,
-            name,
-            "",
-            metadata="swc",
-            cluster_port=ports[name],
-            peer_addresses=peers,
-            seeds=[(HOST, ports[seed]) for seed in seeds],
-        )
-        cluster.nodes[name] = node
-        return node.start()
-
+    cluster = ProxiedTrio(tmp_path, start_proxy)
     try:
-        start("a", {"c": to_c["a"].address}, [])
-        start("b", {"c": to_c["b"].address}, ["a"])
-        c = start("c", {"a": from_c["a"].address, "b": from_c["b"].address}, ["a"])
-        for name, node in cluster.nodes.items():
-            node.wait_links([peer for peer in "abc" if peer != name])
+        cluster.start_all()
+        c = cluster.nodes["c"]
         topic = unique_id("split/retained")
-        proxies = [*to_c.values(), *from_c.values()]
-        split_at = {name: len(node.drain_log()) for name, node in cluster.nodes.items()}
-        for proxy in proxies:
-            proxy.reset()
+        split_at = cluster.cut()
         c.wait_line(r"cluster link to a \(\S+\) down", split_at["c"])
         c.wait_line(r"cluster link to b \(\S+\) down", split_at["c"])
         cluster.client("a").publish(topic, b"from a", 1, retain=True)
@@ -291,8 +322,7 @@ def test_a_partition_heals_to_one_state_with_every_change_of_both_sides(
         sub_c = cluster.client("c")
         subscribe_with_probe(sub_c, ("split/c", 1))
         cluster.client("c").publish(topic, b"from c, later", 1, retain=True)
-        for proxy in proxies:
-            proxy.pass_through()
+        cluster.heal()
         c.wait_links(["a", "b"], since=split_at["c"])
         for name in "ab":
             cluster.nodes[name].wait_links(["c"], since=split_at[name])
@@ -358,47 +388,18 @@ def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
     a SUBSCRIBE a SUBACK of 0x80, an MQTT 5 UNSUBSCRIBE an UNSUBACK of 0x80 and an MQTT 3
     one closes its connection; once the links are back, c serves again. With
     allow_publish_during_netsplit on (c's), c's own subscribers get c's publishes."""
-    ports = {name: free_port() for name in "abc"}
-    to_c = {name: start_proxy((HOST, ports["c"])) for name in "ab"}
-    from_c = {name: start_proxy((HOST, ports[name])) for name in "ab"}
-    cluster = SwcCluster(tmp_path)
-
-    def start(name: str, peers: dict[str, tuple[str, int]], seeds: list[str], **keys: str) -> Node:
-        node = Node(
-            tmp_path / name,
-            name,
-            "",
-            metadata="swc",
-            cluster_port=ports[name],
-            peer_addresses=peers,
-            seeds=[(HOST, ports[seed]) for seed in seeds],
-            extra="".join(f"{key} = {value}\n" for key, value in keys.items()),
-        )
-        cluster.nodes[name] = node
-        return node.start()
-
+    cluster = ProxiedTrio(tmp_path, start_proxy, allow_publish_during_netsplit="true")
     try:
-        start("a", {"c": to_c["a"].address}, [])
-        start("b", {"c": to_c["b"].address}, ["a"])
-        c = start(
-            "c",
-            {"a": from_c["a"].address, "b": from_c["b"].address},
-            ["a"],
-            allow_publish_during_netsplit="true",
-        )
-        for name, node in cluster.nodes.items():
-            node.wait_links([peer for peer in "abc" if peer != name])
+        cluster.start_all()
+        c = cluster.nodes["c"]
         v5, v3 = RawClient(HOST, c.port, V5), RawClient(HOST, c.port, V311)
         listener = RawClient(HOST, c.port, V311)
         on_a = RawClient(HOST, cluster.nodes["a"].port, V5)  # a keeps the switches off
         for raw in (v5, v3, listener, on_a):
             raw.connect(unique_id("split"))
         assert listener.subscribe(("split/allowed", 0)) == [0]
-        split_at = len(c.drain_log())
-        a_split_at = len(cluster.nodes["a"].drain_log())
-        for proxy in [*to_c.values(), *from_c.values()]:
-            proxy.reset()
-        c.wait_line(r"cluster: not ready: .*cannot be reached \(netsplit\)", split_at)
+        split_at = cluster.cut()
+        c.wait_line(r"cluster: not ready: .*cannot be reached \(netsplit\)", split_at["c"])
         status = c.cluster_status()
         assert status["metadata"] == "not ready (netsplit)"
         assert status["swc"]["unreachable"] == ["a", "b"]
@@ -406,7 +407,7 @@ def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
         late = RawClient(HOST, c.port, V311)
         assert late.connect(unique_id("late"), expect_code=None).reason_code == 3
         late.close()
-        cluster.nodes["a"].wait_line(r"cluster: not ready", a_split_at)
+        cluster.nodes["a"].wait_line(r"cluster: not ready", split_at["a"])
         on_a.send(publish_packet("split/t", b"x", qos=1, packet_id=7, version=V5))
         assert on_a.subscribe(("split/t", 1)) == [0x80]  # a PUBACK would have come first
         assert v5.subscribe(("split/t", 1)) == [0x80]
@@ -418,9 +419,8 @@ def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
         # ... which is why it reaches c's own subscriber:
         assert listener.expect(PUBLISH).payload == b"kept on c"
 
-        for proxy in [*to_c.values(), *from_c.values()]:
-            proxy.pass_through()
-        c.wait_line(r"cluster: ready again, every member reached", split_at)
+        cluster.heal()
+        c.wait_line(r"cluster: ready again, every member reached", split_at["c"])
         again = RawClient(HOST, c.port, V311)
         assert again.connect(unique_id("again")).reason_code == 0
         assert again.subscribe(("split/t", 1)) == [1]
