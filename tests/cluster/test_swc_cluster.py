@@ -229,7 +229,7 @@ def test_a_dead_member_removed_by_leave_has_its_sessions_taken_over(swc_trio: Sw
     eventually(lambda: members(b) == ["a", "b"], what="c gone from b's members")
     # a, the live member with the lowest name, takes c's persistent session.
     a.wait_for_log(r"node c forgotten \(its sessions reaped\)", TIMEOUT)
-    swc_trio.client("b").publish("left/t", b"while away", 1)
+    swc_trio.client("a").publish("left/t", b"while away", 1)  # a holds it now
     back = PahoClient(HOST, a.port, V311, client_id)
     swc_trio.clients.append(back)
     assert back.connect(clean=False).session_present
