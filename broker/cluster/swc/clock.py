@@ -11,7 +11,7 @@ Consistent Data Stores"; VerneMQ's `swc_node.erl`. Pure values, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 Dot = tuple[str, int]  # (replica id, counter from 1)
 
@@ -80,17 +80,6 @@ class NodeClock:
                 continue
             mine = self.entries.get(replica)
             self.entries[replica] = theirs if mine is None else _merged(mine, theirs)
-
-    def dots(self, replica: str) -> Iterator[int]:
-        """The counters of `replica` this clock has, in order."""
-        base, bitmap = self.entries.get(replica, (0, 0))
-        yield from range(1, base + 1)
-        k = 0
-        while bitmap:
-            if bitmap & 1:
-                yield base + 1 + k
-            bitmap >>= 1
-            k += 1
 
     def missing_from(self, remote: NodeClock) -> list[Dot]:
         """The dots `remote` has and this clock lacks, oldest first per replica."""

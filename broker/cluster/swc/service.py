@@ -93,14 +93,6 @@ class Replication:
         self.group_failures = [0] * count
         self.last_exchange = [loop.time()] * count  # of each group's last one that worked
 
-    @property
-    def fresh(self) -> bool:
-        """No history: no write of its own, no dot of anyone else's (a join is allowed)."""
-        return all(
-            not replica.objects and not any(replica.clock.bases().values())
-            for replica in self.groups.replicas
-        )
-
     def found(self) -> None:
         """This node starts a cluster (no seeds): what it holds is the whole state."""
         for group, replica in enumerate(self.groups.replicas):

@@ -7,8 +7,8 @@ delete's tombstone removed), since no peer will ever ask for it again.
 
 A peer learns the others' columns from exchanges: its own column from its own clock, the
 column of the peer it exchanged with from that peer's clock, and the rest from that
-peer's watermark (`left_join`). Retired replicas (peers that left) keep a row until no
-dot of theirs is left to forget.
+peer's watermark (`left_join`). A replica that left keeps its row (its dots may still
+be waiting to be forgotten), with no column.
 
 Reference: VerneMQ's `swc_watermark.erl`. Pure values, no I/O.
 """
@@ -41,10 +41,6 @@ class Watermark:
                 del row[p]
             for p in peers:
                 row.setdefault(p, 0)
-
-    def drop_row(self, replica: str) -> None:
-        """Forget a retired replica once none of its dots are waiting."""
-        self.rows.pop(replica, None)
 
     def update_peer(self, peer: str, clock: NodeClock) -> None:
         """`peer` holds what `clock` (its node clock) says."""
