@@ -314,6 +314,3 @@ def on_pubcomp(engine: ClientEngine, packet: PubComp) -> None:
     session = engine.session
     assert session is not None
     session.on_pubcomp(packet.packet_id)
-
-
-# -- the rest ----------------------------------------------------------------------

@@ -231,3 +231,30 @@ def test_a_node_joining_after_gc_copies_the_whole_group_first(tmp_path, run):
             node.close()
 
     run(scenario())
+
+
+def test_a_removed_members_subscribers_are_reaped_in_batches(tmp_path, run):
+    from broker.cluster.metadata import pack_subscriptions
+    from broker.cluster.swc.backend import SwcBackend
+
+    async def scenario() -> None:
+        net = Net()
+        backend = SwcBackend(SwcSettings(groups=3, directory=str(tmp_path / "b")), joining=False)
+        backend.attach(LocalTransport(net, "here"), asyncio.get_running_loop())
+        await backend.open("here", "boot", "127.0.0.1:1")
+        packed = pack_subscriptions({})
+        for i in range(250):  # what the removed node "gone" owned; every 5th clean
+            record = ["gone", i % 5 == 0, packed, i + 1]
+            backend.replicas.put(("sub", f"c{i}"), record, i + 1)
+        backend.replicas.put(("sub", "mine"), ["here", False, packed, 1], 1)
+        moved: list[str] = []
+        while (batch := await backend.reap("gone", 100)) is not None:
+            assert len(batch) <= 100
+            moved += [client_id for client_id, record in batch if record.node == "here"]
+        assert sorted(moved) == sorted(f"c{i}" for i in range(250) if i % 5)
+        subscribers = await backend.subscribers()
+        assert set(subscribers) == {*moved, "mine"}  # the clean ones are gone
+        assert {record.node for record in subscribers.values()} == {"here"}
+        await backend.close()
+
+    run(scenario())

@@ -63,6 +63,10 @@ class SwcBackend:
         self._log: list[Change] = []  # changes not read yet by the stream
         self._wake = asyncio.Event()
         self._members: dict[str, Any] = {}  # node -> its record, kept from the changes
+        # Who owns which subscriber, kept from the changes too: a reap takes a removed
+        # member's records without scanning every key.
+        self._owned: dict[str, set[str]] = {}  # node -> client ids
+        self._owner: dict[str, str] = {}  # client id -> node
         self._transport: Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -84,7 +88,11 @@ class SwcBackend:
         self.replication = Replication(
             self.settings, node, self._db, self._transport, self._changed, self._loop
         )
-        self._members = {k[1]: v for k, v in self.replication.items() if k[0] == NODE}
+        for (kind, name), value in self.replication.items():  # one pass at start
+            if kind == NODE:
+                self._members[name] = value
+            elif kind == SUB:
+                self._own(name, value[0])
         member = [address, boot_id, self.replication.replica_id]
         self.replication.put((NODE, node), member, time.time_ns())
         self.replication.set_peers(self.members())
@@ -193,21 +201,35 @@ class SwcBackend:
         only went silent is not reaped (as in VerneMQ): refused, []."""
         if dead in self._members:
             return []
+        batch = sorted(self._owned.get(dead, ()))[:limit]
+        if not batch:
+            return None
         moved: list[tuple[str, Subscriber]] = []
-        owned = 0
-        for key, value in self.replicas.items():
-            if key[0] != SUB or value[0] != dead:
+        for client_id in batch:
+            key = (SUB, client_id)
+            value = self.replicas.get(key)
+            if value is None or value[0] != dead:
+                self._own(client_id, None if value is None else value[0])
                 continue
-            owned += 1
-            if owned > limit:
-                break
             ts = max(time.time_ns(), value[3] + 1)
             if value[1]:  # clean: its session ended with the node
-                self.replicas.delete(key)
+                self.replicas.delete(key)  # (each write updates the index: _changed)
                 continue
             self.replicas.put(key, [self.node, False, value[2], ts], ts)
-            moved.append((key[1], _subscriber([self.node, False, value[2], ts])))
-        return moved if owned else None
+            moved.append((client_id, _subscriber([self.node, False, value[2], ts])))
+        return moved
+
+    def _own(self, client_id: str, node: str | None) -> None:
+        """The owner index: `client_id`'s record names `node` now (None: gone)."""
+        old = self._owner.pop(client_id, None)
+        if old is not None:
+            clients = self._owned[old]
+            clients.discard(client_id)
+            if not clients:
+                del self._owned[old]
+        if node is not None:
+            self._owner[client_id] = node
+            self._owned.setdefault(node, set()).add(client_id)
 
     def remove(self, node: str) -> None:
         """`nautilus cluster leave NODE`: NODE's member record goes, on every node."""
@@ -228,6 +250,7 @@ class SwcBackend:
             return
         kind, name = key
         if kind == SUB:
+            self._own(name, value[0] if value is not None else None)
             self._seq += 1
             record = _subscriber(value) if value is not None else None
             self._log.append(Change(self._seq, client_id=name, subscriber=record))

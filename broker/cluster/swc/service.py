@@ -84,7 +84,7 @@ class Replication:
         self._commit_due = False
         self._tasks: set[asyncio.Task] = set()
         self._copy_order: dict[int, list[Key]] = {}  # group -> its keys, while copied
-        self._outbox: list[tuple[int, Key, Any]] = []  # writes to broadcast after commit
+        self._outbox: list[Shipped] = []  # writes to broadcast after the commit
         self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
         self.exchanges = 0  # done
         self.exchange_failures = 0
@@ -163,7 +163,7 @@ class Replication:
         """A write of this node's: broadcast once this turn's batch is on disk."""
         self._touch(write.group)
         if self.settings.enable_broadcast:
-            self._outbox.append((write.group, write.key, wire.pack_object(write.obj)))
+            self._outbox.append(write)
 
     async def durable(self) -> None:
         """Wait until what was written so far is on disk (this turn's one batch: the
@@ -330,11 +330,11 @@ class Replication:
                     storage.save(self.groups.replicas[group], batch, group)
             self._touched.clear()
         outbox, self._outbox = self._outbox, []
-        if outbox:
-            linked = self.transport.linked()
-            for group, key, packed in outbox:
-                for node in linked:
-                    self.transport.send(node, SWC_WRITE, group, key, packed)
+        linked = self.transport.linked() if outbox else []
+        for write in outbox if linked else ():  # packed once, for every linked node
+            packed = wire.pack_object(write.obj)
+            for node in linked:
+                self.transport.send(node, SWC_WRITE, write.group, write.key, packed)
         saved, self._saved = self._saved, None
         if saved is not None and not saved.done():
             saved.set_result(None)
