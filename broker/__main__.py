@@ -39,14 +39,13 @@ async def serve(config, plugins) -> None:
     from broker.server import Broker
 
     broker = Broker(config, plugins=plugins)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, broker.shutdown_requested.set)
     loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
     try:
         await broker.start()
-        await stop.wait()
+        await broker.shutdown_requested.wait()
         log.info("shutting down")
     finally:
         await broker.stop()
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return admin_tool([*argv[2:], "cluster"])
     if argv[:1] == ["cluster"] and argv[1:2] in (["show"], ["join"], ["leave"]):
-        # nautilus cluster show | join ADDRESS | leave NODE [--url ... --key ...]
+        # nautilus cluster show | join ADDRESS | leave [NODE] [--url ... --key ...]
         from broker.http.admin_cli import main as admin_tool
 
         options, operands = _split_admin_options(argv[2:])

@@ -193,8 +193,9 @@ def cluster_join(broker: Managed, address: str) -> dict[str, Any]:
     return {"result": broker.peers.join(address)}
 
 
-def cluster_leave(broker: Managed, node: str) -> dict[str, Any]:
-    return {"result": broker.peers.leave(node)}
+async def cluster_leave(broker: Managed, node: str) -> dict[str, Any]:
+    """`node` (empty: this node) leaves the cluster."""
+    return {"result": await broker.peers.leave(node)}
 
 
 def cluster_status(broker: Managed) -> dict[str, Any]:

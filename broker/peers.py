@@ -73,8 +73,9 @@ class Peers(Protocol):
         """/metrics' labelled figures (the leaderless metadata's, per group)."""
         ...
 
-    def leave(self, node: str) -> str:
-        """Remove member `node` from the cluster (ValueError: cannot)."""
+    async def leave(self, node: str) -> str:
+        """Member `node` (empty: this node) leaves the cluster: a live one with its
+        sessions, one that cannot be reached is removed (ValueError: cannot)."""
         ...
 
 
@@ -121,7 +122,7 @@ class Alone:
     def group_metrics(self) -> list[Metric]:
         return []
 
-    def leave(self, node: str) -> str:
+    async def leave(self, node: str) -> str:
         raise ValueError("this node is not in a cluster ([cluster] address is empty)")
 
 

@@ -76,6 +76,7 @@ class Broker:
         self.before_ack = _before_ack(self.plugins)
         self.started_at = time.time()
         self.stopping = False
+        self.shutdown_requested = asyncio.Event()  # a signal, or the node left its cluster
         self.http = self._http() if config.http.enabled else None
         self.connections: set[Connection] = set()
         self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
@@ -252,9 +253,9 @@ class Broker:
             else:
                 log.info("%s: TLS certificates reloaded", tls.where)
 
-    async def stop(self) -> None:
-        self.stopping = True  # /health says 503 from now on, while connections close
-        self.systree.stop()
+    def send_clients_away(self) -> None:
+        """The listeners close and every client is disconnected (MQTT 5: 0x8B); their
+        sessions go offline (clean ones end)."""
         for server in self._servers:
             server.close()
         for reader in list(self.awaiting_header):
@@ -263,6 +264,11 @@ class Broker:
             connection.close(ReasonCode.SERVER_SHUTTING_DOWN)  # its session goes offline
             if connection.transport is not None:
                 connection.transport.close()  # no lingering at shutdown
+
+    async def stop(self) -> None:
+        self.stopping = True  # /health says 503 from now on, while connections close
+        self.systree.stop()
+        self.send_clients_away()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()

@@ -137,6 +137,11 @@ class Handover:
         """Whether the client is being released here (its changes are not written)."""
         return client_id in self._moving
 
+    @property
+    def migrating(self) -> list[asyncio.Task]:
+        """The queues on their way to other nodes."""
+        return list(self._migrations.values())
+
     def busy(self, client_id: str) -> bool:
         """Whether the client is being registered here or released."""
         return client_id in self._moving or client_id in self._registering

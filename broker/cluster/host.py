@@ -28,3 +28,7 @@ class Host(Protocol):
     store: MessageStore  # session records and retained messages
     flow: FlowControl  # links hold publishers, forwarded messages wait for subscribers
     stopping: bool  # the node is shutting down: nothing new is taken on
+    shutdown_requested: asyncio.Event  # set: the process stops (the node left its cluster)
+
+    def send_clients_away(self) -> None:
+        """No new clients, and the connected ones are disconnected (their sessions stay)."""

@@ -29,12 +29,15 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
+from broker.cluster.departure import Departure
 from broker.cluster.frames import (
     ACK,
     ANSWER,
     DRAINED,
     ENQUEUE,
+    LEAVE,
     LEAVING,
+    LEFT,
     PING,
     PONG,
     PUBLISH,
@@ -43,6 +46,7 @@ from broker.cluster.frames import (
     SWC_KEYS,
     SWC_WATERMARK,
     SWC_WRITE,
+    TAKE,
     TAKEOVER,
 )
 from broker.cluster.handover import Handover
@@ -52,6 +56,7 @@ from broker.cluster.metadata import (
     MetadataUnavailable,
     NodeInfo,
     Registration,
+    StaleRequest,
     Subscriber,
 )
 from broker.cluster.remote import RemoteMember, RemoteNode
@@ -74,6 +79,7 @@ log = logging.getLogger("nautilus.cluster")
 REAP_BATCH = 100  # sessions taken from a dead node per call
 DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for a peer that does not answer
 DRAIN_LIMIT = 30.0  # seconds a stopping node waits at most for its peers' DRAINED
+LEAVE_TIMEOUT = 10.0  # seconds a member asked to leave has to say whether it does
 
 
 class Cluster:
@@ -114,8 +120,10 @@ class Cluster:
         self._split_episode = Episode(
             log, "requests refused in a netsplit", self.loop, interval=10.0, end_level=logging.INFO
         )
+        self.departure: Departure | None = None  # swc: `nautilus cluster leave` of this node
         if self.replicated is not None:
             self.replicated.attach(LinkTransport(self), self.loop)
+            self.departure = Departure(self, self.replicated)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
@@ -447,18 +455,68 @@ class Cluster:
         """A persistent session this node now owns but does not hold: an offline one,
         with its subscriptions (its queue, if any, was on a node that is gone). Forwarded
         messages kept meanwhile (Handover.unrouted) that match it are queued for it."""
+        if client_id in self.host.registry:
+            return
+        session = self._offline(client_id, record.subscriptions, None)
+        self.handover.adopted(session)
+
+    async def take(self, node: str, client_id: str, expiry: int | None) -> str | None:
+        """`node` leaves the cluster and hands `client_id`'s session here (TAKE): it is
+        registered as a CONNECT registers it, without a client (`node` releases it and
+        its queue follows), and lives on here offline until its client comes back. Not
+        if the metadata says the session is elsewhere now (its client came back there).
+        The error, or None."""
+        record = self.view.records.get(client_id)
+        if record is None or record.node != node:
+            return None  # not that node's any more: nothing to take
+        if self.handover.busy(client_id) or client_id in self.host.registry:
+            return f"{client_id} is being registered on {self.node}"
+        try:
+            registration = await self.handover.register(client_id, False)
+        except (MetadataUnavailable, StaleRequest) as exc:
+            return str(exc)
+        session = self._offline(client_id, {}, expiry)
+        self.handover.registered(client_id, session, registration, True)
+        return None
+
+    def _offline(self, client_id: str, subscriptions: dict, expiry: int | None) -> Session:
+        """A new offline session here, in the router, saved; it ends in `expiry` seconds
+        (None: persistent_client_expiration) unless its client comes back."""
         host = self.host
         registry = host.registry
-        if client_id in registry:
-            return
         session = registry.new_session(client_id)
-        session.expiry = host.settings.persistent_client_expiration or None
-        for topic_filter, options in record.subscriptions.items():
+        if expiry is None:
+            expiry = host.settings.persistent_client_expiration or None
+        session.expiry = expiry
+        for topic_filter, options in subscriptions.items():
             session.subscriptions[topic_filter] = options
             host.router.subscribe(session, topic_filter, options)
         registry.save(session)
-        registry.adopt(session, session.expiry)
-        self.handover.adopted(session)
+        registry.adopt(session, expiry)
+        return session
+
+    async def _left(self, node: str, remove: bool) -> str | None:
+        """LEFT: `node` is leaving the cluster. Pull every group from it (nothing it
+        wrote is left only there); then, if `remove`, it is no longer a member."""
+        replicas = self._replication()
+        for group in range(len(replicas.groups)):
+            if not await replicas.exchange(group, node):
+                return f"group {group} could not be pulled from {node}"
+        if remove and self.replicated is not None and node in self.replicated.members():
+            self.replicated.remove(node)
+            await replicas.durable()
+            log.warning("cluster: node %s left the cluster", node)
+        return None
+
+    def _answer_later(
+        self, inbound: ClusterServerProtocol, ref: int, work: Coroutine[Any, Any, Any]
+    ) -> None:
+        """Run a request that awaits; its result goes back as the ACK."""
+
+        async def answer() -> None:
+            inbound.reply(ACK, ref, await work)
+
+        self.spawn(answer(), f"cluster request from {inbound.node}")
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         kind = frame[0]
@@ -490,6 +548,16 @@ class Cluster:
             self._replication().on_write(frame[1], frame[2], frame[3])
         elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):
             inbound.reply(ANSWER, frame[1], self._replication().answer(kind, frame[2:]))
+        elif kind == TAKE:
+            _, ref, client_id, expiry = frame
+            self._answer_later(inbound, ref, self.take(inbound.node, client_id, expiry))
+        elif kind == LEFT:
+            self._answer_later(inbound, frame[1], self._left(inbound.node, frame[2]))
+        elif kind == LEAVE:  # another member runs `nautilus cluster leave` for this one
+            try:
+                inbound.reply(ANSWER, frame[1], [None, self._departure().start()])
+            except ValueError as exc:
+                inbound.reply(ANSWER, frame[1], [str(exc), ""])
         elif kind == LEAVING:  # that node stops: what it has not read yet waits here
             link = self.links.get(inbound.node)
             if link is not None:
@@ -514,21 +582,38 @@ class Cluster:
         self.spawn(seeds.join(), f"cluster join through {address}")
         return f"joining the cluster of {address}: `nautilus cluster show` lists the members"
 
-    def leave(self, node: str) -> str:
-        """`nautilus cluster leave NODE` (metadata = "swc"): NODE is no longer a member;
-        after dead_after the live node with the lowest name takes its sessions."""
+    async def leave(self, node: str) -> str:
+        """`nautilus cluster leave [NODE]` (metadata = "swc"). This node, or a member
+        that answers, leaves with its sessions (departure.py); a member that cannot be
+        reached is removed, and after dead_after the live node with the lowest name takes
+        its sessions, without what was queued on it."""
         replicated = self._replicated("leave")
-        if node == self.node:
-            raise ValueError(
-                f"{node} is this node: stop it, then run `nautilus cluster leave {node}` "
-                "on another member"
-            )
+        node = node or self.node
         if node not in replicated.members():
             raise ValueError(f"{node} is not a member ({', '.join(sorted(replicated.members()))})")
+        if node == self.node:
+            return self._departure().start()
+        link = self.links.get(node)
+        if link is not None and link.answering:  # alive: it leaves by itself
+            try:
+                error, said = await asyncio.wait_for(link.request(LEAVE), LEAVE_TIMEOUT)
+            except (ConnectionError, TimeoutError) as exc:
+                raise ValueError(f"{node} did not answer: {exc or 'timeout'}") from None
+            if error:
+                raise ValueError(error)
+            return str(said)
         replicated.remove(node)
         log.warning("cluster: node %s removed from the cluster", node)
         after = self.settings.dead_after
-        return f"{node} removed: its sessions are taken by a live member after {after}s"
+        return (
+            f"{node} removed (it cannot be reached): its sessions are taken by a live "
+            f"member after {after}s, without what was queued on it"
+        )
+
+    def _departure(self) -> Departure:
+        if self.departure is None:
+            raise ValueError('leave: only with metadata = "swc"')
+        return self.departure
 
     def _replicated(self, command: str) -> SwcBackend:
         if self.replicated is None:
@@ -595,9 +680,11 @@ class Cluster:
         else:
             metadata = "available" if self.sync.available else "unavailable"
             swc = None
+        departure = self.departure
         return {
             "node": self.node,
             "metadata": metadata,
+            "leaving": departure.stage if departure is not None and departure.started else None,
             "swc": swc,
             "nodes": nodes,
             "routing_score": {

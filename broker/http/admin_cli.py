@@ -15,8 +15,8 @@ talking to a running broker's HTTP server.
       cluster-show                           the members (also `nautilus cluster show`)
       cluster-join ADDRESS                   metadata = "swc": join the cluster of the
                                              node at ADDRESS (`nautilus cluster join`)
-      cluster-leave NODE                     metadata = "swc": remove member NODE
-                                             (`nautilus cluster leave`)
+      cluster-leave [NODE]                   metadata = "swc": NODE (default: this node)
+                                             leaves the cluster (`nautilus cluster leave`)
 
 The key comes from --key or NAUTILUS_API_KEY (make one with `nautilus api-key add`).
 Rows print as aligned columns, or as the API's JSON with --json.
@@ -68,7 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     commands.add_parser("cluster-show", help="the cluster's members")
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
-    commands.add_parser("cluster-leave", help="remove a member (swc)").add_argument("node")
+    leave = commands.add_parser("cluster-leave", help="a member leaves the cluster (swc)")
+    leave.add_argument("node", nargs="?", default="", help="default: this node")
     return parser.parse_args(argv)
 
 
@@ -102,7 +103,7 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         case "cluster-join":
             return "cluster/join", {"address": args.address}
         case "cluster-leave":
-            return "cluster/leave", {"node": args.node}
+            return "cluster/leave", ({"node": args.node} if args.node else {})
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)
@@ -166,6 +167,8 @@ def print_cluster(status: dict[str, Any]) -> None:
             f"swc: {swc['groups_synced']} of {swc['groups']} groups synced, oldest exchange "
             f"{swc['oldest_exchange_s']:.1f} s ago, unreachable members: {unreachable}"
         )
+    if status.get("leaving"):
+        print(f"leaving the cluster: {status['leaving']}")
     print_table(status["nodes"])
 
 

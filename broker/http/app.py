@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -190,7 +191,7 @@ class HttpServer:
             "cluster/show": lambda a: admin.cluster_nodes(broker),
             "cluster/status": lambda a: [admin.cluster_status(broker)],
             "cluster/join": lambda a: [admin.cluster_join(broker, a.required("address"))],
-            "cluster/leave": lambda a: [admin.cluster_leave(broker, a.required("node"))],
+            "cluster/leave": lambda a: _one(admin.cluster_leave(broker, a.text("node"))),
             "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
             "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
         }
@@ -242,6 +243,8 @@ def _table(command: Callable[[Arguments], Any]) -> Handler:
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
         try:
             rows = command(Arguments(request))
+            if inspect.isawaitable(rows):
+                rows = await rows
         except admin.NotFound as exc:
             return web.json_response({"type": "error", "error": str(exc)}, status=404)
         except ValueError as exc:
@@ -249,6 +252,11 @@ def _table(command: Callable[[Arguments], Any]) -> Handler:
         return web.json_response({"type": "table", "table": rows}, dumps=_dumps)
 
     return handle
+
+
+async def _one(row: Awaitable[Any]) -> list[Any]:
+    """A command that awaits, answering one row."""
+    return [await row]
 
 
 def _dumps(value: Any) -> str:

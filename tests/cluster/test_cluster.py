@@ -128,9 +128,10 @@ def eventually(check: Callable[[], T | None], timeout: float = TIMEOUT, what: st
 class Trio:
     """Nodes a, b, c (and any restarted later), and the clients of a test."""
 
-    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+    def __init__(self, tmp_path: Path, redis_url: str, metadata: str = "redis") -> None:
         self.tmp_path = tmp_path
         self.redis_url = redis_url
+        self.metadata = metadata  # "swc": no Redis; b and c join through a
         self.nodes: dict[str, Node] = {}
         self.started: list[Node] = []  # every process, for the cleanup
         self.clients: list[PahoClient] = []
@@ -139,14 +140,37 @@ class Trio:
         return self.nodes[name]
 
     def start(self, names: tuple[str, ...] = NAMES, broker: str = BROKER_SETTINGS) -> None:
-        nodes = [Node(self.tmp_path / n, n, self.redis_url, broker=broker) for n in names]
-        self.started.extend(nodes)
-        with ThreadPoolExecutor(len(nodes)) as pool:
-            list(pool.map(lambda node: node.start(), nodes))
+        if self.metadata == "swc":
+            nodes = self._swc_nodes(names, broker)
+        else:
+            nodes = [Node(self.tmp_path / n, n, self.redis_url, broker=broker) for n in names]
+            self.started.extend(nodes)
+            with ThreadPoolExecutor(len(nodes)) as pool:
+                list(pool.map(lambda node: node.start(), nodes))
         for node in nodes:
             self.nodes[node.name] = node
         for node in nodes:
             node.wait_links([peer for peer in names if peer != node.name])
+
+    def _swc_nodes(self, names: tuple[str, ...], broker: str) -> list[Node]:
+        """The first node alone, then the others joining through it."""
+        first, *others = names
+        seed = Node(self.tmp_path / first, first, "", metadata="swc", broker=broker)
+        self.started.append(seed)
+        seed.start()
+        nodes = [seed]
+        for name in others:
+            node = Node(
+                self.tmp_path / name,
+                name,
+                "",
+                metadata="swc",
+                seeds=[(HOST, seed.cluster_port)],
+                broker=broker,
+            )
+            self.started.append(node)
+            nodes.append(node.start())  # type: ignore[arg-type]
+        return nodes
 
     def restart(self, name: str) -> Node:
         """A new process for node `name`, in the old one's directory and cluster port."""
@@ -187,6 +211,17 @@ def three_nodes(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) 
     trio = Trio(tmp_path, redis_url)
     try:
         trio.start(broker=getattr(request, "param", BROKER_SETTINGS))
+        yield trio
+    finally:
+        trio.close()
+
+
+@pytest.fixture
+def swc_three_nodes(tmp_path: Path) -> Iterator[Trio]:
+    """Nodes a, b, c with the leaderless metadata and no Redis: b and c join through a."""
+    trio = Trio(tmp_path, "", metadata="swc")
+    try:
+        trio.start()
         yield trio
     finally:
         trio.close()
@@ -599,10 +634,20 @@ def wait_routed_raw(publisher: PahoClient, raw: RawClient, topic: str) -> None:
 
 @pytest.mark.parametrize("version", [V5, V311], ids=["v5", "v311"])
 def test_takeover_across_nodes(three_nodes: Trio, version: int) -> None:
+    takeover_across_nodes(three_nodes, version)
+
+
+@pytest.mark.parametrize("version", [V5, V311], ids=["v5", "v311"])
+def test_takeover_across_nodes_with_the_leaderless_metadata(
+    swc_three_nodes: Trio, version: int
+) -> None:
+    takeover_across_nodes(swc_three_nodes, version)
+
+
+def takeover_across_nodes(trio: Trio, version: int) -> None:
     """The same client id connecting on C while connected on B: the old connection is
     closed (MQTT 5: DISCONNECT 0x8E first), the session with its subscriptions and its
     unacknowledged messages continues on C, and A routes to C alone."""
-    trio = three_nodes
     pub = trio.client("a", V311)
     persistent: dict[str, Any] = {"clean": False}
     if version == V5:
@@ -726,6 +771,12 @@ def test_persistent_session_moves_with_10000_queued_messages(three_nodes: Trio) 
     """The default online queue limit (max_online_messages = 1000); 10,000 may wait
     offline (max_offline_messages = 20000): the whole backlog must reach the client."""
     moving_10000(three_nodes)
+
+
+def test_persistent_session_moves_with_its_queue_with_the_leaderless_metadata(
+    swc_three_nodes: Trio,
+) -> None:
+    moving_10000(swc_three_nodes)
 
 
 @pytest.mark.parametrize(

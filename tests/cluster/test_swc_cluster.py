@@ -37,12 +37,17 @@ from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,
     Node,
+    disconnect,
     eventually,
     retained_seen,
+    session_rows,
     subscribe_with_probe,
+    take,
     wait_routed,
 )
 from tests.test_cli import clean_env
+
+SERVER_SHUTTING_DOWN = 0x8B
 
 
 class SwcCluster:
@@ -221,11 +226,9 @@ def test_a_dead_member_removed_by_leave_has_its_sessions_taken_over(swc_trio: Sw
     wait_routed(swc_trio.client("b"), sub)
     sub.close()
     c.kill()  # a crash: its members still list it, its link retries
-    refused = cluster_command(a, "leave", "a")
-    assert refused.returncode == 1 and "is this node" in refused.stderr
     result = cluster_command(a, "leave", "c")
     assert result.returncode == 0, result.stderr
-    assert "c removed" in result.stdout
+    assert "c removed (it cannot be reached)" in result.stdout
     eventually(lambda: members(b) == ["a", "b"], what="c gone from b's members")
     # a, the live member with the lowest name, takes c's persistent session.
     a.wait_for_log(r"node c forgotten \(its sessions reaped\)", TIMEOUT)
@@ -236,12 +239,69 @@ def test_a_dead_member_removed_by_leave_has_its_sessions_taken_over(swc_trio: Sw
     assert back.expect_message().payload == b"while away"
 
 
+def test_a_live_member_leaves_with_its_sessions_and_their_queues(swc_trio: SwcCluster) -> None:
+    """`nautilus cluster leave c` run on a while c is alive: c sends its clients away
+    (MQTT 5: 0x8B), hands every session it holds to a or b with its queue, is removed
+    from the members, and stops; its subscribers find everything queued for them on
+    whichever node they reconnect to, and c's directory does not start again."""
+    a, b, c = (swc_trio.nodes[name] for name in "abc")
+    pub = swc_trio.client("a")
+    queued_id, online_id = unique_id("queued"), unique_id("online")
+    queued = PahoClient(HOST, c.port, V311, queued_id)
+    online = PahoClient(HOST, c.port, V5, online_id)
+    swc_trio.clients += [queued, online]
+    queued.connect(clean=False)
+    subscribe_with_probe(queued, ("bye/t", 1))
+    wait_routed(pub, queued)
+    disconnect(queued, c)
+    for n in range(100):
+        pub.publish("bye/t", b"%d" % n, 1)
+    eventually(lambda: session_rows(c, queued_id)[0]["queue_size"] == 100, what="100 queued on c")
+    online.connect(clean=False, session_expiry=300)
+    online.subscribe("bye/online", 1)
+    eventually(lambda: session_rows(c, online_id), what=f"{online_id} on c")
+
+    unknown = cluster_command(a, "leave", "x")
+    assert unknown.returncode == 1 and "x is not a member" in unknown.stderr
+    result = cluster_command(a, "leave", "c")  # a asks c, which leaves by itself
+    assert result.returncode == 0, result.stderr
+    assert "c is leaving" in result.stdout
+    assert online.expect_disconnected() == SERVER_SHUTTING_DOWN
+    assert c.process is not None and c.process.proc.wait(TIMEOUT) == 0
+    c.wait_for_log(r"c left the cluster \(2 sessions handed over\)")
+    eventually(lambda: members(a) == members(b) == ["a", "b"], what="c gone from the members")
+
+    back = PahoClient(HOST, b.port, V311, queued_id)
+    swc_trio.clients.append(back)
+    assert back.connect(clean=False).session_present
+    assert [m.payload for m in take(back, 100)] == [b"%d" % n for n in range(100)]
+    again = PahoClient(HOST, a.port, V5, online_id)
+    swc_trio.clients.append(again)
+    assert again.connect(clean=False, session_expiry=300).session_present
+    pub.publish("bye/online", b"still subscribed", 1)
+    assert again.expect_message().payload == b"still subscribed"
+
+    restarted = subprocess.run(
+        [sys.executable, "-m", "broker", "--config", str(c.config_path)],
+        cwd=c.directory,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert restarted.returncode == 2
+    assert "node c left its cluster at" in restarted.stderr
+    assert "wipe" in restarted.stderr
+
+
 def test_a_node_started_alone_joins_by_command_and_copies_the_cluster(
     swc_trio: SwcCluster,
 ) -> None:
     sub = swc_trio.client("a")
     subscribe_with_probe(sub, ("joined/t", 1))
     d = swc_trio.start("d")  # no seeds: a cluster of its own
+    alone = cluster_command(d, "leave")  # (this node) has nobody to hand its sessions to
+    assert alone.returncode == 1 and "no live member to hand its sessions to" in alone.stderr
     result = cluster_command(d, "join", f"{HOST}:{swc_trio.nodes['a'].cluster_port}")
     assert result.returncode == 0, result.stderr
     d.wait_links(["a", "b", "c"])

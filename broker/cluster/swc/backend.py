@@ -39,9 +39,10 @@ from broker.cluster.metadata import (
     pack_subscriptions,
     unpack_subscriptions,
 )
+from broker.cluster.swc import storage
 from broker.cluster.swc.replica import Key
 from broker.cluster.swc.service import Replication, Transport
-from broker.config import SwcSettings
+from broker.config import ConfigError, SwcSettings
 
 NODE = "node"
 SUB = "sub"
@@ -85,6 +86,13 @@ class SwcBackend:
         assert self._transport is not None and self._loop is not None, "attach() first"
         os.makedirs(self.path, exist_ok=True)
         self._db = plyvel.DB(self.path, create_if_missing=True)
+        left = storage.left_at(self._db)
+        if left is not None:
+            self._db.close()
+            raise ConfigError(
+                f"cluster.swc.directory: node {node} left its cluster at {left} (`nautilus "
+                f"cluster leave`); wipe {self.path} and the message store to start it again"
+            )
         self.replication = Replication(
             self.settings, node, self._db, self._transport, self._changed, self._loop
         )
@@ -234,6 +242,12 @@ class SwcBackend:
     def remove(self, node: str) -> None:
         """`nautilus cluster leave NODE`: NODE's member record goes, on every node."""
         self.replicas.delete((NODE, node))
+
+    def mark_left(self) -> None:
+        """This node has left its cluster: it will not start on this state again."""
+        assert self._db is not None, "open() first"
+        self.replicas.commit()
+        storage.mark_left(self._db, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def alone(self) -> bool:
         """No other member, and nothing but this node's own record: joining loses

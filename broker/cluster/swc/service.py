@@ -84,6 +84,8 @@ class Replication:
         self._commit_due = False
         self._tasks: set[asyncio.Task] = set()
         self._copy_order: dict[int, list[Key]] = {}  # group -> its keys, while copied
+        # One exchange per group at a time (the periodic one, or one asked for: LEFT).
+        self._exchanging = [asyncio.Lock() for _ in range(settings.groups)]
         self._outbox: list[Shipped] = []  # writes to broadcast after the commit
         self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
         self.exchanges = 0  # done
@@ -254,13 +256,16 @@ class Replication:
             if not linked:
                 return False
             node = random.choice(linked)
+        if node not in self.peers:
+            return False
         peer = _RemoteGroup(self, node, group)
         replica = self.groups.replicas[group]
         try:
-            if replica.synced:
-                changed = await pull(replica, self.peers[node], peer, self._batch)
-            else:
-                changed = await self._full_sync(replica, self.peers[node], peer)
+            async with self._exchanging[group]:
+                if replica.synced:
+                    changed = await pull(replica, self.peers[node], peer, self._batch)
+                else:
+                    changed = await self._full_sync(replica, self.peers[node], peer)
         except (ConnectionError, TimeoutError, ValueError) as exc:
             self.exchange_failures += 1
             self.group_failures[group] += 1

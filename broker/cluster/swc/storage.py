@@ -8,6 +8,7 @@ One database holds every group, each under its own prefix (`g<n>/`):
     g<n>/w                    the watermark
     g<n>/o/<key>              a stored (stripped) object
     g<n>/d/<id>\\0<n:8>        a dot-key entry: the dot's key
+    left                      set once the node has left its cluster (it will not start)
 
 Keys and values are msgpack (keys are tuples of strings and numbers; a bitmap of the
 clock, which may pass 64 bits, as bytes). `save` puts what changed since the last save
@@ -33,6 +34,7 @@ CLOCK = b"k"
 WATERMARK = b"w"
 OBJECT = b"o/"
 DKM = b"d/"
+LEFT = b"left"
 
 
 def prefix(group: int) -> bytes:
@@ -66,6 +68,17 @@ def save(replica: Replica, batch: Any, group: int) -> None:
 def stored_id(db: plyvel.DB, group: int) -> str | None:
     """The replica id the group was saved under; None: no state (a new or wiped node)."""
     value = db.get(prefix(group) + ID)
+    return value.decode() if value is not None else None
+
+
+def mark_left(db: plyvel.DB, when: str) -> None:
+    """The node has left its cluster (at `when`): its state is no member's any more."""
+    db.put(LEFT, when.encode(), sync=True)
+
+
+def left_at(db: plyvel.DB) -> str | None:
+    """When the node left its cluster, if it did."""
+    value = db.get(LEFT)
     return value.decode() if value is not None else None
 
 
