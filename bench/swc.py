@@ -2,6 +2,12 @@
 
     python -m bench.swc                      # 100,000 subscribers, ~3 minutes on 2 cores
     python -m bench.swc --subscribers 20000  # quicker
+    python -m bench.swc --subscribers 1000000 --generators 2   # ~30 minutes, ~8 GB
+
+The clients are made by `--generators` processes (--concurrency each at once). First,
+the same generators make N/10 clients against bench/nullbroker.py (which answers CONNECT
+and SUBSCRIBE at once): that rate is the generators' own ceiling, beside the rate the
+cluster is measured at (headroom: the cluster's rate must be well under it).
 
 Three node processes (A, B, C; no Redis), each with `$SYS` every second, which is how the
 figures are read: `swc_objects` and `swc_tombstones` per node.
@@ -27,14 +33,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import multiprocessing
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from . import compare
-from .brokers import HOST, free_port, raise_fd_limit
+from .brokers import BROKERS, HOST, RunningBroker, free_port, raise_fd_limit
 from .client import MqttClient, open_client, subscribe
 from .cluster_procs import POLL, Node, NodeConfig, ProcessError, _stop
 from .scenarios import cpu_seconds
@@ -111,24 +120,58 @@ async def until(check: Callable[[], bool], timeout: float = CONVERGE_TIMEOUT) ->
 
 
 async def make_subscribers(
-    node: SwcNode, count: int, concurrency: int, prefix: str, persistent: bool
+    port: int, count: int, args: argparse.Namespace, prefix: str, persistent: bool
 ) -> float:
-    """`count` clients on `node`, each CONNECT, SUBSCRIBE to a topic of its own,
-    DISCONNECT; returns the seconds it took."""
-    gate = asyncio.Semaphore(concurrency)
+    """`count` clients on the broker at `port`, each CONNECT, SUBSCRIBE to a topic of its
+    own, DISCONNECT, made by args.generators processes; returns the seconds it took."""
     started = time.monotonic()
+    parts = args.generators
+    if parts == 1:
+        await _make(port, 0, count, args.concurrency, prefix, persistent)
+        return time.monotonic() - started
+    loop = asyncio.get_running_loop()
+    bounds = [count * i // parts for i in range(parts + 1)]
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(parts, mp_context=spawn, initializer=raise_fd_limit) as pool:
+        await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, _make_part, port, first, last, args.concurrency, prefix, persistent
+                )
+                for first, last in itertools.pairwise(bounds)
+            )
+        )
+    return time.monotonic() - started
+
+
+def _make_part(
+    port: int, first: int, last: int, concurrency: int, prefix: str, persistent: bool
+) -> None:
+    """One generator process's share."""
+    asyncio.run(_make(port, first, last, concurrency, prefix, persistent))
+
+
+async def _make(
+    port: int, first: int, last: int, concurrency: int, prefix: str, persistent: bool
+) -> None:
+    gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
         async with gate:
-            client = await open_client(
-                HOST, node.port, f"{prefix}-{i}", clean_session=not persistent
-            )
+            client = await open_client(HOST, port, f"{prefix}-{i}", clean_session=not persistent)
             await subscribe(client, f"{prefix}/{i}", 1)
             client.transport.write(b"\xe0\x00")  # DISCONNECT
             client.transport.close()
 
-    await asyncio.gather(*(one(i) for i in range(count)))
-    return time.monotonic() - started
+    await asyncio.gather(*(one(i) for i in range(first, last)))
+
+
+async def generator_ceiling(args: argparse.Namespace) -> int:
+    """Clients per second the generators make against the null broker."""
+    count = max(args.subscribers // 10, 20_000)
+    with RunningBroker(BROKERS["null"]) as null:
+        took = await make_subscribers(null.target.port, count, args, "cal", True)
+    return round(count / took)
 
 
 def objects(node: SwcNode) -> float:
@@ -149,7 +192,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     c = SwcNode("c", ports["c"], [ports["a"]])
     d = SwcNode("d", ports["d"], [ports["a"]])  # joins later
     nodes = [a, b, c]
-    result: dict[str, Any] = {"subscribers": n}
+    result: dict[str, Any] = {"subscribers": n, "generators": args.generators}
+    result["generator_alone_per_s"] = await generator_ceiling(args)
     try:
         for node in nodes:
             node.start()
@@ -161,7 +205,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # spread
         started = time.monotonic()
-        made = await make_subscribers(a, n, args.concurrency, "sub", persistent=True)
+        made = await make_subscribers(a.port, n, args, "sub", persistent=True)
         want = 3 + n
         await until(lambda: all(holds(x, a, want) for x in nodes))
         result["spread_s"] = round(time.monotonic() - started, 2)
@@ -170,7 +214,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # restart with changes meanwhile
         c.stop()
         extra = max(n // 10, 1)
-        await make_subscribers(a, extra, args.concurrency, "more", persistent=True)
+        await make_subscribers(a.port, extra, args, "more", persistent=True)
         want += extra
         started = time.monotonic()
         c.start()
@@ -205,7 +249,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             peak = max(peak, a.figures.get("tombstones", 0.0))
             return False
 
-        await make_subscribers(a, n, args.concurrency, "gone", persistent=False)
+        gone = await make_subscribers(a.port, n, args, "gone", persistent=False)
+        result["gone_per_s"] = round(n / gone)
         for _ in range(10):
             track()
             await asyncio.sleep(0.05)
@@ -224,7 +269,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--subscribers", type=int, default=100_000)
-    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=100, help="per generator")
+    parser.add_argument("--generators", type=int, default=1, help="client-making processes")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of the idle figure")
     args = parser.parse_args(argv)
     raise_fd_limit()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -125,29 +126,36 @@ class Departure:
         host.shutdown_requested.set()
 
     async def _hand_over(self) -> None:
-        """Offer every session here to a member, IN_FLIGHT at a time, round after round,
-        until none is left and every queue has moved."""
+        """Offer every session here to a member, IN_FLIGHT at a time, in passes over what
+        is left (a pass after ROUND), until none is left and every queue has moved."""
         registry = self.cluster.host.registry
         handover = self.cluster.handover
-        offered: dict[str, asyncio.Task] = {}
+        todo = deque(registry)
+        offered: dict[str, asyncio.Task[bool]] = {}
         loop = asyncio.get_running_loop()
         said = loop.time()
         while registry or handover.migrating:
             members = self._members()
-            for client_id in list(registry):
-                if len(offered) >= IN_FLIGHT or not members:
-                    break
-                if client_id in offered or handover.busy(client_id):
-                    continue
+            while todo and members and len(offered) < IN_FLIGHT:
+                client_id = todo.popleft()
+                session = registry.get(client_id)
+                if session is None or handover.busy(client_id):
+                    continue  # gone already, or moving: the next pass sees
                 node = members[zlib.crc32(client_id.encode()) % len(members)]
-                expiry = registry[client_id].expiry
-                offered[client_id] = loop.create_task(self._take(node, client_id, expiry))
-            pending = set(offered.values()) | set(handover.migrating)
-            await asyncio.wait(pending, timeout=ROUND, return_when=asyncio.FIRST_COMPLETED)
+                task = loop.create_task(self._take(node, client_id, session.expiry))
+                offered[client_id] = task
+            pending = {*offered.values(), *handover.migrating}
+            if pending:
+                await asyncio.wait(pending, timeout=ROUND, return_when=asyncio.FIRST_COMPLETED)
+            else:  # no member to offer to, or only sessions moving already
+                await asyncio.sleep(ROUND)
             for client_id, task in list(offered.items()):
                 if task.done():
                     del offered[client_id]
-                    self.handed += bool(task.result())
+                    self.handed += task.result()
+            if not todo and not offered and registry:  # a pass is over: another, later
+                await asyncio.sleep(ROUND)
+                todo.extend(registry)
             if loop.time() - said >= PROGRESS_INTERVAL:
                 said = loop.time()
                 log.info(

@@ -121,6 +121,7 @@ class Cluster:
             log, "requests refused in a netsplit", self.loop, interval=10.0, end_level=logging.INFO
         )
         self.departure: Departure | None = None  # swc: `nautilus cluster leave` of this node
+        self._removed_said = False  # that this node was removed and cannot leave yet
         if self.replicated is not None:
             self.replicated.attach(LinkTransport(self), self.loop)
             self.departure = Departure(self, self.replicated)
@@ -373,6 +374,31 @@ class Cluster:
             if info.name in self.dead and alive and alive[0] == self.node:
                 self.spawn(self._reap(info.name), f"cluster reaping {info.name}")
         self._check_split()
+        self._check_removed()
+
+    def _check_removed(self) -> None:
+        """swc: another member removed this node (`nautilus cluster leave` while it could
+        not be reached): it is not a member now, and leaves as if asked, handing over
+        what it holds, once it reaches a member."""
+        departure = self.departure
+        if self.replicated is None or not self.replicated.removed or departure is None:
+            return
+        if departure.started:
+            return
+        try:
+            departure.start()
+        except ValueError as exc:
+            if not self._removed_said:
+                self._removed_said = True
+                log.error(
+                    "cluster: this node was removed from the cluster; it leaves once it can: %s",
+                    exc,
+                )
+            return
+        log.error(
+            "cluster: this node was removed from the cluster by another member: it leaves, "
+            "handing its sessions over"
+        )
 
     def _declare_dead(self, name: str, why: str) -> None:
         self.dead.add(name)

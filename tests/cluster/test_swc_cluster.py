@@ -399,6 +399,46 @@ def test_a_partition_heals_to_one_state_with_every_change_of_both_sides(
         cluster.close()
 
 
+def test_a_member_removed_while_cut_off_leaves_with_its_queues_once_it_is_back(
+    tmp_path: Path, start_proxy: Any
+) -> None:
+    """c, cut off, is removed by `leave c` on a (it cannot be asked); a takes c's
+    persistent session, without its queue. When the links are back c learns that it is
+    no longer a member: it hands what it holds to the others (the queue goes to a, the
+    session's owner now) and stops, instead of serving on outside the cluster."""
+    cluster = ProxiedTrio(tmp_path, start_proxy)
+    try:
+        cluster.start_all()
+        a, c = cluster.nodes["a"], cluster.nodes["c"]
+        client_id = unique_id("cutoff")
+        sub = PahoClient(HOST, c.port, V311, client_id)
+        cluster.clients.append(sub)
+        sub.connect(clean=False)
+        subscribe_with_probe(sub, ("cut/t", 1))
+        pub = cluster.client("a")
+        wait_routed(pub, sub)
+        disconnect(sub, c)
+        for n in range(10):
+            pub.publish("cut/t", b"%d" % n, 1)
+        eventually(lambda: session_rows(c, client_id)[0]["queue_size"] == 10, what="queued")
+        split_at = cluster.cut()
+        a.wait_line(r"cluster link to c \(\S+\) down", split_at["a"])
+        result = cluster_command(a, "leave", "c")
+        assert result.returncode == 0, result.stderr
+        assert "c removed (it cannot be reached)" in result.stdout
+        a.wait_line(r"node c forgotten \(its sessions reaped\)", split_at["a"])
+        cluster.heal()
+        c.wait_line(r"this node was removed from the cluster by another member", split_at["c"])
+        assert c.process is not None and c.process.proc.wait(TIMEOUT) == 0
+        c.wait_line(rf"{client_id} moved to node a with 10 queued messages", split_at["c"])
+        back = PahoClient(HOST, a.port, V311, client_id)
+        cluster.clients.append(back)
+        assert back.connect(clean=False).session_present
+        assert [m.payload for m in take(back, 10)] == [b"%d" % n for n in range(10)]
+    finally:
+        cluster.close()
+
+
 def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write(
     swc_trio: SwcCluster,
 ) -> None:

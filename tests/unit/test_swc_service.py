@@ -233,6 +233,35 @@ def test_a_node_joining_after_gc_copies_the_whole_group_first(tmp_path, run):
     run(scenario())
 
 
+def test_a_registration_on_a_joining_node_waits_for_its_groups_copy(tmp_path, run):
+    """A read of a key before its group is copied would miss the cluster's record (a
+    client's subscriptions, lost at its registration): `copied` holds it until then."""
+
+    async def scenario() -> None:
+        net, (a,) = cluster(tmp_path, names="a")
+        key = ("sub", "", "kept")
+        a.replication.put(key, "record", ts=1)
+        late = Node(net, "b", tmp_path, SwcSettings(groups=3))
+        members = {n.node: n.replica_id for n in net.nodes.values()}
+        for replication in net.nodes.values():
+            replication.set_peers(members)
+        waiting = asyncio.ensure_future(late.replication.copied(key))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # nothing copied yet
+        group, _ = late.replication.groups.replica(key)
+        for other in {0, 1, 2} - {group}:
+            assert await late.replication.exchange(other, "a")
+        assert not waiting.done()  # another group's copy is not its
+        assert await late.replication.exchange(group, "a")
+        await asyncio.wait_for(waiting, 1.0)
+        assert late.replication.get(key) == "record"
+        await asyncio.wait_for(a.replication.copied(key), 0.1)  # a founded it: at once
+        for node in (a, late):
+            node.close()
+
+    run(scenario())
+
+
 def test_a_removed_members_subscribers_are_reaped_in_batches(tmp_path, run):
     from broker.cluster.metadata import pack_subscriptions
     from broker.cluster.swc.backend import SwcBackend

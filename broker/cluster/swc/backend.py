@@ -29,6 +29,7 @@ import plyvel
 
 from broker.cluster.metadata import (
     Change,
+    MetadataUnavailable,
     NodeInfo,
     NotOwner,
     Registration,
@@ -68,6 +69,7 @@ class SwcBackend:
         # member's records without scanning every key.
         self._owned: dict[str, set[str]] = {}  # node -> client ids
         self._owner: dict[str, str] = {}  # client id -> node
+        self.removed = False  # this node's member record was deleted (by another member)
         self._transport: Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -130,6 +132,12 @@ class SwcBackend:
 
     async def register(self, client_id: str, clean: bool, ts: int) -> Registration:
         key = (SUB, client_id)
+        try:  # a joining node: the record may be in the part not copied yet
+            await self.replicas.copied(key)
+        except TimeoutError:
+            raise MetadataUnavailable(
+                "this node is joining the cluster and has not copied the metadata yet"
+            ) from None
         stored = self.replicas.get(key)
         previous = None
         subscriptions: dict = {}
@@ -276,6 +284,8 @@ class SwcBackend:
                 self._members.pop(name, None)
             else:
                 self._members[name] = value
+            if name == self.node:  # another member removed this one (`cluster leave`)
+                self.removed = value is None
             if self.replication is not None:
                 self.replication.set_peers(self.members())
             return

@@ -43,6 +43,7 @@ log = logging.getLogger("nautilus.cluster")
 
 REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchange
 COPY_PAGE_FACTOR = 10  # a full copy's page: this many times exchange_batch_size keys
+COPY_WAIT = 10.0  # seconds a registration on a joining node waits for its group's copy
 
 
 class Transport(Protocol):
@@ -94,6 +95,10 @@ class Replication:
         self.group_exchanges = [0] * count
         self.group_failures = [0] * count
         self.last_exchange = [loop.time()] * count  # of each group's last one that worked
+        # Set while the group holds the whole state (a joining node's copy is done).
+        self._copied = [asyncio.Event() for _ in range(count)]
+        for group in range(count):
+            self._mark_copied(group)
 
     def found(self) -> None:
         """This node starts a cluster (no seeds): what it holds is the whole state."""
@@ -101,6 +106,7 @@ class Replication:
             if not replica.synced:
                 replica.synced = True
                 self._touch(group)
+            self._mark_copied(group)
 
     def unfound(self) -> None:
         """This node, alone and with nothing of its own, joins a cluster: each group
@@ -108,6 +114,22 @@ class Replication:
         for group, replica in enumerate(self.groups.replicas):
             replica.synced = False
             self._touch(group)
+            self._mark_copied(group)
+
+    def _mark_copied(self, group: int) -> None:
+        if self.groups.replicas[group].synced:
+            self._copied[group].set()
+        else:
+            self._copied[group].clear()
+
+    async def copied(self, key: Key) -> None:
+        """Once the group of `key` holds the cluster's whole state: at once, but on a
+        node joining a cluster, until the group's copy is done (TimeoutError after
+        COPY_WAIT). A read before would miss what the cluster holds."""
+        group, _ = self.groups.replica(key)
+        event = self._copied[group]
+        if not event.is_set():
+            await asyncio.wait_for(event.wait(), COPY_WAIT)
 
     def start(self) -> None:
         for group in range(len(self.groups)):
@@ -275,6 +297,7 @@ class Replication:
         self.group_exchanges[group] += 1
         self.last_exchange[group] = self.loop.time()
         self._touch(group)
+        self._mark_copied(group)
         for key in changed:
             self._changed(key)
         return True
