@@ -36,6 +36,8 @@ STOP_TIMEOUT = 5.0
 POLL = 0.02
 MQTT_LINE = re.compile(r"listening for MQTT on 127\.0\.0\.1:(\d+)")
 LINK_LINE = re.compile(r"cluster link to (\S+) \(\S+\) up")
+# swc: the node holds the whole metadata (a joining node has copied every group).
+COMPLETE_LINE = re.compile(r"every group holds the cluster's whole metadata")
 NAMES = ("a", "b", "c")
 _PR_SET_PDEATHSIG = 1
 
@@ -180,6 +182,8 @@ class Node:
         self.log = self.directory / "broker.log"
         self.port = 0  # MQTT, once ready
         self.links: set[str] = set()  # nodes its links are up to
+        # Serving every client id (swc: each group copied; no copy to wait for else).
+        self.complete = config.metadata != "swc" or not name
         self.proc: subprocess.Popen[bytes] | None = None
         self._seen = 0  # log bytes already scanned
         path = self.directory / "nautilus.toml"
@@ -245,6 +249,8 @@ class Node:
         if not self.port and (match := MQTT_LINE.search(text)):
             self.port = int(match[1])
         self.links.update(LINK_LINE.findall(text))
+        if COMPLETE_LINE.search(text):
+            self.complete = True
 
     def cpu(self) -> float | None:
         return cpu_seconds(self.pid)
@@ -324,7 +330,10 @@ class Deployment:
         while True:
             for node in self.nodes:
                 node.scan()
-            if all(node.port and node.links >= names - {node.name} for node in self.nodes):
+            if all(
+                node.port and node.links >= names - {node.name} and node.complete
+                for node in self.nodes
+            ):
                 break
             if time.monotonic() > deadline:
                 missing = [

@@ -84,7 +84,9 @@ class SwcNode(Node):
             self.watcher = None
         _stop(self.proc)
 
-    def ready(self, peers: set[str], timeout: float = READY_TIMEOUT) -> None:
+    def ready(self, peers: set[str], timeout: float = CONVERGE_TIMEOUT) -> None:
+        """Its MQTT port known and its links up to `peers` (a restart with a million
+        records loads them first: minutes, not seconds)."""
         deadline = time.monotonic() + timeout
         while True:
             self.scan()
@@ -96,8 +98,17 @@ class SwcNode(Node):
 
 
 async def watch(node: SwcNode) -> None:
-    """Follow the node's swc gauges in $SYS."""
-    client = await open_client(HOST, node.port, f"watch-{node.name}-{secrets.token_hex(2)}")
+    """Follow the node's swc gauges in $SYS. (A joining node refuses a CONNECT until
+    the group of its client id is copied: tried again until then.)"""
+    deadline = time.monotonic() + CONVERGE_TIMEOUT
+    while True:
+        try:
+            client = await open_client(HOST, node.port, f"watch-{node.name}-{secrets.token_hex(2)}")
+            break
+        except (ConnectionError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(POLL)
     prefix = f"$SYS/{node.name}/swc/".encode()
 
     def on_message(topic: bytes, payload: bytes) -> None:
@@ -174,6 +185,11 @@ async def generator_ceiling(args: argparse.Namespace) -> int:
     return round(count / took)
 
 
+def progress(result: dict[str, Any]) -> None:
+    """The figures so far (a long run's are not lost if a later phase fails)."""
+    print(json.dumps(result), flush=True)
+
+
 def objects(node: SwcNode) -> float:
     return node.figures.get("objects", -1.0)
 
@@ -210,6 +226,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await until(lambda: all(holds(x, a, want) for x in nodes))
         result["spread_s"] = round(time.monotonic() - started, 2)
         result["made_per_s"] = round(n / made)
+        progress(result)
 
         # restart with changes meanwhile
         c.stop()
@@ -222,6 +239,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await watch(c)
         await until(lambda: holds(c, a, want))
         result["restart_s"] = round(time.monotonic() - started, 2)
+        progress(result)
 
         # a new, empty node joining
         started = time.monotonic()
@@ -230,6 +248,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await watch(d)
         await until(lambda: holds(d, a, want + 1))
         result["join_s"] = round(time.monotonic() - started, 2)
+        progress(result)
         nodes.append(d)
 
         # idle anti-entropy

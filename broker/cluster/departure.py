@@ -70,7 +70,7 @@ class Departure:
         self.cluster = cluster
         self.backend = backend
         self.started = False
-        self.handed = 0  # sessions taken by other members
+        self.handed = 0  # sessions gone to other members
         self.stage = ""  # what it is doing, for `nautilus cluster status`
 
     def start(self) -> str:
@@ -131,7 +131,8 @@ class Departure:
         registry = self.cluster.host.registry
         handover = self.cluster.handover
         todo = deque(registry)
-        offered: dict[str, asyncio.Task[bool]] = {}
+        held = len(registry)
+        offered: dict[str, asyncio.Task[None]] = {}
         loop = asyncio.get_running_loop()
         said = loop.time()
         while registry or handover.migrating:
@@ -152,7 +153,7 @@ class Departure:
             for client_id, task in list(offered.items()):
                 if task.done():
                     del offered[client_id]
-                    self.handed += task.result()
+            self.handed = held - len(registry)  # (taken, or handed to a session's new owner)
             if not todo and not offered and registry:  # a pass is over: another, later
                 await asyncio.sleep(ROUND)
                 todo.extend(registry)
@@ -165,11 +166,10 @@ class Departure:
                     len(handover.migrating),
                 )
 
-    async def _take(self, node: str, client_id: str, expiry: int | None) -> bool:
+    async def _take(self, node: str, client_id: str, expiry: int | None) -> None:
         error = await self._request(node, TAKE, client_id, expiry)
-        if error:
+        if error:  # offered again in the next pass
             log.warning("cluster: leaving: %s did not take %s: %s", node, client_id, error)
-        return not error
 
     async def _pull(self, node: str) -> None:
         error = await self._request(node, LEFT, False)

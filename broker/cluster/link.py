@@ -92,6 +92,8 @@ class LinkOwner(Protocol):
 
     def link_down(self, link: PeerLink) -> None: ...
 
+    def drained(self, node: str) -> None: ...
+
     def inbound_up(self, inbound: ClusterServerProtocol) -> None: ...
 
     def inbound_down(self, inbound: ClusterServerProtocol) -> None: ...
@@ -257,6 +259,8 @@ class PeerLink(asyncio.Protocol):
                     future.set_result(frame[2])
             elif kind == PONG:
                 self._last_pong = self.loop.time()
+            elif kind == DRAINED:  # (from a peer with no link back to this node)
+                self.cluster.drained(self.node)
             elif kind == WELCOME:
                 self._welcome(frame[1], frame[2])
             elif kind == REFUSED:

@@ -197,6 +197,12 @@ class Cluster:
                     log.warning("cluster: node %s did not take this node's last frames", name)
                     del waiting[name]
 
+    def drained(self, node: str) -> None:
+        """DRAINED from `node`: every frame it sent this (stopping) node before is read."""
+        drained = self._draining.get(node)
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         task = self.loop.create_task(coroutine, name=name)
         self._tasks.add(task)
@@ -221,7 +227,10 @@ class Cluster:
         return self.sync.available
 
     def problem(self) -> str | None:
-        """The metadata does not answer (/health says so)."""
+        """The node is leaving the cluster, or the metadata does not answer (/health
+        says so)."""
+        if self.departure is not None and self.departure.started:
+            return "leaving the cluster"
         if self.sync.available:
             return None
         refused = not self.settings.allow_register_during_outage
@@ -399,6 +408,10 @@ class Cluster:
             "cluster: this node was removed from the cluster by another member: it leaves, "
             "handing its sessions over"
         )
+        # The members forgot, without this node, what it missed while it was cut off
+        # (a reaped session's new record, say): a whole copy brings their state, and the
+        # sessions that moved meanwhile are handed to their new owners as it arrives.
+        self.replicated.replicas.unfound()
 
     def _declare_dead(self, name: str, why: str) -> None:
         self.dead.add(name)
@@ -523,8 +536,11 @@ class Cluster:
 
     async def _left(self, node: str, remove: bool) -> str | None:
         """LEFT: `node` is leaving the cluster. Pull every group from it (nothing it
-        wrote is left only there); then, if `remove`, it is no longer a member."""
+        wrote is left only there); then, if `remove`, it is no longer a member. (One
+        removed already is not pulled: what it wrote since is not wanted.)"""
         replicas = self._replication()
+        if node not in self._swc().members():
+            return None
         for group in range(len(replicas.groups)):
             if not await replicas.exchange(group, node):
                 return f"group {group} could not be pulled from {node}"
@@ -571,9 +587,9 @@ class Cluster:
         elif kind == PING:
             inbound.reply(PONG, frame[1])
         elif kind == SWC_WRITE:
-            self._replication().on_write(frame[1], frame[2], frame[3])
+            self._swc().on_write(inbound.node, frame[1], frame[2], frame[3])
         elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):
-            inbound.reply(ANSWER, frame[1], self._replication().answer(kind, frame[2:]))
+            inbound.reply(ANSWER, frame[1], self._swc().answer(inbound.node, kind, frame[2:]))
         elif kind == TAKE:
             _, ref, client_id, expiry = frame
             self._answer_later(inbound, ref, self.take(inbound.node, client_id, expiry))
@@ -588,10 +604,10 @@ class Cluster:
             link = self.links.get(inbound.node)
             if link is not None:
                 link.hold_until_back()
-        elif kind == DRAINED:  # every frame that node sent before is read
-            drained = self._draining.get(inbound.node)
-            if drained is not None and not drained.done():
-                drained.set_result(None)
+            else:  # (no link to it, so nothing of this node's is on its way there)
+                inbound.reply(DRAINED)
+        elif kind == DRAINED:
+            self.drained(inbound.node)
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
@@ -667,10 +683,13 @@ class Cluster:
     def figures(self) -> dict[str, int]:
         return self.replicated.replicas.figures() if self.replicated is not None else {}
 
-    def _replication(self) -> Replication:
+    def _swc(self) -> SwcBackend:
         if self.replicated is None:
             raise ValueError("replication frames, and this node's metadata is not swc")
-        return self.replicated.replicas
+        return self.replicated
+
+    def _replication(self) -> Replication:
+        return self._swc().replicas
 
     def status(self) -> dict[str, Any]:
         """What `nautilus cluster status` and the admin API show."""

@@ -35,6 +35,7 @@ LIVENESS_INTERVAL = 0.2
 DEAD_AFTER = 1.5
 CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on 127\.0\.0\.1:(\d+)")
 HTTP_LINE = re.compile(r"HTTP on 127\.0\.0\.1:(\d+)")
+COMPLETE_LINE = re.compile(r"every group holds the cluster's whole metadata")
 API_KEY = "cluster-tests-key"
 # [cluster.swc] for the tests: exchanges and GC within a test's time.
 SWC_TIMES = "[cluster.swc]\nsync_interval = 0.3\ngc_interval = 1.0\n"
@@ -175,6 +176,8 @@ class ClusterNode:
                 self.http_port = int(match[1])
         if not self.http_port:
             self.http_port = int(self.process.wait_for(HTTP_LINE)[1])
+        if self.metadata == "swc":  # serving every client id: a joining node copies first
+            self.wait_for_log(COMPLETE_LINE)
         return self
 
     def _add_api_key(self) -> None:

@@ -69,7 +69,10 @@ class SwcBackend:
         # member's records without scanning every key.
         self._owned: dict[str, set[str]] = {}  # node -> client ids
         self._owner: dict[str, str] = {}  # client id -> node
-        self.removed = False  # this node's member record was deleted (by another member)
+        self._deleted = False  # this node's member record was deleted (by another member)
+        # Members removed since this node started (until one joins again under its name):
+        # their broadcasts are dropped, and their exchanges told that they were removed.
+        self.removed_members: set[str] = set()
         self._transport: Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -251,6 +254,25 @@ class SwcBackend:
         """`nautilus cluster leave NODE`: NODE's member record goes, on every node."""
         self.replicas.delete((NODE, node))
 
+    @property
+    def removed(self) -> bool:
+        """Whether another member removed this node (`nautilus cluster leave` while it
+        could not be asked): its record deleted here, or a member's exchange says so
+        (the delete itself may be forgotten by the time this node reaches them)."""
+        return self._deleted or bool(self.replicas.removed_by)
+
+    def on_write(self, sender: str, group: int, key: Any, packed: Any) -> None:
+        """A write `sender` broadcast. A removed member's are dropped (VerneMQ drops the
+        broadcasts of non-peers), but for its own member record: a node wiped and joining
+        again under the name introduces itself so."""
+        if sender in self.removed_members and list(key) != [NODE, sender]:
+            return
+        self.replicas.on_write(group, key, packed)
+
+    def answer(self, asker: str, kind: int, args: list[Any]) -> Any:
+        """A replication request's answer."""
+        return self.replicas.answer(kind, args, removed=asker in self.removed_members)
+
     def mark_left(self) -> None:
         """This node has left its cluster: it will not start on this state again."""
         assert self._db is not None, "open() first"
@@ -285,7 +307,11 @@ class SwcBackend:
             else:
                 self._members[name] = value
             if name == self.node:  # another member removed this one (`cluster leave`)
-                self.removed = value is None
+                self._deleted = value is None
+            elif value is None:
+                self.removed_members.add(name)
+            else:
+                self.removed_members.discard(name)
             if self.replication is not None:
                 self.replication.set_peers(self.members())
             return

@@ -89,6 +89,7 @@ class Replication:
         self._exchanging = [asyncio.Lock() for _ in range(settings.groups)]
         self._outbox: list[Shipped] = []  # writes to broadcast after the commit
         self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
+        self.removed_by: set[str] = set()  # peers that say this node was removed
         self.exchanges = 0  # done
         self.exchange_failures = 0
         count = settings.groups
@@ -117,10 +118,13 @@ class Replication:
             self._mark_copied(group)
 
     def _mark_copied(self, group: int) -> None:
-        if self.groups.replicas[group].synced:
-            self._copied[group].set()
-        else:
-            self._copied[group].clear()
+        event = self._copied[group]
+        if not self.groups.replicas[group].synced:
+            event.clear()
+        elif not event.is_set():
+            event.set()
+            if all(copied.is_set() for copied in self._copied):
+                log.info("cluster: every group holds the cluster's whole metadata")
 
     async def copied(self, key: Key) -> None:
         """Once the group of `key` holds the cluster's whole state: at once, but on a
@@ -207,10 +211,11 @@ class Replication:
             self._changed(key)
         self._touch(group)
 
-    def answer(self, kind: int, args: list[Any]) -> Any:
-        """The answer to a peer's request (the frame after its kind and reference)."""
+    def answer(self, kind: int, args: list[Any], removed: bool = False) -> Any:
+        """The answer to a peer's request (the frame after its kind and reference);
+        `removed`: the peer asking is no longer a member (its clock answer says so)."""
         if kind == SWC_CLOCK:
-            return self.answer_clock(*args)
+            return self.answer_clock(args[0], removed)
         if kind == SWC_FETCH:
             return self.answer_fetch(*args)
         if kind == SWC_WATERMARK:
@@ -219,10 +224,10 @@ class Replication:
             return self.answer_keys(*args)
         raise ValueError(f"not a replication request: {kind}")
 
-    def answer_clock(self, group: int) -> list[Any]:
+    def answer_clock(self, group: int, removed: bool = False) -> list[Any]:
         self.commit()  # what the clock says must be on disk before anyone learns it
         replica = self._replica(group)
-        return [self.replica_id, wire.pack_clock(replica.clock), replica.synced]
+        return [self.replica_id, wire.pack_clock(replica.clock), replica.synced, removed]
 
     def answer_fetch(self, group: int, dots: list[Any]) -> list[Any]:
         self.commit()
@@ -401,11 +406,19 @@ class _RemoteGroup:
         self.node = node
         self.group = group
         self.synced = False  # the peer's group holds the whole state (from its clock)
+        self.pulling = replication.groups.replicas[group].synced  # (else: copying it whole)
 
     async def clock(self) -> NodeClock:
-        replica_id, packed, self.synced = await self._ask(SWC_CLOCK, self.group)
+        replica_id, packed, self.synced, removed = await self._ask(SWC_CLOCK, self.group)
         if replica_id != self.replication.peers.get(self.node):
             raise ValueError(f"{self.node} answers as replica {replica_id}")
+        if removed:  # it says this node is no longer a member
+            self.replication.removed_by.add(self.node)
+            if self.pulling:
+                # Its state forgot, without this node, what this node missed meanwhile:
+                # pulled by dot, a write would be taken as seen and never arrive. A whole
+                # copy (the node leaving: Replication.unfound) is what it gets.
+                raise ValueError(f"{self.node} says this node is no longer a member")
         return wire.unpack_clock(packed)
 
     async def fetch(self, dots: list[Dot]) -> list[Fetched]:
