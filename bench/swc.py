@@ -241,15 +241,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         result["restart_s"] = round(time.monotonic() - started, 2)
         progress(result)
 
-        # a new, empty node joining
-        started = time.monotonic()
-        d.start()
-        d.ready({"a", "b", "c"})
-        await watch(d)
-        await until(lambda: holds(d, a, want + 1))
-        result["join_s"] = round(time.monotonic() - started, 2)
-        progress(result)
-        nodes.append(d)
+        if args.join:  # a new, empty node joining
+            started = time.monotonic()
+            d.start()
+            d.ready({"a", "b", "c"})
+            await watch(d)
+            await until(lambda: holds(d, a, want + 1))
+            result["join_s"] = round(time.monotonic() - started, 2)
+            progress(result)
+            nodes.append(d)
 
         # idle anti-entropy
         before = [cpu_seconds(x.pid) or 0.0 for x in nodes]
@@ -260,23 +260,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for x, y, z in zip(nodes, after, before, strict=True)
         }
 
-        # tombstones of clients that come and go
-        peak = 0.0
+        if args.tombstones:  # tombstones of clients that come and go
+            peak = 0.0
 
-        def track() -> bool:
-            nonlocal peak
-            peak = max(peak, a.figures.get("tombstones", 0.0))
-            return False
+            def track() -> bool:
+                nonlocal peak
+                peak = max(peak, a.figures.get("tombstones", 0.0))
+                return False
 
-        gone = await make_subscribers(a.port, n, args, "gone", persistent=False)
-        result["gone_per_s"] = round(n / gone)
-        for _ in range(10):
-            track()
-            await asyncio.sleep(0.05)
-        result["tombstones_peak"] = int(peak)
-        result["tombstones_gone_s"] = round(
-            await until(lambda: all(x.figures.get("tombstones", 1) == 0 for x in nodes)), 2
-        )
+            gone = await make_subscribers(a.port, n, args, "gone", persistent=False)
+            result["gone_per_s"] = round(n / gone)
+            for _ in range(10):
+                track()
+                await asyncio.sleep(0.05)
+            result["tombstones_peak"] = int(peak)
+            result["tombstones_gone_s"] = round(
+                await until(lambda: all(x.figures.get("tombstones", 1) == 0 for x in nodes)), 2
+            )
         result["objects_after"] = {x.name: int(objects(x)) for x in nodes}
     finally:
         for node in (a, b, c, d):
@@ -291,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=100, help="per generator")
     parser.add_argument("--generators", type=int, default=1, help="client-making processes")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of the idle figure")
+    parser.add_argument(
+        "--no-join", dest="join", action="store_false", help="leave out the empty node joining"
+    )
+    parser.add_argument(
+        "--no-tombstones",
+        dest="tombstones",
+        action="store_false",
+        help="leave out the clients that come and go",
+    )
     args = parser.parse_args(argv)
     raise_fd_limit()
     result = asyncio.run(run(args))

@@ -233,6 +233,42 @@ def test_a_node_joining_after_gc_copies_the_whole_group_first(tmp_path, run):
     run(scenario())
 
 
+def test_a_full_copy_cut_off_goes_on_from_its_last_page(tmp_path, run):
+    """A joining node's copy of a big group outlasts a link drop: the next round asks
+    the same member for the next page, not for the whole group again."""
+
+    async def scenario() -> None:
+        net, (a,) = cluster(tmp_path, names="a")
+        for i in range(90):
+            a.replication.put(("sub", "", f"c{i}"), i, ts=i + 1)
+        late = Node(net, "b", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
+        members = {n.node: n.replica_id for n in net.nodes.values()}
+        for replication in net.nodes.values():
+            replication.set_peers(members)
+        answer_keys = a.replication.answer_keys
+        asked: list[int] = []
+
+        def flaky(group: int, start: int, limit: int, token: str | None) -> list[Any]:
+            asked.append(start)
+            if len(asked) == 3:  # the third page: the link goes down
+                raise ConnectionError("the link to a went down")
+            return answer_keys(group, start, limit, token)
+
+        a.replication.answer_keys = flaky  # type: ignore[method-assign]
+        group, _ = late.replication.groups.replica(("sub", "", "c0"))
+        assert not await late.replication.exchange(group, "a")
+        assert await late.replication.exchange(group, "a")
+        assert asked[:4] == [0, 10, 20, 20]  # (pages of 10 keys) on from the third
+        held = {key for key, _ in late.replication.items() if key[0] == "sub"}
+        wanted = {key for key, _ in a.replication.items() if key[0] == "sub"}
+        assert {k for k in wanted if a.replication.groups.replica(k)[0] == group} <= held
+        assert late.replication.groups.replicas[group].synced
+        for node in (a, late):
+            node.close()
+
+    run(scenario())
+
+
 def test_a_registration_on_a_joining_node_waits_for_its_groups_copy(tmp_path, run):
     """A read of a key before its group is copied would miss the cluster's record (a
     client's subscriptions, lost at its registration): `copied` holds it until then."""

@@ -44,6 +44,7 @@ log = logging.getLogger("nautilus.cluster")
 REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchange
 COPY_PAGE_FACTOR = 10  # a full copy's page: this many times exchange_batch_size keys
 COPY_WAIT = 10.0  # seconds a registration on a joining node waits for its group's copy
+COPIES_AT_ONCE = 2  # groups a joining node copies at a time (each from one member)
 
 
 class Transport(Protocol):
@@ -84,7 +85,10 @@ class Replication:
         self._touched: set[int] = set()  # groups changed since the last commit
         self._commit_due = False
         self._tasks: set[asyncio.Task] = set()
-        self._copy_order: dict[int, list[Key]] = {}  # group -> its keys, while copied
+        # A group's keys in the order a joining node copies them, and the order's token.
+        self._copy_order: dict[int, tuple[str, list[Key]]] = {}
+        self._copies: dict[int, _Copy] = {}  # this node's full copies under way, by group
+        self._copying = asyncio.Semaphore(COPIES_AT_ONCE)
         # One exchange per group at a time (the periodic one, or one asked for: LEFT).
         self._exchanging = [asyncio.Lock() for _ in range(settings.groups)]
         self._outbox: list[Shipped] = []  # writes to broadcast after the commit
@@ -221,7 +225,7 @@ class Replication:
         if kind == SWC_WATERMARK:
             return self.answer_watermark(*args)
         if kind == SWC_KEYS:
-            return self.answer_keys(*args)
+            return self.answer_keys(args[0], args[1], args[2], args[3] if len(args) > 3 else None)
         raise ValueError(f"not a replication request: {kind}")
 
     def answer_clock(self, group: int, removed: bool = False) -> list[Any]:
@@ -238,20 +242,29 @@ class Replication:
         self.commit()
         return wire.pack_watermark(self._replica(group).watermark)
 
-    def answer_keys(self, group: int, start: int, limit: int) -> list[Any]:
+    def answer_keys(self, group: int, start: int, limit: int, token: str | None) -> list[Any]:
         """A page of the group's whole key space, in the order of the keys' bytes (a
-        joining node's full copy). The order is taken at the first page and kept for the
-        next ones (a key written since arrives by the exchanges after the copy)."""
+        joining node's full copy), the last page or not, and the order's token. The
+        order is taken at the first page and kept for the next ones, which name it by
+        its token (a key written since arrives by the exchanges after the copy). A page
+        past the first whose order is gone (another copy began, this node restarted) is
+        answered with no token: the copy starts again."""
         self.commit()
         objects = self._replica(group).objects
-        keys = self._copy_order.get(group)
-        if start == 0 or keys is None:
-            keys = self._copy_order[group] = sorted(objects, key=msgpack.packb)
+        held = self._copy_order.get(group)
+        if start == 0:
+            held = self._copy_order[group] = (
+                uuid.uuid4().hex[:12],
+                sorted(objects, key=msgpack.packb),
+            )
+        elif held is None or held[0] != token:
+            return [[], False, None]
+        token, keys = held
         page = [(key, objects[key]) for key in keys[start : start + limit] if key in objects]
         done = start + limit >= len(keys)
         if done:
             self._copy_order.pop(group, None)
-        return [[(key, wire.pack_object(obj)) for key, obj in page], done]
+        return [[(key, wire.pack_object(obj)) for key, obj in page], done, token]
 
     def _replica(self, group: int) -> Replica:
         if not 0 <= group < len(self.groups):
@@ -282,7 +295,8 @@ class Replication:
         if node is None:
             if not linked:
                 return False
-            node = random.choice(linked)
+            copy = self._copies.get(group)  # a copy under way goes on with its member
+            node = copy.node if copy is not None and copy.node in linked else random.choice(linked)
         if node not in self.peers:
             return False
         peer = _RemoteGroup(self, node, group)
@@ -309,23 +323,35 @@ class Replication:
 
     async def _full_sync(self, replica: Replica, peer_id: str, peer: _RemoteGroup) -> list[Key]:
         """Copy a synced peer's whole group (a joining node: what the others forgot
-        before it joined cannot be asked for by dot). Nothing if the peer is not synced
-        itself (it is joining too): another round tries another peer."""
-        remote_clock = await peer.clock()
-        if not peer.synced:
-            return []
-        changed: list[Key] = []
-        start = copied = 0
-        done = False
-        while not done:
-            page, done = await peer.keys(start, self._copy_page)
-            objects = [(wire.frozen(key), wire.unpack_object(obj)) for key, obj in page]
-            changed += replica.take_page(objects, remote_clock)
-            start += self._copy_page
-            copied += len(objects)
-        replica.finish_copy(peer_id, remote_clock, await peer.watermark())
-        log.info("cluster: group %d copied from %s (%d keys)", peer.group, peer.node, copied)
-        return changed
+        before it joined cannot be asked for by dot), COPIES_AT_ONCE groups at a time.
+        Nothing if the peer is not synced itself (it is joining too): another round
+        tries another peer. A copy that fails (a link down) goes on from its last page
+        at the next round, with the same peer while it is linked. What each page changes
+        is told at once (an interrupted copy's pages are merged already)."""
+        group = peer.group
+        async with self._copying:
+            copy = self._copies.get(group)
+            if copy is None or copy.node != peer.node:
+                remote_clock = await peer.clock()
+                if not peer.synced:
+                    return []
+                copy = self._copies[group] = _Copy(peer.node, remote_clock)
+            done = False
+            while not done:
+                page, done, token = await peer.keys(copy.start, self._copy_page, copy.token)
+                if token is None:
+                    del self._copies[group]
+                    raise ValueError(f"{peer.node} no longer has the copy's order: again")
+                copy.token = token
+                objects = [(wire.frozen(key), wire.unpack_object(obj)) for key, obj in page]
+                for key in replica.take_page(objects, copy.clock):
+                    self._changed(key)
+                copy.start += self._copy_page
+                copy.copied += len(objects)
+            replica.finish_copy(peer_id, copy.clock, await peer.watermark())
+            del self._copies[group]
+        log.info("cluster: group %d copied from %s (%d keys)", group, peer.node, copy.copied)
+        return []
 
     @property
     def _copy_page(self) -> int:
@@ -398,6 +424,18 @@ class Replication:
         }
 
 
+class _Copy:
+    """A full copy of one group under way: from whom, the clock it was read at, how far
+    it got (the next page's start), and the order's token its member gave."""
+
+    def __init__(self, node: str, clock: NodeClock) -> None:
+        self.node = node
+        self.clock = clock
+        self.start = 0
+        self.copied = 0  # keys
+        self.token: str | None = None
+
+
 class _RemoteGroup:
     """A group's replica on another node, over the transport (exchange.Peer)."""
 
@@ -427,10 +465,13 @@ class _RemoteGroup:
     async def watermark(self) -> Watermark:
         return wire.unpack_watermark(await self._ask(SWC_WATERMARK, self.group))
 
-    async def keys(self, start: int, limit: int) -> tuple[list[Any], bool]:
-        """A page of the peer's keys, and whether it was the last."""
-        page, done = await self._ask(SWC_KEYS, self.group, start, limit)
-        return list(page), bool(done)
+    async def keys(
+        self, start: int, limit: int, token: str | None
+    ) -> tuple[list[Any], bool, str | None]:
+        """A page of the peer's keys, whether it was the last, and the order's token
+        (None: the order `token` named is gone)."""
+        page, done, token = await self._ask(SWC_KEYS, self.group, start, limit, token)
+        return list(page), bool(done), token
 
     async def _ask(self, *frame: Any) -> Any:
         request = self.replication.transport.request(self.node, *frame)
