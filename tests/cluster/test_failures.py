@@ -531,6 +531,53 @@ def test_kill_9_under_qos1_load(cluster: Cluster) -> None:
     assert all(seen < seq < after_reap_from for seq in lost), spans(lost)
 
 
+def test_kill_9_under_qos1_load_with_the_leaderless_metadata(
+    clusters: Callable[[str], Cluster],
+) -> None:
+    """metadata = "swc" (no Redis): a member killed with -9 stays one (VerneMQ's rule),
+    so what A acknowledges for C's subscriber meanwhile waits in A's link to C and
+    reaches the subscriber once C is back on its store. Lost are only the messages in
+    the sockets at the kill: after C's last observed progress and before A saw the link
+    down (docs/clustering.md, the swc failure table). allow_publish_during_netsplit is on:
+    with it off, A would leave the publishes unacknowledged while C is away."""
+    cluster = clusters("")
+    switch = "allow_publish_during_netsplit = true\n"
+    [a] = cluster.start("a", metadata="swc", extra=switch)
+    _b, c = cluster.start("b", "c", metadata="swc", extra=switch, seeds=[(HOST, a.cluster_port)])
+    sub = cluster.subscriber(c, "swc-kill-sub", clean=False)
+    sub.subscribe("load/#", 1)
+    watch = cluster.subscriber(c, "swc-kill-watch")  # QoS 0: how far C has got
+    watch.subscribe("load/#", 0)
+    pub = cluster.publisher(a)
+    wait_routed(pub, [sub, watch], "load/probe")
+    stream = Stream(pub, "load/s").start()
+    try:
+        stream.wait_acked(200)
+        seen = max(watch.seqs)  # C took (and stored for sub) everything up to here
+        since_a = mark(a)
+        c.kill()
+        wait_log(a, link_down("c"), since_a, DETECT)
+        buffered_from = stream.sent_after_now()  # each one kept in A's link from here
+        stream.wait_acked(len(stream.acked) + 200)
+    finally:
+        stream.stop()
+    acked = stream.acked
+    assert not stream.unacked, "A acknowledged every publish"
+    assert a.metrics()["cluster_bytes_dropped"] == 0  # the link kept what waited
+    sub.close()
+    c.start()  # on its own store, under its name
+    cluster.wait_linked([a, c])
+    resumed = cluster.subscriber(c, "swc-kill-sub", clean=False)
+    assert resumed.session_present
+    done = set(sub.acked)
+    kept = [seq for seq in acked if (seq <= seen or seq >= buffered_from) and seq not in done]
+    resumed.wait_seqs(kept)
+    got = set(sub.seqs) | set(resumed.seqs)
+    lost = [seq for seq in acked if seq not in got]
+    print(f"acknowledged {len(acked)}; lost {len(lost)}:", spans(lost))
+    assert all(seen < seq < buffered_from for seq in lost), spans(lost)
+
+
 def test_in_flight_messages_survive_a_handover_at_restart(cluster: Cluster) -> None:
     """QoS 1 sent but unacknowledged when C stopped reaches the client once it resumes
     elsewhere, as the queued ones do: C hands them over at its next start. (Found lost
