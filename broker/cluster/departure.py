@@ -96,10 +96,11 @@ class Departure:
 
     def _members(self) -> list[str]:
         """The live members a session can go to, in order."""
+        members = self.backend.members()
         return sorted(
             node
             for node, link in self.cluster.links.items()
-            if link.answering and node in self.backend.members() and node != self.cluster.node
+            if link.answering and node in members and node != self.cluster.node
         )
 
     async def _run(self) -> None:

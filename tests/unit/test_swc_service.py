@@ -95,6 +95,15 @@ def cluster(tmp_path, names: str = "abc", **settings: Any) -> tuple[Net, list[No
     return net, nodes
 
 
+def joining(net: Net, name: str, path, settings: SwcSettings) -> Node:
+    """A new, empty node, made a member of every node's groups (as its record would)."""
+    node = Node(net, name, path, settings)
+    members = {n.node: n.replica_id for n in net.nodes.values()}
+    for replication in net.nodes.values():
+        replication.set_peers(members)
+    return node
+
+
 async def sync_all(nodes: list[Node], rounds: int = 3) -> None:
     for _ in range(rounds):
         for node in nodes:
@@ -215,10 +224,7 @@ def test_a_node_joining_after_gc_copies_the_whole_group_first(tmp_path, run):
         await b.wait_for(("sub", "", "c39"), 39)
         await sync_all([a, b])  # every dot known to both: a and b forget them
         assert all(not r.dkm for r in a.replication.groups.replicas)
-        late = Node(net, "c", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
-        members = {n.node: n.replica_id for n in net.nodes.values()}
-        for replication in net.nodes.values():
-            replication.set_peers(members)
+        late = joining(net, "c", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
         # Its first exchange of each group copies the group (pages of 10 keys, 40 keys
         # over 3 groups): asked by dot, the forgotten ones would be skipped, and c would
         # never hold them.
@@ -241,10 +247,7 @@ def test_a_full_copy_cut_off_goes_on_from_its_last_page(tmp_path, run):
         net, (a,) = cluster(tmp_path, names="a")
         for i in range(90):
             a.replication.put(("sub", "", f"c{i}"), i, ts=i + 1)
-        late = Node(net, "b", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
-        members = {n.node: n.replica_id for n in net.nodes.values()}
-        for replication in net.nodes.values():
-            replication.set_peers(members)
+        late = joining(net, "b", tmp_path, SwcSettings(groups=3, exchange_batch_size=1))
         answer_keys = a.replication.answer_keys
         asked: list[int] = []
 
@@ -277,10 +280,7 @@ def test_a_registration_on_a_joining_node_waits_for_its_groups_copy(tmp_path, ru
         net, (a,) = cluster(tmp_path, names="a")
         key = ("sub", "", "kept")
         a.replication.put(key, "record", ts=1)
-        late = Node(net, "b", tmp_path, SwcSettings(groups=3))
-        members = {n.node: n.replica_id for n in net.nodes.values()}
-        for replication in net.nodes.values():
-            replication.set_peers(members)
+        late = joining(net, "b", tmp_path, SwcSettings(groups=3))
         waiting = asyncio.ensure_future(late.replication.copied(key))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # nothing copied yet

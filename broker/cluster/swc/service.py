@@ -102,6 +102,7 @@ class Replication:
         self.last_exchange = [loop.time()] * count  # of each group's last one that worked
         # Set while the group holds the whole state (a joining node's copy is done).
         self._copied = [asyncio.Event() for _ in range(count)]
+        self._all_copied = False
         for group in range(count):
             self._mark_copied(group)
 
@@ -127,13 +128,16 @@ class Replication:
             event.clear()
         elif not event.is_set():
             event.set()
-            if all(copied.is_set() for copied in self._copied):
-                log.info("cluster: every group holds the cluster's whole metadata")
+        was, self._all_copied = self._all_copied, all(e.is_set() for e in self._copied)
+        if self._all_copied and not was:
+            log.info("cluster: every group holds the cluster's whole metadata")
 
     async def copied(self, key: Key) -> None:
         """Once the group of `key` holds the cluster's whole state: at once, but on a
         node joining a cluster, until the group's copy is done (TimeoutError after
         COPY_WAIT). A read before would miss what the cluster holds."""
+        if self._all_copied:  # (every CONNECT asks: no hashing once all are copied)
+            return
         group, _ = self.groups.replica(key)
         event = self._copied[group]
         if not event.is_set():
