@@ -21,7 +21,7 @@ export NAUTILUS_AMQTT_PYTHON ?= $(CURDIR)/$(AMQTT_VENV)/bin/python
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml event_relay/_recorder.c $(LOCK)
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml event_relay/_recorder.c broker/protocol/_speedups.c $(LOCK)
 	$(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
@@ -72,10 +72,16 @@ test-lowest: $(AMQTT_STAMP) system-packages
 lock: $(BIN)/python
 	bash scripts/lock.sh $(BIN)/python
 
-bench: $(STAMP) $(AMQTT_STAMP)
+bench: $(STAMP) $(AMQTT_STAMP) bench/bin/mqttgen
 	bash scripts/system-packages.sh mosquitto
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
+# The compiled load generator (bench/README.md, "mqttgen"); not needed by `make test`,
+# whose test of it builds it when a C compiler is there and is skipped otherwise.
+bench/bin/mqttgen: bench/mqttgen.c
+	@mkdir -p $(@D)
+	cc -O2 -Wall -Wextra -o $@ $< -lpthread
+
 clean:
 	rm -rf $(VENV) $(AMQTT_VENV) .venv-latest .venv-lowest build dist *.egg-info \
-		.hypothesis .mypy_cache event_relay/*.so
+		.hypothesis .mypy_cache event_relay/*.so bench/bin

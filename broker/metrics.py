@@ -47,6 +47,7 @@ class Metrics:
     mqtt_protocol_error: int = 0  # malformed or illegal packets; the connection is closed
     client_keepalive_expired: int = 0
     client_publish_throttled: int = 0  # times max_message_rate paused a publisher
+    client_turns_yielded: int = 0  # times a client's packets waited for the next loop turn
     topic_depth_exceeded: int = 0  # topics or filters deeper than topic_max_depth
     subscription_limit_exceeded: int = 0  # max_subscriptions_per_client refusals
     listener_connections_refused: int = 0  # over a listener's max_connections

@@ -56,6 +56,13 @@ log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
 PINGRESP = encode(PingResp(), 4)  # the same bytes in every version
+# Bounded work per loop turn: one read may hold thousands of packets (uvloop reads up to
+# 256 KiB at once), and handling them all in one callback would keep every other client
+# waiting (tens of milliseconds under a flood). After TURN_BUDGET seconds, checked every
+# TURN_CHECK packets, the engine stops reading, lets the loop turn (flushes, other
+# clients), and goes on with what it has buffered in the next turn.
+TURN_BUDGET = 0.002
+TURN_CHECK = 16
 # Why a connection ended, as events report it: Courier's names where it has one.
 _DISCONNECT_REASONS: dict[int, str] = {
     ReasonCode.SESSION_TAKEN_OVER: "session_taken_over",
@@ -149,6 +156,7 @@ class ClientEngine:
         "session",
         "shell",
         "throttled",
+        "yielded",
     )
 
     def __init__(
@@ -172,6 +180,7 @@ class ClientEngine:
         self.reading_paused = False  # held by flow control: a subscriber we feed is full
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
         self.throttled = False  # max_message_rate reached for this second
+        self.yielded = False  # its turn's budget is spent: the rest waits for the next turn
         self._rate_count = 0
         self._rate_window_end = 0.0
         # A PUBLISH held back by flow control, routed first when released (postpone()).
@@ -204,11 +213,14 @@ class ClientEngine:
             if postponed is not None and not (self.reading_paused or client.phase == CLOSING):
                 self._postponed = None  # routed first: this client's messages keep order
                 flows.route_held(self, *postponed)
+            handled = 0
+            started = 0.0
             while not (
                 client.phase == CLOSING
                 or self.reading_paused
                 or self.awaiting_hooks
                 or self.throttled
+                or self.yielded
             ):
                 packet = decoder.next_packet()
                 if packet is None:
@@ -217,6 +229,12 @@ class ClientEngine:
                     # Only AUTH or DISCONNECT until CONNACK [MQTT-4.12.0-4].
                     raise RemoteProtocolError("packet during authentication", 0x82)
                 handlers[type(packet)](self, packet)
+                handled += 1
+                if handled % TURN_CHECK == 0:
+                    if not started:
+                        started = self.clock()
+                    elif self.clock() - started >= TURN_BUDGET:
+                        self._yield_turn()
         except UnsupportedProtocolVersion as exc:
             log.info("%s: %s", client.name(), exc)
             # Answer in the 3.1.1 layout, which every client version can read.
@@ -334,9 +352,25 @@ class ClientEngine:
             self.shell.call_soon(self.process)  # packets that arrived before the hold
 
     def _update_reading(self) -> None:
-        """Stop reading while back-pressure, a hook flow or the rate limit holds us."""
+        """Stop reading while back-pressure, a hook flow, the rate limit or the turn's
+        budget holds us."""
         if not self.closing:
-            self.shell.read(not (self.reading_paused or self.awaiting_hooks or self.throttled))
+            self.shell.read(
+                not (self.reading_paused or self.awaiting_hooks or self.throttled or self.yielded)
+            )
+
+    def _yield_turn(self) -> None:
+        """This turn's budget is spent (TURN_BUDGET): go on in the next one."""
+        self.host.metrics.client_turns_yielded += 1
+        self.yielded = True
+        self._update_reading()
+        self.shell.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        if self.yielded and not self.closing:
+            self.yielded = False
+            self._update_reading()
+            self.process()
 
     # -- hook flows that await ---------------------------------------------------------
 

@@ -6,18 +6,60 @@
 # hands it to the reader for its type. Which packet types may arrive, and when, is the
 # table in _state.py. After an error the decoder is broken for good: a stream that lost
 # framing cannot be trusted again.
+#
+# The hot path: once the protocol level is known, runs of the packets a flood is made of
+# (PUBLISH, short acknowledgements, PINGREQ/PINGRESP) are decoded at once by the compiled
+# `_speedups.decode_run`, which builds the same packets as the readers here and stops at
+# anything else; that packet is read here, so every error is raised by this module.
+# Without the compiled module (no C compiler at install, or `use_compiled(False)`, which
+# NAUTILUS_NO_SPEEDUPS=1 makes `nautilus` call) this module does it all; the tests run both.
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from ._errors import ProtocolError, RemoteProtocolError, malformed, protocol_error
-from ._events import Connect, Packet
+from ._events import Connect, Packet, PingReq, PingResp, PubAck, PubComp, Publish, PubRec, PubRel
 from ._readers import READERS, REQUIRED_FLAGS, read_publish
 from ._reasons import ReasonCode
 from ._state import allowed_types
 
 PUBLISH = 3
 MAX_PACKET_SIZE = 268_435_460  # 1 + 4 byte varint + the largest remaining length
+RUN = 64  # packets decoded per call of the compiled decoder
+
+# (buffer, pos, level, allowed types as a bit mask, max packet size, limit) -> (packets in
+# reverse order, pos after them)
+DecodeRun = Callable[[bytearray, int, int, int, int, int], tuple[list[Packet], int]]
+
+
+def _compiled() -> DecodeRun | None:
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _speedups.setup(Publish, PubAck, PubRec, PubRel, PubComp, PingReq, PingResp)
+    run: DecodeRun = _speedups.decode_run
+    return run
+
+
+COMPILED = _compiled()  # None: not built
+decode_run = COMPILED  # what decoders use; None: the pure-Python decoder
+
+
+def use_compiled(enabled: bool) -> bool:
+    """Decode with the compiled hot path (if built) or in pure Python; whether the
+    compiled one is in use now."""
+    global decode_run
+    decode_run = COMPILED if enabled else None
+    return decode_run is not None
+
+
+def _mask(types: frozenset[int]) -> int:
+    mask = 0
+    for packet_type in types:
+        mask |= 1 << packet_type
+    return mask
 
 
 class Decoder:
@@ -31,9 +73,11 @@ class Decoder:
 
     __slots__ = (
         "_allowed",
+        "_allowed_mask",
         "_buffer",
         "_error",
         "_pos",
+        "_ready",
         "max_packet_size",
         "protocol_level",
         "role",
@@ -54,6 +98,8 @@ class Decoder:
         self._pos = 0
         self._error: ProtocolError | None = None
         self._allowed = allowed_types(role, protocol_level)
+        self._allowed_mask = _mask(self._allowed)
+        self._ready: list[Packet] = []  # decoded by the compiled run, last one first
 
     def receive_data(self, data: bytes) -> None:
         if self._pos:
@@ -67,8 +113,19 @@ class Decoder:
         Raises:
             RemoteProtocolError: the bytes break the protocol; its reason_code says how.
         """
+        ready = self._ready
+        if ready:
+            return ready.pop()
         if self._error is not None:
             raise self._error
+        level = self.protocol_level
+        if decode_run is not None and level is not None:
+            ready, self._pos = decode_run(
+                self._buffer, self._pos, level, self._allowed_mask, self.max_packet_size, RUN
+            )
+            if ready:
+                self._ready = ready
+                return ready.pop()
         try:
             return self._next_packet()
         except ProtocolError as exc:
@@ -120,6 +177,7 @@ class Decoder:
         if type(packet) is Connect:
             self.protocol_level = packet.protocol_level
             self._allowed = allowed_types(self.role, self.protocol_level)
+            self._allowed_mask = _mask(self._allowed)
         return packet
 
     def _unexpected(self, packet_type: int) -> RemoteProtocolError:

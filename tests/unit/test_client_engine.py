@@ -285,3 +285,30 @@ def test_a_takeover_closes_the_old_client_and_hands_its_session_on():
     assert old.shell.closed and old.engine.session is None
     (connack,) = new.received()
     assert isinstance(connack, ConnAck) and connack.reason_code == 0
+
+
+def test_a_long_read_is_handled_over_several_loop_turns():
+    """One read of many packets is not handled in one callback: past TURN_BUDGET of work
+    the engine stops reading, asks for the next turn, and goes on there, in order."""
+    broker = make_broker()
+    sub = connected(broker, "sub")
+    sub.send(Subscribe(1, [Subscription("t", 0)]))
+    sub.received()
+    pub = connected(broker, "pub")
+    now = [0.0]
+
+    def ticking() -> float:  # every look at the clock finds 1 ms more work done
+        now[0] += 0.001
+        return now[0]
+
+    pub.engine.clock = ticking
+    pub.send(*(Publish("t", str(i).encode()) for i in range(100)))
+    first = [p.payload for p in sub.received()]
+    assert 0 < len(first) < 100  # the budget ran out on the way
+    assert not pub.shell.reading and pub.engine.yielded
+    assert broker.metrics.client_turns_yielded == 1
+    while pub.shell.soon:  # the next turns
+        pub.shell.soon.pop(0)()
+    rest = [p.payload for p in sub.received()]
+    assert first + rest == [str(i).encode() for i in range(100)]
+    assert pub.shell.reading and not pub.engine.yielded
