@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,7 +97,10 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = self.writer.transport = transport  # type: ignore[assignment]
         client = self.engine.client
-        client.peer = transport.get_extra_info("peername") or ("?", 0)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and isinstance(peer[0], str):
+            peer = (sys.intern(peer[0]), peer[1])  # one string per address, not per connection
+        client.peer = peer or ("?", 0)
         tls = transport.get_extra_info("ssl_object")
         if tls is not None:
             self.writer.tls = True

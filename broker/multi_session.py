@@ -106,6 +106,9 @@ class MultiSession(Session):
         for delivery in unacked:
             self.deliver(delivery)  # another member, or the offline queue
 
+    def takes_run(self, level: int, longest: int) -> bool:
+        return False  # each message goes to one of its connections: one at a time
+
     def deliver(self, delivery: Delivery) -> Subscriber | None:
         """Returns the subscriber the publisher must wait for (a member whose queue is
         full enough, or with `balance` this session once no member has room), if any."""

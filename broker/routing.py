@@ -14,6 +14,7 @@ from broker.message import Delivery, Message
 from broker.peers import ALONE, Peers
 
 if TYPE_CHECKING:
+    from broker.client_state import ClientState
     from broker.clock import Clock
     from broker.config import BrokerSettings
     from broker.flow import Subscriber
@@ -71,6 +72,34 @@ class Routing:
                         congested = []
                     congested.append(full)
         return congested
+
+    def publish_run(self, topic: str, packets: list[bytes], publisher: ClientState) -> bool:
+        """The fast path of QoS 0 floods: a run of QoS 0 PUBLISHes to `topic`, unretained
+        and without properties, as `publisher` sent them, written in one piece to every
+        matching session, when each of them would be sent exactly these bytes now
+        (Session.takes_run). False, and nothing done, when one would not: the caller
+        routes them one at a time."""
+        router = self.router
+        if router.group_count and router.match_shared(topic):
+            return False  # a shared group picks a member per message
+        routes = router.match(topic)
+        level = publisher.protocol_level
+        upgrade = self.settings.upgrade_outgoing_qos
+        longest = max(map(len, packets))
+        for route in routes:
+            if (
+                route.subscription_ids
+                or (upgrade and route.qos)
+                or (route.no_local and route.subscriber.client_id == publisher.client_id)
+                or not route.subscriber.takes_run(level, longest)
+            ):
+                return False
+        self.metrics.router_matches_local += len(routes) * len(packets)
+        if routes:
+            data = b"".join(packets)
+            for route in routes:
+                route.subscriber.write_run(data, len(packets))
+        return True
 
     def publish_forwarded(self, message: Message) -> list[Subscriber] | None:
         """A message another node forwarded: for this node's own sessions only (the

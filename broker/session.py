@@ -291,7 +291,7 @@ class Session:
     def make_volatile(self) -> None:
         """The session will end with its connection (expiry 0 now): what the store holds
         for it comes back into memory, and the store forgets it (the caller deletes it)."""
-        self.queue.memory.extend(self.stored_backlog())  # reads back what was in flight too
+        self.queue.extend(self.stored_backlog())  # reads back what was in flight too
         for delivery, _ in self.window.entries.values():
             delivery.seq = -1
         for delivery in self.queue:
@@ -394,7 +394,7 @@ class Session:
         if self.durable:  # the queue is in the store already: memory lets go of it
             queue = self.queue
             queue.on_disk += len(queue.memory)
-            queue.memory.clear()
+            queue.clear()
 
     # -- outbound messages -------------------------------------------------------------
 
@@ -438,6 +438,36 @@ class Session:
         if queued >= self.high_water and not self.stuck:
             return self
         return None
+
+    def takes_run(self, level: int, longest: int) -> bool:
+        """Whether a run of QoS 0 messages, unretained and without properties, published
+        at protocol `level` in packets of at most `longest` bytes, would go out to this
+        session now exactly as published (Routing.publish_run): online and writable with
+        nothing queued before them, the same protocol family (so the same encoding), no
+        Topic Alias, Maximum Packet Size or plugin on the delivery to change a byte."""
+        outlet = self.outlet
+        if outlet is None or not outlet.writable or self.queue.memory or self.queue.on_disk:
+            return False
+        client = outlet.client
+        limit = client.max_packet_out
+        five = client.protocol_level == 5
+        return (
+            five == (level == 5)
+            and client.aliases_out is None
+            and (not limit or longest <= limit)
+            and not self.deferred
+            and self.group is None
+            and self.chains.recorder is None
+            and not self.chains.on_deliver[five]
+        )
+
+    def write_run(self, data: bytes, count: int) -> None:
+        """Write `count` QoS 0 deliveries at once (the packets of a run, see takes_run)."""
+        assert self.outlet is not None
+        self.outlet.write(data)
+        self.progress += count
+        self.metrics.queue_message_out += count
+        self.metrics.mqtt_publish_sent += count
 
     def full(self) -> bool:
         """Whether a publisher must wait before routing to this session (flow control)."""
@@ -614,11 +644,12 @@ class Session:
         """
         outlet = self.outlet
         queued = self.queue
-        queue = queued.memory
         progress = self.progress
-        if outlet is not None and not queue and queued.on_disk and outlet.writable:
+        if outlet is not None and not queued.memory and queued.on_disk and outlet.writable:
             queued.read_chunk(self.drain_step, self._inflight_seqs())
+        queue = queued.memory
         if outlet is not None and queue:
+            assert isinstance(queue, deque)  # not the shared empty queue: it holds something
             lifo = queued.lifo
             pop = queue.pop if lifo else queue.popleft
             inflight = self.window.entries

@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from broker.store import MessageStore, StoredEntry
 
 
+# An empty queue in memory, shared: most sessions never queue anything, and a deque of
+# their own would cost 600 bytes each (an empty deque allocates its first block), a
+# seventh of an idle connection's memory. A session's own deque is made on first use.
+NOTHING_QUEUED: tuple[()] = ()
+
+
 class SessionQueue:
     __slots__ = (
         "_next_seq",
@@ -65,7 +71,7 @@ class SessionQueue:
         self.lifo = lifo  # newest first, and a full queue drops the oldest
         self.find_group = find_group  # `$share/...` -> its group, for entries read back
         self.durable = False  # the store keeps these messages (set by the session)
-        self.memory: deque[Delivery] = deque()
+        self.memory: deque[Delivery] | tuple[()] = NOTHING_QUEUED
         self.on_disk = 0  # entries only in the store (not in memory, not in flight)
         self._next_seq = 0
         self._read_after = -1  # the stored queue was read up to here (fifo)
@@ -80,7 +86,19 @@ class SessionQueue:
 
     def clear(self) -> None:
         """Forget what is in memory (the store keeps its copies)."""
-        self.memory.clear()
+        self.memory = NOTHING_QUEUED
+
+    def _deque(self) -> deque[Delivery]:
+        """The queue in memory, to add to: made on first use."""
+        memory = self.memory
+        if type(memory) is tuple:
+            memory = self.memory = deque()
+        return memory  # type: ignore[return-value]  # a deque once not the empty tuple
+
+    def extend(self, deliveries: list[Delivery]) -> None:
+        """Queue these deliveries in memory, after what is there (none is stored anew)."""
+        if deliveries:
+            self._deque().extend(deliveries)
 
     # -- the store's copies ---------------------------------------------------------------
 
@@ -126,7 +144,7 @@ class SessionQueue:
             self.on_disk = 0  # that was all of it
         else:
             self.on_disk = max(self.on_disk - len(entries), 1)
-        memory = self.memory
+        memory = self._deque()
         for entry in reversed(entries) if self.lifo else entries:
             if entry.delivery is None:  # a record that no longer decodes: logged by the store
                 store.delete_entry(self.client_id, entry.seq)
@@ -164,19 +182,19 @@ class SessionQueue:
         """The deliveries whose id() is in `sent` reached another node: out of memory."""
         memory = self.memory
         while memory and id(memory[0]) in sent:
-            memory.popleft()
+            self._deque().popleft()
 
     # -- a message arrives ----------------------------------------------------------------
 
     def put(self, delivery: Delivery, limit: int) -> bool:
         """Queue a delivery in memory (and in the store if durable) up to `limit`; False
         when the queue was full and a message was dropped."""
-        memory = self.memory
         expires_at = delivery.message.expires_at
         if expires_at is not None and expires_at < self._purge_due:
             self._purge_due = expires_at
-        if 0 <= limit <= len(memory) and self._purge_due <= self.clock.time():
+        if 0 <= limit <= len(self.memory) and self._purge_due <= self.clock.time():
             self._drop_expired()
+        memory = self._deque()
         if 0 <= limit <= len(memory):
             self.metrics.queue_message_drop += 1
             if not self.lifo or not memory:
@@ -222,9 +240,8 @@ class SessionQueue:
         so that they do not push out live ones. Scans only once something may have expired
         (`_purge_due`: the earliest expiry time among the queued messages)."""
         now = self.clock.time()
-        memory = self.memory
-        queued = list(memory)
-        memory.clear()
+        queued = list(self.memory)
+        memory = self.memory = deque()
         self._purge_due = math.inf
         for delivery in queued:
             expires_at = delivery.message.expires_at

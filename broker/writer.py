@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from broker.store import MessageStore
 
 OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
+# Nothing to write: one empty list shared by every idle writer (a write replaces it with a
+# list of its own, and never appends to it), so an idle connection holds no list.
+_NOTHING: list[bytes] = []
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
@@ -65,7 +68,7 @@ class Writer:
         self.writable = True  # Outlet: room for deliveries (see OUT_HIGH_WATER)
         self.shut = False  # nothing more goes out
         self._paused = False  # the transport's buffer is above its high-water mark
-        self._out: list[bytes] = []
+        self._out = _NOTHING
         self._out_bytes = 0
         self._acked = False  # PUBACK / PUBREC written since the last flush (store promises)
 
@@ -73,9 +76,11 @@ class Writer:
 
     def write(self, data: bytes) -> None:
         out = self._out
-        if not out:
+        if out:
+            out.append(data)
+        else:
             self.host.loop.call_soon(self.flush)
-        out.append(data)
+            self._out = [data]
         self._out_bytes += len(data)
         if self._out_bytes >= OUT_HIGH_WATER:
             self.writable = False  # what comes next waits in the session's queue
@@ -137,7 +142,7 @@ class Writer:
 
     def discard(self) -> None:
         """Forget what is not written yet."""
-        self._out = []
+        self._out = _NOTHING
         self._out_bytes = 0
         self._acked = False
 

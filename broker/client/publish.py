@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("nautilus.connection")
 
 MQTT5 = 5
+# The fast path of QoS 0 floods: PUBLISHes to one topic that arrived together, up to this
+# many bytes, are routed at once (see _route_run).
+RUN_BYTES = 64 * 1024
 
 
 def _utf8(data: bytes) -> bool:
@@ -93,6 +96,10 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
             return _protocol_error(engine, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, why)
     chain = engine.host.chains.auth_on_publish[engine.client.protocol_level == MQTT5]
     if not chain:  # no authorization plugin: publishing is allowed
+        if not (packet.qos or properties or engine.client.max_message_rate):
+            run = engine.decoder.take_like(packet, RUN_BYTES)
+            if run:
+                return _route_run(engine, [packet, *run])
         return _route(engine, packet, None, False)
     context = publish_context(engine, packet)
     if chain.synchronous:  # every plugin decides at once: inline, the hot path
@@ -205,6 +212,36 @@ def _route(
     if message.topic.startswith("$SYS"):  # $SYS belongs to the broker
         return _acknowledge(engine, packet)
     route_held(engine, packet, message, context)
+
+
+def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
+    """Route a run of QoS 0 PUBLISHes to one topic, unretained and without properties,
+    that no plugin looks at: each subscriber that can take them as the publisher sent them
+    gets them in one write (Routing.publish_run); if any cannot, or the run must be seen
+    message by message (a plugin watching publishes, flow control holding publishers),
+    they are routed one at a time, as always. Either way, what each subscriber receives
+    and in which order is the same."""
+    broker = engine.host
+    chains = broker.chains
+    first = packets[0]
+    raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]  # take_like
+    if not (
+        (broker.flow.congested and broker.routing.full_subscribers(first.topic))
+        or chains.recorder is not None
+        or chains.on_publish[engine.client.protocol_level == MQTT5]
+        or chains.on_message_drop
+        or first.topic.startswith("$SYS")
+    ) and broker.routing.publish_run(first.topic, raws, engine.client):
+        broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
+        return None
+    for i, packet in enumerate(packets):
+        if i:
+            broker.metrics.mqtt_publish_received += 1
+        _route(engine, packet, None, False)
+        if engine.closing or engine.reading_paused or engine.awaiting_hooks:
+            # Held by flow control (or closed): the rest waits in the decoder, unread.
+            return engine.decoder.give_back(packets[i + 1 :])
+    return None
 
 
 def route_held(

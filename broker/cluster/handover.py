@@ -421,6 +421,9 @@ class _Arrivals:
     def deliver(self, delivery: Delivery) -> None:
         self.early.append(delivery)
 
+    def takes_run(self, level: int, longest: int) -> bool:
+        return False  # kept message by message until registered
+
     def must_wait_for(self) -> None:
         return None
 

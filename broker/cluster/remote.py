@@ -64,6 +64,9 @@ class _OnAnotherNode:
         link.send(frame)
         return self if link.congested and not self.stuck else None
 
+    def takes_run(self, level: int, longest: int) -> bool:
+        return False  # forwarded message by message (Routing.publish_run)
+
     def full(self) -> bool:
         link = self.cluster.links.get(self.node)
         return link is not None and link.congested and not self.stuck

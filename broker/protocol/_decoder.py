@@ -27,6 +27,7 @@ from ._state import allowed_types
 PUBLISH = 3
 MAX_PACKET_SIZE = 268_435_460  # 1 + 4 byte varint + the largest remaining length
 RUN = 64  # packets decoded per call of the compiled decoder
+_NO_PACKETS: list[Packet] = []
 
 # (buffer, pos, level, allowed types as a bit mask, max packet size, limit) -> (packets in
 # reverse order, pos after them)
@@ -99,7 +100,9 @@ class Decoder:
         self._error: ProtocolError | None = None
         self._allowed = allowed_types(role, protocol_level)
         self._allowed_mask = _mask(self._allowed)
-        self._ready: list[Packet] = []  # decoded by the compiled run, last one first
+        # Decoded by the compiled run, last one first; empty: the shared _NO_PACKETS (never
+        # appended to: a run's list replaces it), so an idle connection holds no list.
+        self._ready = _NO_PACKETS
 
     def receive_data(self, data: bytes) -> None:
         if self._pos:
@@ -118,6 +121,64 @@ class Decoder:
             return ready.pop()
         if self._error is not None:
             raise self._error
+        try:
+            return self._decode()
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+
+    def take_like(self, first: Publish, max_bytes: int) -> list[Publish]:
+        """The PUBLISHes complete right after `first` that are like it: QoS 0, the same
+        topic and retain flag, no properties; taken out of the decoder, in order, up to
+        `max_bytes` of packets with `first`. (The broker routes such a run at once.) An
+        error in the packet after them is raised by the next `next_packet`."""
+        run: list[Publish] = []
+        topic = first.topic
+        retain = first.retain
+        size = len(first.raw) if first.raw is not None else max_bytes
+        while size < max_bytes:
+            ready = self._ready
+            if not ready:
+                if self._error is not None:
+                    break
+                try:
+                    packet = self._decode()
+                except ProtocolError as exc:
+                    self._error = exc
+                    break
+                if packet is None:
+                    break
+                ready = self._ready
+                if ready is _NO_PACKETS:
+                    ready = self._ready = []
+                ready.append(packet)  # looked at below, and left there if unlike
+            packet = ready[-1]
+            if (
+                type(packet) is not Publish
+                or packet.qos
+                or packet.topic != topic
+                or packet.retain != retain
+                or packet.properties
+                or packet.raw is None
+            ):
+                break
+            size += len(packet.raw)
+            if size > max_bytes:
+                break
+            run.append(packet)
+            ready.pop()
+        return run
+
+    def give_back(self, packets: list[Publish]) -> None:
+        """Packets taken by `take_like` and not handled: `next_packet` gives them again,
+        in order, before anything else."""
+        if packets:
+            ready = self._ready
+            if ready is _NO_PACKETS:
+                ready = self._ready = []
+            ready.extend(reversed(packets))
+
+    def _decode(self) -> Packet | None:
         level = self.protocol_level
         if decode_run is not None and level is not None:
             ready, self._pos = decode_run(
@@ -126,11 +187,7 @@ class Decoder:
             if ready:
                 self._ready = ready
                 return ready.pop()
-        try:
-            return self._next_packet()
-        except ProtocolError as exc:
-            self._error = exc
-            raise
+        return self._next_packet()
 
     def _next_packet(self) -> Packet | None:
         buf = self._buffer

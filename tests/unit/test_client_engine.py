@@ -82,10 +82,12 @@ class BytesOutlet:
         self.writable = True
         self.session: Session | None = None
         self.written = bytearray()
+        self.writes = 0  # calls of write: a run of QoS 0 messages is one
         self.acks = 0
         self.engine: ClientEngine | None = None
 
     def write(self, data: bytes) -> None:
+        self.writes += 1
         self.written += data
 
     def send(self, packet: Packet) -> None:
@@ -302,7 +304,8 @@ def test_a_long_read_is_handled_over_several_loop_turns():
         return now[0]
 
     pub.engine.clock = ticking
-    pub.send(*(Publish("t", str(i).encode()) for i in range(100)))
+    # QoS 1: handled one by one (a QoS 0 flood to one topic would be one run)
+    pub.send(*(Publish("t", str(i).encode(), 1, packet_id=i + 1) for i in range(100)))
     first = [p.payload for p in sub.received()]
     assert 0 < len(first) < 100  # the budget ran out on the way
     assert not pub.shell.reading and pub.engine.yielded
@@ -312,3 +315,60 @@ def test_a_long_read_is_handled_over_several_loop_turns():
     rest = [p.payload for p in sub.received()]
     assert first + rest == [str(i).encode() for i in range(100)]
     assert pub.shell.reading and not pub.engine.yielded
+
+
+def _subscribed(broker: Broker, client_id: str, topic: str, level: int = V311) -> Client:
+    sub = connected(broker, client_id, level)
+    sub.send(Subscribe(1, [Subscription(topic, 0)]))
+    sub.received()
+    sub.outlet.writes = 0
+    return sub
+
+
+def test_a_qos0_run_to_one_topic_goes_to_each_subscriber_in_one_write():
+    """QoS 0 PUBLISHes to one topic read together are routed as one run: each subscriber
+    gets the publisher's bytes in one write, counted as if they went one by one."""
+    broker = make_broker()
+    subs = [_subscribed(broker, f"sub{i}", "t") for i in range(3)]
+    pub = connected(broker, "pub")
+    published = [Publish("t", b"%d" % i) for i in range(10)]
+    pub.send(*published, Publish("other", b"x"))
+    for sub in subs:
+        assert sub.received() == published
+        assert sub.outlet.writes == 1
+    metrics = broker.metrics
+    assert (metrics.mqtt_publish_received, metrics.mqtt_publish_sent) == (11, 30)
+    assert metrics.queue_message_out == 30 and metrics.router_matches_local == 30
+
+
+def test_a_run_one_subscriber_cannot_take_as_published_goes_message_by_message():
+    """An MQTT 5 subscriber of a 3.1.1 publisher needs its own encoding: the run is
+    routed one message at a time, to everyone, in order."""
+    broker = make_broker()
+    old = _subscribed(broker, "old", "t")
+    five = _subscribed(broker, "five", "t", V5)
+    pub = connected(broker, "pub")
+    published = [Publish("t", b"%d" % i) for i in range(10)]
+    pub.send(*published)
+    assert old.received() == five.received() == published
+    assert old.outlet.writes == five.outlet.writes == 10
+
+
+def test_a_run_held_by_flow_control_goes_on_in_order_once_released():
+    """A subscriber that cannot take more holds the publisher in the middle of a run: the
+    rest of the run waits in the decoder, and nothing is lost or reordered."""
+    broker = make_broker(max_online_messages=8)  # the publisher waits at 4 queued
+    sub = _subscribed(broker, "slow", "t")
+    sub.outlet.writable = False  # its socket is full: deliveries queue
+    pub = connected(broker, "pub")
+    published = [Publish("t", b"%d" % i) for i in range(30)]
+    pub.send(*published)
+    assert not pub.shell.reading and sub.received() == []
+    for _ in range(30):  # the subscriber reads; the publisher goes on as it drains
+        sub.outlet.writable = True
+        assert sub.engine.session is not None
+        sub.engine.session.drain()
+        while pub.shell.soon:
+            pub.shell.soon.pop(0)()
+    assert sub.received() == published
+    assert broker.metrics.queue_message_drop == 0
