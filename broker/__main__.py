@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from broker import __version__, logs
 from broker.config import ConfigError, load_config
 from broker.plugins import configured_plugins
-from broker.protocol._decoder import use_compiled
+from broker.protocol import use_compiled
 from broker.store import StoreError
 
 log = logging.getLogger("nautilus")

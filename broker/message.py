@@ -88,17 +88,26 @@ class Message:
         key = (level, qos, retain, subscription_ids)
         template = self.wire.get(key)
         if template is None:
-            if (
-                self.raw is not None
-                and qos == self.qos
-                and not subscription_ids
-                and (level == MQTT5) == (self.raw_level == MQTT5)  # 3.1 and 3.1.1 agree
-            ):
-                template = PublishTemplate(self.raw, retain)
+            raw = self.as_received(level, qos, subscription_ids)
+            if raw is not None:
+                template = PublishTemplate(raw, retain)
             else:
                 template = self._encode(level, qos, retain, subscription_ids, now)
             self.wire[key] = template
         return template
+
+    def as_received(self, level: int, qos: int, subscription_ids: tuple[int, ...]) -> bytes | None:
+        """The PUBLISH as the publisher sent it, if a subscriber of `level` at `qos` with
+        these subscription ids gets the same bytes (but for its packet id and flags)."""
+        raw = self.raw
+        if (
+            raw is not None
+            and qos == self.qos
+            and not subscription_ids
+            and (level == MQTT5) == (self.raw_level == MQTT5)  # 3.1 and 3.1.1 agree
+        ):
+            return raw
+        return None
 
     def aliased(
         self,

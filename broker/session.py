@@ -35,7 +35,7 @@ from broker.inflight import (
     InflightWindow,
 )
 from broker.message import Delivery, Message
-from broker.protocol import PubRel, ReasonCode
+from broker.protocol import PubRel, ReasonCode, hot
 from broker.router import SubOptions
 from broker.session_queue import SessionQueue
 from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
@@ -528,14 +528,25 @@ class Session:
         aliases = client.aliases_out
         if aliases is not None:
             alias, known = aliases.lookup(message.topic)
-        if alias is None:
-            template = message.template(
-                client.protocol_level, qos, delivery.retain, delivery.sub_ids, now
-            )
+        # QoS 1/2 as received: one copy with its packet id patched, no template to make
+        # (each subscriber's bytes differ anyway).
+        raw = None
+        if qos and alias is None:
+            raw = message.as_received(client.protocol_level, qos, delivery.sub_ids)
+        if raw is not None:
+            size = len(raw)
         else:
-            template = message.aliased(qos, delivery.retain, delivery.sub_ids, now, alias, known)
+            if alias is None:
+                template = message.template(
+                    client.protocol_level, qos, delivery.retain, delivery.sub_ids, now
+                )
+            else:
+                template = message.aliased(
+                    qos, delivery.retain, delivery.sub_ids, now, alias, known
+                )
+            size = len(template.data)
         limit = client.max_packet_out
-        if limit and len(template.data) > limit:
+        if limit and size > limit:
             # Larger than the client accepts: dropped for this client only [MQTT-3.1.2-25].
             self.metrics.queue_message_drop += 1
             if packet_id is not None:
@@ -556,7 +567,10 @@ class Session:
                     self.store.put_inflight_entry(self.client_id, packet_id, delivery)
                 else:
                     self.store.put_inflight(self.client_id, packet_id, delivery.seq, AWAITING_ACK)
-            outlet.write(template.with_packet_id(packet_id))
+            if raw is not None:
+                outlet.write(hot.publish_with_id(raw, packet_id, delivery.retain))
+            else:
+                outlet.write(template.with_packet_id(packet_id))
             if self._retry_timer is None and self.retry_interval:
                 self._arm_retry(outlet)
         if alias is not None and not known:
@@ -686,12 +700,22 @@ class Session:
     # -- acknowledgements from the client ----------------------------------------------
 
     def on_puback(self, packet_id: int) -> None:
-        delivery = self.window.puback(packet_id)
-        if delivery is not None:
-            if self.durable:
-                self.store.delete_inflight(self.client_id, packet_id)
-                self.queue.forget(delivery)
-            self._completed(delivery)
+        self.on_pubacks([packet_id])
+
+    def on_pubacks(self, packet_ids: list[int]) -> None:
+        """PUBACKs, in order: their deliveries are complete, and the window's free slots
+        are refilled from the queue in one drain."""
+        window = self.window
+        completed = False
+        for packet_id in packet_ids:
+            delivery = window.puback(packet_id)
+            if delivery is not None:
+                if self.durable:
+                    self.store.delete_inflight(self.client_id, packet_id)
+                    self.queue.forget(delivery)
+                self._completed(delivery)
+                completed = True
+        if completed:
             self.drain()
 
     def on_pubrec(self, packet_id: int, reason_code: int) -> int:

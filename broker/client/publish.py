@@ -41,6 +41,7 @@ MQTT5 = 5
 # The fast path of QoS 0 floods: PUBLISHes to one topic that arrived together, up to this
 # many bytes, are routed at once (see _route_run).
 RUN_BYTES = 64 * 1024
+ACKS_AT_ONCE = 256  # PUBACKs from one subscriber handled together (one drain after them)
 
 
 def _utf8(data: bytes) -> bool:
@@ -328,10 +329,12 @@ def on_pubrel(engine: ClientEngine, packet: PubRel) -> None:
 
 
 def on_puback(engine: ClientEngine, packet: PubAck) -> None:
-    engine.host.metrics.mqtt_puback_received += 1
+    # The PUBACKs that came with it too: their window slots are refilled in one drain.
+    ids = [packet.packet_id, *engine.decoder.take_acks(ACKS_AT_ONCE)]
+    engine.host.metrics.mqtt_puback_received += len(ids)
     session = engine.session
     assert session is not None
-    session.on_puback(packet.packet_id)
+    session.on_pubacks(ids)
 
 
 def on_pubrec(engine: ClientEngine, packet: PubRec) -> None:

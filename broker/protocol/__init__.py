@@ -10,6 +10,7 @@ No asyncio, no sockets: `broker.connection` and `broker.writer` are the only pla
 touch a transport.
 """
 
+from ._compiled import hot, use_compiled
 from ._decoder import MAX_PACKET_SIZE, Decoder
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
@@ -74,4 +75,6 @@ __all__ = [
     "encode",
     "encode_puback",
     "encode_pubrec",
+    "hot",
+    "use_compiled",
 ]

@@ -11,15 +11,15 @@
 # (PUBLISH, short acknowledgements, PINGREQ/PINGRESP) are decoded at once by the compiled
 # `_speedups.decode_run`, which builds the same packets as the readers here and stops at
 # anything else; that packet is read here, so every error is raised by this module.
-# Without the compiled module (no C compiler at install, or `use_compiled(False)`, which
-# NAUTILUS_NO_SPEEDUPS=1 makes `nautilus` call) this module does it all; the tests run both.
+# Without the compiled module (no C compiler at install, or `use_compiled(False)`: see
+# _compiled.py) this module does it all; the tests run both.
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
+from ._compiled import hot
 from ._errors import ProtocolError, RemoteProtocolError, malformed, protocol_error
-from ._events import Connect, Packet, PingReq, PingResp, PubAck, PubComp, Publish, PubRec, PubRel
+from ._events import Connect, Packet, PubAck, Publish
 from ._readers import READERS, REQUIRED_FLAGS, read_publish
 from ._reasons import ReasonCode
 from ._state import allowed_types
@@ -28,32 +28,6 @@ PUBLISH = 3
 MAX_PACKET_SIZE = 268_435_460  # 1 + 4 byte varint + the largest remaining length
 RUN = 64  # packets decoded per call of the compiled decoder
 _NO_PACKETS: list[Packet] = []
-
-# (buffer, pos, level, allowed types as a bit mask, max packet size, limit) -> (packets in
-# reverse order, pos after them)
-DecodeRun = Callable[[bytearray, int, int, int, int, int], tuple[list[Packet], int]]
-
-
-def _compiled() -> DecodeRun | None:
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _speedups.setup(Publish, PubAck, PubRec, PubRel, PubComp, PingReq, PingResp)
-    run: DecodeRun = _speedups.decode_run
-    return run
-
-
-COMPILED = _compiled()  # None: not built
-decode_run = COMPILED  # what decoders use; None: the pure-Python decoder
-
-
-def use_compiled(enabled: bool) -> bool:
-    """Decode with the compiled hot path (if built) or in pure Python; whether the
-    compiled one is in use now."""
-    global decode_run
-    decode_run = COMPILED if enabled else None
-    return decode_run is not None
 
 
 def _mask(types: frozenset[int]) -> int:
@@ -137,22 +111,7 @@ class Decoder:
         retain = first.retain
         size = len(first.raw) if first.raw is not None else max_bytes
         while size < max_bytes:
-            ready = self._ready
-            if not ready:
-                if self._error is not None:
-                    break
-                try:
-                    packet = self._decode()
-                except ProtocolError as exc:
-                    self._error = exc
-                    break
-                if packet is None:
-                    break
-                ready = self._ready
-                if ready is _NO_PACKETS:
-                    ready = self._ready = []
-                ready.append(packet)  # looked at below, and left there if unlike
-            packet = ready[-1]
+            packet = self._peek()
             if (
                 type(packet) is not Publish
                 or packet.qos
@@ -166,8 +125,41 @@ class Decoder:
             if size > max_bytes:
                 break
             run.append(packet)
-            ready.pop()
+            self._ready.pop()
         return run
+
+    def take_acks(self, limit: int) -> list[int]:
+        """The packet ids of the PUBACKs complete next, up to `limit`, taken out of the
+        decoder (a subscriber's acknowledgements are handled at once)."""
+        ids: list[int] = []
+        while len(ids) < limit:
+            packet = self._peek()
+            if type(packet) is not PubAck:
+                break
+            ids.append(packet.packet_id)
+            self._ready.pop()
+        return ids
+
+    def _peek(self) -> Packet | None:
+        """The next complete packet, left in place; None when there is none yet, or when
+        it is an error, which the next `next_packet` raises."""
+        ready = self._ready
+        if ready:
+            return ready[-1]
+        if self._error is not None:
+            return None
+        try:
+            packet = self._decode()
+        except ProtocolError as exc:
+            self._error = exc
+            return None
+        if packet is None:
+            return None
+        ready = self._ready
+        if ready is _NO_PACKETS:
+            ready = self._ready = []
+        ready.append(packet)
+        return packet
 
     def give_back(self, packets: list[Publish]) -> None:
         """Packets taken by `take_like` and not handled: `next_packet` gives them again,
@@ -180,6 +172,7 @@ class Decoder:
 
     def _decode(self) -> Packet | None:
         level = self.protocol_level
+        decode_run = hot.decode_run
         if decode_run is not None and level is not None:
             ready, self._pos = decode_run(
                 self._buffer, self._pos, level, self._allowed_mask, self.max_packet_size, RUN

@@ -1,4 +1,5 @@
-/* The decoder's hot path in C: the packets a flood is made of, decoded in runs.
+/* The codec's hot path in C: the packets a flood is made of, decoded in runs, and the
+ * PUBLISH a subscriber is sent, made from the one received (publish_with_id).
  *
  * `decode_run` reads consecutive complete packets from the decoder's buffer and builds the
  * same objects the Python readers (_readers.py) build: PUBLISH, the four acknowledgements
@@ -291,11 +292,51 @@ decode_run(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nn)", packets, pos);
 }
 
+/* publish_with_id(packet, packet_id, retain) -> bytes: _writers.publish_with_id. */
+static PyObject *
+publish_with_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "publish_with_id(packet: bytes, packet_id, retain)");
+        return NULL;
+    }
+    long packet_id = PyLong_AsLong(args[1]);
+    if (packet_id == -1 && PyErr_Occurred())
+        return NULL;
+    int retain = PyObject_IsTrue(args[2]);
+    if (retain < 0)
+        return NULL;
+    const unsigned char *packet = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t header = 2;
+    while (header <= 5 && header - 1 < size && (packet[header - 1] & 0x80))
+        header++;
+    if (header + 2 > size) {
+        PyErr_SetString(PyExc_ValueError, "not a PUBLISH with a packet id");
+        return NULL;
+    }
+    Py_ssize_t at = header + 2 + ((packet[header] << 8) | packet[header + 1]);
+    if (at + 2 > size) {
+        PyErr_SetString(PyExc_ValueError, "not a PUBLISH with a packet id");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)packet, size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *bytes = (unsigned char *)PyBytes_AS_STRING(out);
+    bytes[0] = (bytes[0] & 0xF6) | (retain ? 1 : 0);
+    bytes[at] = (unsigned char)(packet_id >> 8);
+    bytes[at + 1] = (unsigned char)(packet_id & 0xFF);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(Publish, PubAck, PubRec, PubRel, PubComp, PingReq, PingResp): the classes to build"},
     {"decode_run", decode_run, METH_VARARGS,
      "decode_run(buffer, pos, level, allowed, max_packet_size, limit) -> (packets, pos)"},
+    {"publish_with_id", (PyCFunction)(void (*)(void))publish_with_id, METH_FASTCALL,
+     "publish_with_id(packet, packet_id, retain) -> bytes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -239,6 +239,27 @@ encode_puback = plain_ack(PubAck)
 encode_pubrec = plain_ack(PubRec)
 
 
+def publish_with_id(packet: bytes, packet_id: int, retain: bool) -> bytes:
+    """A QoS 1/2 PUBLISH as received (`Publish.raw`), to be sent on under `packet_id`,
+    with `retain` as its retain flag and DUP clear: the one copy a delivery needs, without
+    a template (the compiled twin: _speedups.c). Raises ValueError on a packet too short
+    to hold its packet id."""
+    size = len(packet)
+    header = 2  # the fixed header: type byte and remaining length (1 to 4 bytes)
+    while header <= 5 and header - 1 < size and packet[header - 1] & 0x80:
+        header += 1
+    if header + 2 > size:
+        raise ValueError("not a PUBLISH with a packet id")
+    at = header + 2 + ((packet[header] << 8) | packet[header + 1])  # after the topic
+    if at + 2 > size:
+        raise ValueError("not a PUBLISH with a packet id")
+    out = bytearray(packet)
+    out[0] = (out[0] & 0xF6) | retain
+    out[at] = packet_id >> 8
+    out[at + 1] = packet_id & 0xFF
+    return bytes(out)
+
+
 class PublishTemplate:
     """One PUBLISH encoded once, sent to many subscribers with their own packet ids.
 

@@ -1,5 +1,5 @@
-"""Every codec test runs twice: with the compiled decoder (broker/protocol/_speedups.c)
-and with the pure-Python one it falls back to, which must decode and refuse alike."""
+"""Every codec test runs twice: with the compiled hot path (broker/protocol/_speedups.c)
+and with the pure-Python twins it falls back to, which must decode and refuse alike."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.protocol import _decoder
+from broker.protocol import _compiled
 
-BUILT = pytest.mark.skipif(_decoder.COMPILED is None, reason="_speedups.c was not built")
+BUILT = pytest.mark.skipif(not _compiled.BUILT, reason="_speedups.c was not built")
 
 
 @pytest.fixture(autouse=True, params=[pytest.param("compiled", marks=BUILT), "python"])
-def decoder_implementation(request: pytest.FixtureRequest) -> Iterator[str]:
-    saved = _decoder.decode_run
-    _decoder.use_compiled(request.param == "compiled")
+def codec_implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    was = _compiled.hot.decode_run is not None
+    _compiled.use_compiled(request.param == "compiled")
     yield request.param
-    _decoder.decode_run = saved
+    _compiled.use_compiled(was)

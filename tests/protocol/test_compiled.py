@@ -5,23 +5,30 @@ same bytes, valid and damaged: the same packets (raw bytes included), then the s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.protocol import Decoder, ProtocolError, Publish, _decoder, encode
+from broker.protocol import Decoder, ProtocolError, Publish, _compiled, encode
+from broker.protocol._writers import publish_with_id
 
 from .helpers import new_decoder
-from .strategies import LEVELS, stream_packets
+from .strategies import LEVELS, packets, stream_packets
 
-pytestmark = pytest.mark.skipif(_decoder.COMPILED is None, reason="_speedups.c was not built")
+
+def publishes_with_id(level: int) -> st.SearchStrategy[Publish]:
+    return packets("publish", level).filter(lambda packet: packet.qos > 0)
+
+
+pytestmark = pytest.mark.skipif(not _compiled.BUILT, reason="_speedups.c was not built")
 
 
 def _decode(role: str, level: int, chunks: list[bytes], compiled: bool) -> tuple[list, str]:
     """What a decoder makes of `chunks`: its packets (with their raw bytes), then the
     error that ended the stream, if any."""
-    saved = _decoder.decode_run
-    _decoder.use_compiled(compiled)
+    _compiled.use_compiled(compiled)
     try:
         decoder: Decoder = new_decoder(role, level)
         out: list = []
@@ -33,7 +40,7 @@ def _decode(role: str, level: int, chunks: list[bytes], compiled: bool) -> tuple
     except ProtocolError as exc:
         return out, f"{type(exc).__name__} {exc.reason_code:#x}: {exc}"
     finally:
-        _decoder.decode_run = saved
+        _compiled.use_compiled(True)
 
 
 @pytest.mark.parametrize("role", ["server", "client"])
@@ -54,9 +61,39 @@ def test_compiled_and_python_decoders_agree(role, level, data):
 
 def test_a_run_to_one_topic_shares_its_string():
     """The compiled decoder gives a run of PUBLISHes to one topic one str (hashed once)."""
-    _decoder.use_compiled(True)  # the fixture puts the one it found back
+    _compiled.use_compiled(True)  # the fixture puts the one it found back
     wire = encode(Publish("a/b", b"1"), 4) * 3
     decoder = new_decoder("server", 4)
     decoder.receive_data(wire)
     topics = [decoder.next_packet().topic for _ in range(3)]
     assert topics[0] is topics[1] is topics[2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    packet=st.one_of(st.binary(max_size=12), st.binary(min_size=2, max_size=40)),
+    packet_id=st.integers(1, 0xFFFF),
+    retain=st.booleans(),
+)
+def test_publish_with_id_agrees_on_any_bytes(packet, packet_id, retain):
+    """On any bytes, the same PUBLISH or the same refusal."""
+
+    def outcome(function):
+        try:
+            return function(packet, packet_id, retain)
+        except ValueError as exc:
+            return str(exc)
+
+    assert outcome(_compiled._speedups.publish_with_id) == outcome(publish_with_id)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@settings(max_examples=50, deadline=None)
+@given(data=st.data())
+def test_publish_with_id_is_the_packet_under_its_new_id(level, data):
+    packet = data.draw(publishes_with_id(level))
+    new_id = data.draw(st.integers(1, 0xFFFF))
+    retain = data.draw(st.booleans())
+    wire = _compiled.hot.publish_with_id(encode(packet, level), new_id, retain)
+    expected = replace(packet, packet_id=new_id, retain=retain, dup=False)
+    assert wire == encode(expected, level)
