@@ -471,7 +471,11 @@ class Session:
 
     def full(self) -> bool:
         """Whether a publisher must wait before routing to this session (flow control)."""
-        return self.outlet is not None and not self.stuck and self.backlog() >= self.high_water
+        if self.outlet is None or self.stuck:
+            return False
+        deferred = self.deferred  # backlog(), inlined: a shared group asks per message
+        queued = len(self.queue.memory)
+        return (queued + len(deferred) if deferred else queued) >= self.high_water
 
     def backlog(self) -> int:
         """Deliveries waiting in memory: the queue, and those an async on_deliver holds."""

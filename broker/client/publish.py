@@ -53,23 +53,26 @@ def _utf8(data: bytes) -> bool:
 
 
 def on_publish(engine: ClientEngine, packet: Publish) -> None:
-    engine.host.metrics.mqtt_publish_received += 1
-    peers = engine.host.peers
+    host = engine.host
+    client = engine.client
+    host.metrics.mqtt_publish_received += 1
+    peers = host.peers
     if peers.split and peers.refuses("publish") is not None:
         # A netsplit (allow_publish_during_netsplit off), as VerneMQ: QoS 0 is dropped,
         # QoS 1/2 get no acknowledgement, so the client sends them again.
         return None
-    if engine.client.max_message_rate:
+    if client.max_message_rate:
         engine.count_rate()
     properties = packet.properties  # empty below MQTT 5: the checks on them cost nothing
     if properties and Property.TOPIC_ALIAS in properties and not _resolve_alias(engine, packet):
         return None
-    if not valid_topic_name(packet.topic):
+    topic = packet.topic
+    if not valid_topic_name(topic):
         return _protocol_error(engine, ReasonCode.TOPIC_NAME_INVALID, "invalid topic name", packet)
-    depth = engine.host.settings.topic_max_depth
-    if depth and packet.topic.count("/") >= depth:
-        engine.host.metrics.topic_depth_exceeded += 1
-        levels = packet.topic.count("/") + 1
+    depth = host.settings.topic_max_depth
+    if depth and topic.count("/") >= depth:
+        host.metrics.topic_depth_exceeded += 1
+        levels = topic.count("/") + 1
         why = f"topic of {levels} levels, deeper than topic_max_depth ({depth})"
         return _protocol_error(engine, ReasonCode.TOPIC_NAME_INVALID, why, packet)
     if (
@@ -95,9 +98,9 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
         if len(received) >= engine.host.settings.receive_max_broker:
             why = "more QoS 2 messages unreleased than receive_max_broker"
             return _protocol_error(engine, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, why)
-    chain = engine.host.chains.auth_on_publish[engine.client.protocol_level == MQTT5]
+    chain = host.chains.auth_on_publish[client.protocol_level == MQTT5]
     if not chain:  # no authorization plugin: publishing is allowed
-        if not (packet.qos or properties or engine.client.max_message_rate):
+        if not (packet.qos or properties or client.max_message_rate):
             run = engine.decoder.take_like(packet, RUN_BYTES)
             if run:
                 return _route_run(engine, [packet, *run])
@@ -186,16 +189,18 @@ def _route(
     if packet.qos == 2:
         session.receive_qos2(_packet_id(packet))
     if not changed:
+        client = engine.client
+        properties = packet.properties
         message = Message(
             packet.topic,
             packet.payload,
             packet.qos,
             packet.retain,
-            packet.properties,
-            engine.client.client_id,
+            properties,
+            client.client_id,
             packet.raw,
-            engine.client.protocol_level,
-            now=engine.clock(),
+            client.protocol_level,
+            now=engine.clock() if properties else None,  # for an expiry interval only
         )
     else:
         assert context is not None
