@@ -124,6 +124,10 @@ class SharedGroup:
         if not count:
             return None
         start = self._cursor % count if policy == "round_robin" else int(random() * count)
+        member = members[start]  # the common case first: it is online and has room
+        if member.online and not member.full():
+            self._cursor = start + 1
+            return member
         fallback = None
         for index in range(start, start + count):
             member = members[index - count if index >= count else index]

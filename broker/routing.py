@@ -61,8 +61,10 @@ class Routing:
                 self.store.delete_retained(message.topic)
             self.peers.retained(message)
         routes = self.router.match(message.topic)
-        self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its one back
-        congested = self._offer(routes, message, local_only=False)
+        congested = None
+        if routes:
+            self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its back
+            congested = self._offer(routes, message, local_only=False)
         if self.router.group_count:  # $share/<group>/<filter>: one member per group
             policy = shared_policy or self.settings.shared_subscription_policy
             for group in self.router.match_shared(message.topic):
