@@ -50,6 +50,9 @@ system-packages:
 
 test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
 	$(BIN)/python -m pytest -q
+	# the hot path's pure-Python twins, as without a C compiler (tests/protocol runs both)
+	NAUTILUS_NO_SPEEDUPS=1 $(BIN)/python -m pytest -q tests/unit tests/broker/test_flow_control.py \
+		tests/broker/test_publish.py tests/broker/test_backpressure.py tests/broker/test_hostile_input.py
 
 # The package as a user gets it: wheel and sdist built, the wheel installed (not
 # editable) into a clean venv from the lock file, then served and used over TCP,

@@ -23,12 +23,26 @@ echo "smoke: building the sdist and the wheel"
 wheel=$(ls "$work"/dist/*.whl)
 sdist=$(ls "$work"/dist/*.tar.gz)
 
-# The sdist must build on its own: the C recorder's source, the metadata, the data files.
+# The sdist must build on its own: the C sources, the metadata, the data files.
 listing=$(tar tzf "$sdist")
-for needed in event_relay/_recorder.c setup.cfg setup.py pyproject.toml \
+for needed in event_relay/_recorder.c broker/protocol/_speedups.c setup.cfg setup.py pyproject.toml \
     broker/http/status.html plugins/redis_subs/ event_relay/sidecar_pb/on_publish_pb2.py; do
     grep -q "/$needed" <<<"$listing" || { echo "smoke: the sdist lacks $needed" >&2; exit 1; }
 done
+
+# Without a C compiler the sdist still builds: a wheel of the pure-Python twins (whose
+# behaviour the tests check with NAUTILUS_NO_SPEEDUPS=1).
+echo "smoke: building the sdist without a C compiler"
+CC=/bin/false "$python" -m pip wheel -q --no-deps -w "$work/pure" "$sdist" >"$work/pure.log" 2>&1 ||
+    { cat "$work/pure.log"; exit 1; }
+"$python" - "$work"/pure/*.whl <<'EOF' || exit 1
+import sys
+import zipfile
+
+compiled = [n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith(".so")]
+if compiled:
+    sys.exit(f"smoke: a wheel built without a C compiler holds compiled code: {compiled}")
+EOF
 
 echo "smoke: installing $(basename "$wheel") into a clean venv"
 "${PYTHON:-python3}" -m venv "$work/venv"

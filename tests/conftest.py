@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import selectors
 import threading
 import time
@@ -30,7 +31,13 @@ from typing import Any
 import pytest
 
 from broker.config import config_from_dict
+from broker.protocol import use_compiled
 from broker.server import Broker
+
+# NAUTILUS_NO_SPEEDUPS=1: the pure-Python twins of the compiled hot path, as on a machine
+# without a C compiler (`make test` runs the engine's tests this way too).
+if os.environ.get("NAUTILUS_NO_SPEEDUPS"):
+    use_compiled(False)
 
 WAIT = 10.0  # the longest the test thread waits for the broker's loop
 

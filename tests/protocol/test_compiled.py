@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(not _compiled.BUILT, reason="_speedups.c was not
 def _decode(role: str, level: int, chunks: list[bytes], compiled: bool) -> tuple[list, str]:
     """What a decoder makes of `chunks`: its packets (with their raw bytes), then the
     error that ended the stream, if any."""
+    was = _compiled.hot.decode_run is not None
     _compiled.use_compiled(compiled)
     try:
         decoder: Decoder = new_decoder(role, level)
@@ -40,7 +41,7 @@ def _decode(role: str, level: int, chunks: list[bytes], compiled: bool) -> tuple
     except ProtocolError as exc:
         return out, f"{type(exc).__name__} {exc.reason_code:#x}: {exc}"
     finally:
-        _compiled.use_compiled(True)
+        _compiled.use_compiled(was)
 
 
 @pytest.mark.parametrize("role", ["server", "client"])
