@@ -61,6 +61,7 @@ class Broker:
         self.metrics = Metrics()
         self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
         self.router = Router()
+        self._find_group = self.router.group  # one bound method for every session
         self.store = open_store(config.store, self.loop)
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
         self.routing = Routing(
@@ -362,7 +363,7 @@ class Broker:
             clock=self.loop,
             flow=self.flow,
             retry_interval=s.retry_interval,
-            find_group=self.router.group,
+            find_group=self._find_group,
             drain_step=s.max_msgs_per_drain_step,
         )
         if s.allow_multiple_sessions:

@@ -93,6 +93,11 @@ class Group(Protocol):
     def apply_limits(self, limits: dict[str, Any]) -> None: ...
 
 
+# The settings sessions are configured with, one tuple per distinct set (there are few):
+# shared rather than one per session, which an idle connection would pay for.
+_CONFIGURED: dict[tuple[int, int, int, bool, int], tuple[int, int, int, bool, int]] = {}
+
+
 class Session:
     __slots__ = (
         "_configured",
@@ -164,7 +169,8 @@ class Session:
         self.queue = SessionQueue(client_id, store, metrics, clock, self._dropped, lifo, find_group)
         self.window = InflightWindow(max_inflight)
         # The configured settings, which every CONNECT starts from (see apply_limits).
-        self._configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
+        configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
+        self._configured = _CONFIGURED.setdefault(configured, configured)  # one per config
         self.max_online = max_online
         self.high_water, self.low_water = water_marks(max_online)
         self.max_offline = max_offline
