@@ -95,6 +95,18 @@ flags_ok(int type, int flags)
     return flags == (type == PUBREL ? 2 : 0);
 }
 
+/* `obj`, or NULL with an exception set when building it failed (it is released). */
+static PyObject *
+built(PyObject *obj, int failed)
+{
+    if (!failed)
+        return obj;
+    Py_XDECREF(obj);
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    return NULL;
+}
+
 /* The previous PUBLISH's topic in this run: a run to one topic shares one string (and
  * its cached hash). Its bytes point into the buffer, which does not change during a run. */
 typedef struct {
@@ -179,13 +191,7 @@ read_publish(const unsigned char *packet, Py_ssize_t size, Py_ssize_t body, int 
     Py_XDECREF(payload);
     Py_XDECREF(id);
     Py_XDECREF(props);
-    if (failed) {
-        Py_XDECREF(obj);
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        return NULL;
-    }
-    return obj;
+    return built(obj, failed);
 }
 
 /* An acknowledgement with a packet id and nothing else (reason code 0, no properties). */
@@ -205,13 +211,7 @@ read_ack(int type, const unsigned char *body, Py_ssize_t length)
                  set_field(c->fields[A_PROPERTIES], obj, props) < 0;
     Py_XDECREF(id);
     Py_XDECREF(props);
-    if (failed) {
-        Py_XDECREF(obj);
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        return NULL;
-    }
-    return obj;
+    return built(obj, failed);
 }
 
 /* decode_run(buffer, pos, level, allowed, max_packet_size, limit) -> (packets, pos)
