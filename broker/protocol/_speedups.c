@@ -68,7 +68,7 @@ load_class(int type, PyObject *cls, const char **names, int count)
 }
 
 static PyObject *
-setup(PyObject *self, PyObject *args)
+setup(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *publish, *puback, *pubrec, *pubrel, *pubcomp, *pingreq, *pingresp;
     if (!PyArg_ParseTuple(args, "OOOOOOO", &publish, &puback, &pubrec, &pubrel, &pubcomp,
@@ -221,7 +221,7 @@ read_ack(int type, const unsigned char *body, Py_ssize_t length)
  * the last one. Stops early at an incomplete packet and at one the Python decoder must
  * read. */
 static PyObject *
-decode_run(PyObject *self, PyObject *args)
+decode_run(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *buffer;
     Py_ssize_t pos, max_packet_size, limit;
@@ -294,7 +294,7 @@ decode_run(PyObject *self, PyObject *args)
 
 /* publish_with_id(packet, packet_id, retain) -> bytes: _writers.publish_with_id. */
 static PyObject *
-publish_with_id(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+publish_with_id(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !PyBytes_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "publish_with_id(packet: bytes, packet_id, retain)");
@@ -341,7 +341,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups", "The MQTT decoder's hot path in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_speedups", "The MQTT codec's hot path in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
