@@ -7,7 +7,8 @@
 # checkout (PYTHONPATH is set to REPO), so the broker measured is the one beside the bench;
 # amqtt is the exception, run from a venv of its own (see _amqtt).
 # A broker's configuration depends on the mode of the scenario (MODES): bounded rows keep
-# the queue limits of every earlier run, flood rows the brokers' default queue length.
+# the queue limits of every earlier run, flood and paced rows the brokers' default queue
+# length.
 from __future__ import annotations
 
 import importlib
@@ -59,9 +60,12 @@ class Mode:
 #   The in-flight window stays at the bounded rows' 100, so each flood row differs from
 #   its bounded row only by the open loop and the queue length. The $SYS tree comes every
 #   second, for the drop counter.
+# paced: configured as flood (a steady offered load against the queue length users run),
+#   so a paced row and its flood row differ only by how the publishers send.
 MODES = {
     "bounded": Mode("bounded", Limits(inflight=100, queued=100_000), sys_interval=None),
     "flood": Mode("flood", Limits(inflight=100, queued=1000), sys_interval=1),
+    "paced": Mode("paced", Limits(inflight=100, queued=1000), sys_interval=1),
 }
 
 

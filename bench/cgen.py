@@ -30,6 +30,7 @@ from .scenarios import Measurement, Scenario, Settings, Target, cpu_seconds
 SOURCE = REPO / "bench" / "mqttgen.c"
 BINARY = REPO / "bench" / "bin" / "mqttgen"
 _TOPOLOGIES = ("pairs", "fanout", "fanin", "shared")
+MODES = ("bounded", "flood", "paced")  # of a throughput scenario
 _READ_LOW_WATER = 16 * 1024  # the most a flood's subscriber waits for, as in the binary
 
 
@@ -81,6 +82,10 @@ class Load:
     window: int = 100  # QoS 1 PUBLISHes unacknowledged per publisher
     mode: str = "flood"  # or "paced", at `rate`
     rate: float = 0.0  # messages per second, all publishers together
+    # Bounded: publishers also wait while this many deliveries are owed (messages
+    # published x subscribers per message - delivered), as bench/loadgen.py's Backlog; 0:
+    # no bound. A flood with a bound is the bounded mode of bench/scenarios.py.
+    backlog: int = 0
     warmup: float = 1.0
     duration: float = 5.0
     settle: float = 1.0  # QoS 1: quiet seconds before `lost` is counted; 0: not counted
@@ -90,6 +95,9 @@ class Load:
     # Subscribers' SO_RCVLOWAT in bytes (1: off); None: the binary's own choice (16 KiB in
     # a QoS 0 flood, an eighth of the window's bytes in a QoS 1 flood, off when paced).
     read_low_water: int | None = None
+    # Paced: read marks as in a flood (publishers' PUBACKs too), for a throughput row;
+    # a latency row reads every packet at once.
+    bulk_reads: bool = False
 
     def argv(self, host: str, port: int) -> list[str]:
         args = ["run", "--host", host, "--port", str(port)]
@@ -101,10 +109,14 @@ class Load:
         args += ["--threads", str(self.threads), "--clean-id-prefix", self.id_prefix]
         if self.mode == "paced":
             args += ["--rate", str(self.rate)]
+        if self.backlog:
+            args += ["--backlog", str(self.backlog)]
         if self.persistent:
             args.append("--persistent")
         if self.read_low_water is not None:
             args += ["--read-low-water", str(self.read_low_water)]
+        if self.bulk_reads:
+            args.append("--bulk-reads")
         return args
 
 
@@ -177,12 +189,15 @@ async def sink() -> AsyncIterator[int]:
 def load_of(
     scenario: Scenario, settings: Settings, threads: int = 1, inflight: int | None = None
 ) -> Load:
-    """The load of a throughput scenario in flood or paced mode (a latency scenario is
-    paced at its rate); `inflight`: QoS 1 deliveries the broker sends a subscriber before
-    it waits for acks, when known (the subscribers' read mark stays below it)."""
+    """The load of a throughput scenario in any mode (bounded: a flood with the
+    `settings.backlog` bound; paced: at `scenario.rate`, reading in bulk as a flood does,
+    so the paced and flood rows differ only by how the publishers send) or of a latency
+    scenario (paced at its rate, every packet read at once); `inflight`: QoS 1 deliveries
+    the broker sends a subscriber before it waits for acks, when known (the subscribers'
+    read mark stays below it)."""
     mode = "paced" if scenario.kind == "latency" else scenario.mode
-    if scenario.kind not in ("throughput", "latency") or mode not in ("flood", "paced"):
-        raise ValueError(f"mqttgen runs flood and paced loads only, not {scenario.name}")
+    if scenario.kind not in ("throughput", "latency") or mode not in MODES:
+        raise ValueError(f"mqttgen runs throughput and latency loads only, not {scenario.name}")
     if scenario.topology not in _TOPOLOGIES:
         raise ValueError(f"unknown topology {scenario.topology!r}")
     return Load(
@@ -192,26 +207,35 @@ def load_of(
         qos=scenario.qos,
         payload=scenario.payload,
         window=scenario.window,
-        mode=mode,
+        mode="flood" if mode == "bounded" else mode,
         rate=float(scenario.rate),
+        backlog=settings.backlog if mode == "bounded" else 0,
         warmup=settings.warmup,
         duration=settings.duration,
         settle=settings.settle,
         persistent=scenario.persistent,
         threads=threads,
         id_prefix=scenario.base,
-        read_low_water=_read_low_water(scenario, mode, inflight),
+        read_low_water=_read_low_water(scenario, mode, inflight, settings.backlog),
+        bulk_reads=scenario.kind == "throughput" and mode == "paced",
     )
 
 
-def _read_low_water(scenario: Scenario, mode: str, inflight: int | None) -> int | None:
-    """A QoS 1 flood's subscribers wait for an eighth of what the broker sends before it
-    waits for their acks, as in `scenarios._subscriber_low_water`; otherwise the binary
-    chooses."""
-    if mode != "flood" or not scenario.qos or inflight is None:
+def _read_low_water(
+    scenario: Scenario, mode: str, inflight: int | None, backlog: int
+) -> int | None:
+    """A QoS 1 throughput row's subscribers wait for an eighth of what the broker sends
+    before it waits for their acks, as in `scenarios._subscriber_low_water` (bounded: and
+    for at most a quarter of their share of the bound, as the binary does on its own);
+    otherwise the binary chooses."""
+    bulk = mode in ("flood", "bounded") or (scenario.kind == "throughput" and mode == "paced")
+    if not bulk or not scenario.qos or inflight is None:
         return None
     size = len(packets.publish("bench/0", packets.payload_of(scenario.payload), 1, 1))
-    return max(1, min(_READ_LOW_WATER, inflight * size // 8))
+    mark = min(_READ_LOW_WATER, inflight * size // 8)
+    if mode == "bounded" and backlog:
+        mark = min(mark, backlog * size // (4 * scenario.subscribers))
+    return max(1, mark)
 
 
 async def measure(
@@ -252,7 +276,9 @@ async def measure(
         accepted=result["accepted_per_s"],
         p50_ms=result["p50_ms"],
         p99_ms=result["p99_ms"],
+        p999_ms=result["p999_ms"],
         lost=None if result["lost"] is None else float(result["lost"]),
+        acked=None if result["acked_total"] is None else float(result["acked_total"]),
         loadgen_cpu=result["cpu_s"] / elapsed,
     )
     if broker0 is not None and broker1 is not None:

@@ -325,7 +325,9 @@ static struct options {
     int mode;
     double rate;  // messages per second, all publishers together
     double warmup, duration, settle;
+    uint64_t backlog;  // deliveries owed before publishers wait; 0: no bound
     bool persistent, hold;
+    bool bulk_reads;  // paced: read marks as in a flood (a throughput row, not latency)
     int threads;
     const char *id_prefix;
     long read_mark;  // subscribers' SO_RCVLOWAT; < 0: automatic (read_mark)
@@ -365,10 +367,13 @@ struct client {
     struct gen_thread *thread;
     struct buf in, out;
     bool out_watched;  // EPOLLOUT registered
+    bool waiting;      // publisher paused by the backlog bound, until pub_resume
     int read_mark;     // SO_RCVLOWAT, 1 when unset
-    // Publisher: the PUBLISH it sends, with its packet id, stamp and trace to fill in.
+    // Publisher: the PUBLISH it sends, with its packet id, stamp and trace to fill in
+    // (a subscriber: packet_size is that of the deliveries it gets).
     uint8_t *template;
     size_t packet_size, payload_at;
+    size_t batch;  // PUBLISHes per write of a QoS 0 flood
     uint32_t next_seq;
     unsigned next_packet_id, inflight;
     uint32_t *seq_of_id;  // QoS 1: packet id -> sequence number + 1, 0 when free
@@ -387,12 +392,36 @@ struct gen_thread {
     int epoll, timer;
     struct client **clients;
     int nclients;
+    int nwaiting;  // its publishers paused by the backlog bound
     uint32_t *latency_us;  // deliveries of the measured seconds
     size_t nlatency, latency_cap;
 };
 
 static struct client *pubs, *subs;
 static struct gen_thread *threads;
+
+// The backlog bound (--backlog), as bench/loadgen.py's Backlog: messages published by
+// all publishers (put in their output) and deliveries received by all subscribers. Owed
+// is published x subscribers per message - delivered; while at least --backlog are owed,
+// publishers wait (QoS 1 ones on top of their window). Counted only with a bound.
+static counter_t backlog_published, backlog_delivered;
+static uint64_t fanout = 1;  // subscribers receiving each message
+
+// A counter several threads write: an atomic add when there are several threads, one
+// thread's plain load and store (bump) when there is one.
+static void shared_add(counter_t *c, uint64_t n) {
+    if (opt.threads > 1)
+        atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+    else
+        bump(c, n);
+}
+
+static bool backlog_full(void) {
+    if (!opt.backlog)
+        return false;
+    uint64_t owed = peek(&backlog_published) * fanout, delivered = peek(&backlog_delivered);
+    return owed > delivered && owed - delivered >= opt.backlog;
+}
 
 static void watch(struct client *c, bool out) {
     struct epoll_event ev = {.events = EPOLLIN | (out ? EPOLLOUT : 0u), .data.ptr = c};
@@ -406,8 +435,9 @@ static const char *role_name(const struct client *c) {
 }
 
 // A QoS 0 flood publisher keeps EPOLLOUT on: being writable is its cue to write more.
+// One paused by the backlog bound does not, until pub_resume.
 static bool floods(const struct client *c) {
-    return c->role == PUBLISHER && opt.mode == FLOOD && opt.qos == 0 &&
+    return c->role == PUBLISHER && opt.mode == FLOOD && opt.qos == 0 && !c->waiting &&
            atomic_load_explicit(&phase, memory_order_relaxed) < DRAINING;
 }
 
@@ -469,24 +499,48 @@ static void pub_enqueue(struct client *c) {
         put_u16(p + c->payload_at - 2, id);
     }
     c->out.end += c->packet_size;
+    if (opt.backlog)
+        shared_add(&backlog_published, 1);
 }
 
 static bool publishing(void) {
     return atomic_load_explicit(&phase, memory_order_relaxed) < DRAINING;
 }
 
-// QoS 1 flood: keep the window full.
-static void pub_top_up(struct client *c) {
-    while (c->inflight < opt.window && publishing())
-        pub_enqueue(c);
+// Bounded: the publisher stops until the thread sees the backlog below its bound
+// (pub_resume); a QoS 0 flood stops watching EPOLLOUT meanwhile (floods() is false).
+static void pub_wait(struct client *c) {
+    c->waiting = true;
+    c->thread->nwaiting++;
+    if (c->out_watched && buf_pending(&c->out) == 0)
+        watch(c, false);
 }
 
-// QoS 0 flood: the socket is writable, so write batches until it is not.
+// QoS 1 flood: keep the window full (bounded: while the backlog allows).
+static void pub_top_up(struct client *c) {
+    if (c->waiting)
+        return;
+    while (c->inflight < opt.window && publishing()) {
+        if (backlog_full()) {
+            pub_wait(c);
+            return;
+        }
+        pub_enqueue(c);
+    }
+}
+
+// QoS 0 flood: the socket is writable, so write batches until it is not (bounded: and
+// while the backlog allows).
 static void pub_flood(struct client *c) {
-    for (int i = 0; i < BATCHES_PER_WAKEUP && publishing(); i++) {
-        if (buf_pending(&c->out) == 0)
-            for (size_t n = BATCH_BYTES / c->packet_size; n > 0; n--)
+    for (int i = 0; i < BATCHES_PER_WAKEUP && publishing() && !c->waiting; i++) {
+        if (buf_pending(&c->out) == 0) {
+            if (backlog_full()) {
+                pub_wait(c);
+                return;
+            }
+            for (size_t n = c->batch; n > 0; n--)
                 pub_enqueue(c);
+        }
         if (!flush(c) || c->out_watched != floods(c) || buf_pending(&c->out))
             return;  // the kernel is full: EPOLLOUT will call again
     }
@@ -506,7 +560,9 @@ static void pub_tick(struct client *c, uint64_t now) {
     if (!publishing())
         return;
     unsigned due = (unsigned)c->credit;
-    if (opt.qos && due > opt.window - c->inflight)
+    if (backlog_full())  // the schedule's credit waits, up to MAX_BACKLOG_NS of it
+        due = 0;
+    else if (opt.qos && due > opt.window - c->inflight)
         due = opt.window - c->inflight;
     else if (!opt.qos && buf_pending(&c->out) > BATCH_BYTES)  // the kernel stopped taking them
         due = 0;
@@ -575,11 +631,16 @@ static bool process(struct client *c) {
         fail("%s %d: malformed packet from the broker", role_name(c), c->index);
         return false;
     }
-    if (deliveries)
+    if (deliveries) {
         bump(&c->delivered, deliveries);
+        if (opt.backlog)
+            shared_add(&backlog_delivered, deliveries);
+    }
     buf_compact(&c->in);
     if (c->role == PUBLISHER && opt.qos && opt.mode == FLOOD)
         pub_top_up(c);
+    else if (c->role == PUBLISHER && opt.qos)  // paced: what is due goes out as the
+        pub_tick(c, now);                       // window opens, not at the next tick
     return buf_pending(&c->out) == 0 || flush(c);
 }
 
@@ -616,6 +677,27 @@ static bool drop_read_marks(struct gen_thread *t) {
     return true;
 }
 
+// Bounded: once the backlog is below its bound, the thread's paused publishers go on.
+static bool pub_resume(struct gen_thread *t) {
+    for (int i = 0; i < t->nclients && t->nwaiting; i++) {
+        struct client *c = t->clients[i];
+        if (!c->waiting)
+            continue;
+        c->waiting = false;
+        t->nwaiting--;
+        if (opt.mode != FLOOD)
+            continue;
+        if (opt.qos) {
+            pub_top_up(c);  // may wait again
+            if (buf_pending(&c->out) && !flush(c))
+                return false;
+        } else if (floods(c) && !c->out_watched) {
+            watch(c, true);  // EPOLLOUT calls pub_flood
+        }
+    }
+    return true;
+}
+
 static void *gen_loop(void *arg) {
     struct gen_thread *t = arg;
     bool marks_dropped = false;
@@ -631,7 +713,9 @@ static void *gen_loop(void *arg) {
     struct epoll_event events[256];
     while (atomic_load_explicit(&phase, memory_order_relaxed) != DONE &&
            !atomic_load_explicit(&failed, memory_order_relaxed)) {
-        int n = epoll_wait(t->epoll, events, 256, 10);  // 10 ms: phase changes are seen
+        // 10 ms: phase changes are seen; 1 ms while publishers wait for the backlog, which
+        // another thread's subscribers may bring down.
+        int n = epoll_wait(t->epoll, events, 256, t->nwaiting ? 1 : 10);
         if (!marks_dropped && !publishing()) {
             marks_dropped = true;
             if (!drop_read_marks(t))
@@ -660,6 +744,8 @@ static void *gen_loop(void *arg) {
                     return NULL;
             }
         }
+        if (t->nwaiting && !backlog_full() && !pub_resume(t))
+            return NULL;
     }
     return NULL;
 }
@@ -794,6 +880,13 @@ static void setup_publisher(struct client *c) {
     encode_publish(c->template, topic, topic_len, payload, opt.payload, opt.qos, 0);
     free(payload);
     c->payload_at = c->packet_size - opt.payload;
+    // A QoS 0 flood writes 64 KiB at a time; bounded, a batch well under the bound, so
+    // it is not overshot by much (as bench/loadgen.py's Flood).
+    c->batch = BATCH_BYTES / c->packet_size;
+    if (opt.backlog && c->batch > opt.backlog / (4 * fanout))
+        c->batch = opt.backlog / (4 * fanout);
+    if (c->batch < 1)
+        c->batch = 1;
     c->next_packet_id = 1;
     if (opt.qos)
         c->seq_of_id = xcalloc(MAX_PACKET_ID + 1, sizeof *c->seq_of_id);
@@ -817,6 +910,9 @@ static void connect_all(void) {
         mqtt_connect(c, id, !opt.persistent);
         topic_of(filter, sizeof filter, SUBSCRIBER, i);
         mqtt_subscribe(c, filter);
+        char topic[64];
+        topic_of(topic, sizeof topic, PUBLISHER, i);  // what it receives
+        c->packet_size = publish_size(strlen(topic), opt.payload, opt.qos);
     }
     for (int i = 0; i < opt.publishers; i++) {
         struct client *c = &pubs[i];
@@ -833,19 +929,24 @@ static void connect_all(void) {
 // packet, and on loopback the broker's CPU pays for each wake-up: it cost Mosquitto ~30%
 // of a QoS 0 flood. The mark must stay below what the broker sends before it waits for
 // an answer (QoS 1: its in-flight window), so it is an eighth of the window's bytes
-// there. Paced loads read every packet at once: the mark would add to their latency.
+// there. Paced loads read every packet at once: the mark would add to their latency;
+// with --bulk-reads (a paced throughput row) they read as a flood does.
 static int read_mark(const struct client *c) {
-    if (c->role == PUBLISHER)  // a QoS 1 flood's PUBACKs: an eighth of the window's 4 bytes
-        return opt.qos && opt.mode == FLOOD && opt.window >= 4 ? (int)(opt.window / 2) : 1;
+    bool bulk = opt.mode == FLOOD || opt.bulk_reads;
+    if (c->role == PUBLISHER)  // QoS 1 PUBACKs: an eighth of the window's 4 bytes
+        return opt.qos && bulk && opt.window >= 4 ? (int)(opt.window / 2) : 1;
     if (opt.read_mark >= 0)
         return (int)opt.read_mark;
-    if (opt.mode == PACED)
+    if (!bulk)
         return 1;
-    if (!opt.qos)
-        return MAX_READ_MARK;
     char topic[64];
     topic_of(topic, sizeof topic, PUBLISHER, c->index);  // what the subscriber receives
-    size_t mark = opt.window * publish_size(strlen(topic), opt.payload, 1) / 8;
+    size_t size = publish_size(strlen(topic), opt.payload, opt.qos);
+    size_t mark = opt.qos ? opt.window * size / 8 : MAX_READ_MARK;
+    // Bounded: the publishers stop at the bound, which every subscriber holding just
+    // under its mark could reach: a quarter of each one's share of the bound, at most.
+    if (opt.backlog && mark > opt.backlog * size / (4 * (uint64_t)opt.subscribers))
+        mark = opt.backlog * size / (4 * (uint64_t)opt.subscribers);
     return mark < 1 ? 1 : mark < MAX_READ_MARK ? (int)mark : MAX_READ_MARK;
 }
 
@@ -898,6 +999,7 @@ struct snapshot {
     uint64_t at_ns;
     double cpu_s;
     uint64_t delivered, published, accepted;
+    uint64_t owed;  // PUBLISHes the kernel took x subscribers per message - delivered
 };
 
 // Bytes the broker's kernel holds for it, unread, per local port of ours: the rx_queue
@@ -931,8 +1033,14 @@ static struct snapshot snap(void) {
     uint64_t *unread = xcalloc((size_t)opt.publishers, sizeof *unread);
     if (!opt.qos)
         broker_unread(unread);
-    for (int i = 0; i < opt.subscribers; i++)
-        s.delivered += peek(&subs[i].delivered);
+    // Delivered: counted by the subscribers, plus the whole deliveries in their sockets
+    // not read yet (a read mark lets up to 16 KiB wait), so a snapshot does not depend on
+    // where the reads happen to fall.
+    for (int i = 0; i < opt.subscribers; i++) {
+        int waiting = 0;
+        ioctl(subs[i].fd, FIONREAD, &waiting);
+        s.delivered += peek(&subs[i].delivered) + (uint64_t)waiting / subs[i].packet_size;
+    }
     for (int i = 0; i < opt.publishers; i++) {
         struct client *c = &pubs[i];
         uint64_t written = peek(&c->written);
@@ -947,6 +1055,7 @@ static struct snapshot snap(void) {
         }
     }
     free(unread);
+    s.owed = s.published * fanout > s.delivered ? s.published * fanout - s.delivered : 0;
     return s;
 }
 
@@ -1044,15 +1153,19 @@ static void report(const struct snapshot *s0, const struct snapshot *s1, bool lo
            delivered / elapsed, published / elapsed, accepted / elapsed);
     printf(", \"delivered\": %" PRIu64 ", \"published\": %" PRIu64 ", \"accepted\": %" PRIu64,
            delivered, published, accepted);
-    printf(", \"elapsed_s\": %.6f", elapsed);
+    printf(", \"elapsed_s\": %.6f, \"owed\": %" PRIu64, elapsed, s1->owed);
     print_ms("p50_ms", all, n, 0.50);
     print_ms("p99_ms", all, n, 0.99);
     print_ms("p999_ms", all, n, 0.999);
     print_ms("max_ms", all, n, 1.0);
+    // `lost` is over the whole run, so is its base: every PUBACK received.
+    uint64_t acked = 0;
+    for (int i = 0; i < opt.publishers; i++)
+        acked += peek(&pubs[i].pubacks);
     if (lost_counted)
-        printf(", \"lost\": %" PRIu64, lost);
+        printf(", \"lost\": %" PRIu64 ", \"acked_total\": %" PRIu64, lost, acked);
     else
-        printf(", \"lost\": null");
+        printf(", \"lost\": null, \"acked_total\": null");
     printf(", \"cpu_s\": %.3f, \"connections\": %d, \"threads\": %d}\n", s1->cpu_s - s0->cpu_s,
            opt.publishers + opt.subscribers, opt.threads);
     fflush(stdout);
@@ -1072,9 +1185,9 @@ static void usage(FILE *out) {
     fputs("usage: mqttgen run [--host H] [--port P] [--publishers N] [--subscribers M]\n"
           "                   [--topology pairs|fanout|fanin|shared] [--qos 0|1]\n"
           "                   [--payload BYTES] [--window N] [--mode flood|paced]\n"
-          "                   [--rate MSGS_PER_S] [--warmup S] [--duration S] [--settle S]\n"
-          "                   [--persistent] [--threads T] [--clean-id-prefix X] [--hold]\n"
-          "                   [--read-low-water BYTES]\n"
+          "                   [--rate MSGS_PER_S] [--backlog N] [--warmup S] [--duration S]\n"
+          "                   [--settle S] [--persistent] [--threads T] [--hold]\n"
+          "                   [--clean-id-prefix X] [--read-low-water BYTES] [--bulk-reads]\n"
           "       mqttgen sink [--port P]\n",
           out);
 }
@@ -1098,6 +1211,7 @@ static void parse_run(int argc, char **argv) {
         {"settle", required_argument, 0, 's'},     {"persistent", no_argument, 0, 'k'},
         {"threads", required_argument, 0, 't'},    {"clean-id-prefix", required_argument, 0, 'i'},
         {"hold", no_argument, 0, 'H'},             {"read-low-water", required_argument, 0, 'L'},
+        {"backlog", required_argument, 0, 'B'},     {"bulk-reads", no_argument, 0, 'R'},
         {"help", no_argument, 0, '?'},
         {0, 0, 0, 0},
     };
@@ -1116,10 +1230,12 @@ static void parse_run(int argc, char **argv) {
         case 'b': opt.payload = (size_t)number(name, optarg, STAMP_BYTES); break;
         case 'w': opt.window = (unsigned)number(name, optarg, 1); break;
         case 'r': opt.rate = number(name, optarg, 0); break;
+        case 'B': opt.backlog = (uint64_t)number(name, optarg, 0); break;
         case 'W': opt.warmup = number(name, optarg, 0); break;
         case 'd': opt.duration = number(name, optarg, 0.001); break;
         case 's': opt.settle = number(name, optarg, 0); break;
         case 'k': opt.persistent = true; break;
+        case 'R': opt.bulk_reads = true; break;
         case 't': opt.threads = (int)number(name, optarg, 1); break;
         case 'i': opt.id_prefix = optarg; break;
         case 'H': opt.hold = true; break;
@@ -1163,6 +1279,7 @@ static int run_main(int argc, char **argv) {
     int err = getaddrinfo(opt.host, port, &hints, &broker_addr);
     if (err)
         die("%s: %s", opt.host, gai_strerror(err));
+    fanout = opt.topology == FANOUT ? (uint64_t)opt.subscribers : 1;
     pubs = xcalloc((size_t)opt.publishers, sizeof *pubs);
     subs = xcalloc((size_t)opt.subscribers, sizeof *subs);
     connect_all();  // every SUBACK in before the first PUBLISH

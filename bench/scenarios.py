@@ -6,10 +6,12 @@
 # messages / elapsed: what the broker still holds at the end is not counted, so a broker
 # that accepts floods faster than it delivers gains nothing. All clients live on one event
 # loop in this process, which leaves the other core of a 2-core machine to the broker.
-# Every throughput scenario runs in two modes: bounded (publishers also wait while too
-# many deliveries are owed) and flood (publishers bounded only by TCP and, at QoS 1, by
+# Every throughput scenario runs in three modes: bounded (publishers also wait while too
+# many deliveries are owed), flood (publishers bounded only by TCP and, at QoS 1, by
 # their own window), where the same snapshots also read what the broker had accepted and
-# its queue drop counter (bench/drops.py).
+# its queue drop counter (bench/drops.py), and paced (publishers at a steady offered rate,
+# `Scenario.paced_rate`; compiled generator only, bench/cgen.py). This module is the
+# Python generator; bench/cgen.py takes the same measurements with bench/mqttgen.c.
 from __future__ import annotations
 
 import asyncio
@@ -49,10 +51,17 @@ class Scenario:
     window: int = 100  # QoS 1 PUBLISHes in flight per publisher
     # Throughput only: "bounded" publishers also wait for the backlog bound; "flood"
     # publishers do not, and the brokers run with their default queue limits
-    # (bench/brokers.py, MODES).
+    # (bench/brokers.py, MODES); "paced" publishers send `paced_rate` msg/s, to brokers
+    # configured as in flood mode.
     mode: str = "bounded"
     persistent: bool = False  # subscribers keep their sessions (clean session off)
-    rate: int = 0  # latency: messages per second
+    # Latency, and a throughput scenario in paced mode: PUBLISHes per second offered, all
+    # publishers together (a fan-out delivers this x subscribers).
+    rate: int = 0
+    # Throughput: the rate of its paced mode (`in_modes` makes it `rate`), set above what
+    # Mosquitto delivers flooded on the 2-core machine (~1.5x), so the paced row shows
+    # who keeps up with a steady load beyond that.
+    paced_rate: int = 0
     connections: int = 0  # idle: connections to open
 
     @property
@@ -70,10 +79,24 @@ class Scenario:
         return self.subscribers if self.topology == "fanout" else 1
 
 
+# Paced rates: ~1.5x what Mosquitto 2.0.11 delivered flooded with mqttgen on the 2-core
+# machine (medians of five runs of 1 + 3 s, 2026-11-27): QoS 0 1 -> 1 ~312k msg/s (296k
+# to 400k), 4 pairs ~290k, QoS 1 4 pairs ~138k, persistent ~127k, fan-out ~387k
+# deliveries/s (3.9k PUBLISHes), fan-in ~299k, shared group ~134k.
 SCENARIOS = (
-    Scenario("qos0-1to1", "QoS 0, 1 -> 1, 16 B", "throughput", 1, 1, payload=16),
-    Scenario("qos0-4pairs", "QoS 0, 4 pairs, 64 B", "throughput", 4, 4),
-    Scenario("qos1-4pairs", "QoS 1, 4 pairs, 100 in flight, 64 B", "throughput", 4, 4, qos=1),
+    Scenario(
+        "qos0-1to1", "QoS 0, 1 -> 1, 16 B", "throughput", 1, 1, payload=16, paced_rate=480_000
+    ),
+    Scenario("qos0-4pairs", "QoS 0, 4 pairs, 64 B", "throughput", 4, 4, paced_rate=450_000),
+    Scenario(
+        "qos1-4pairs",
+        "QoS 1, 4 pairs, 100 in flight, 64 B",
+        "throughput",
+        4,
+        4,
+        qos=1,
+        paced_rate=220_000,
+    ),
     Scenario(
         "qos1-persistent",
         "QoS 1, 4 pairs, persistent subscribers, 64 B",
@@ -82,11 +105,26 @@ SCENARIOS = (
         4,
         qos=1,
         persistent=True,
+        paced_rate=190_000,
     ),
     Scenario(
-        "fanout-1to100", "QoS 0, fan-out 1 -> 100, 64 B", "throughput", 1, 100, topology="fanout"
+        "fanout-1to100",
+        "QoS 0, fan-out 1 -> 100, 64 B",
+        "throughput",
+        1,
+        100,
+        topology="fanout",
+        paced_rate=6_000,
     ),
-    Scenario("fanin-10to1", "QoS 0, fan-in 10 -> 1, 64 B", "throughput", 10, 1, topology="fanin"),
+    Scenario(
+        "fanin-10to1",
+        "QoS 0, fan-in 10 -> 1, 64 B",
+        "throughput",
+        10,
+        1,
+        topology="fanin",
+        paced_rate=450_000,
+    ),
     Scenario(
         "shared-qos1",
         "QoS 1, 4 publishers -> shared group of 4, 64 B",
@@ -95,16 +133,31 @@ SCENARIOS = (
         4,
         qos=1,
         topology="shared",
+        paced_rate=200_000,
     ),
     Scenario("latency-qos1", "QoS 1 latency at 5k msg/s, 64 B", "latency", 1, 1, qos=1, rate=5000),
+    # Paced at rates both brokers keep up with (issue 25): latency under moderate load.
+    Scenario(
+        "latency-qos0", "QoS 0 latency, 4 pairs at 100k msg/s, 64 B", "latency", 4, 4, rate=100_000
+    ),
+    Scenario(
+        "latency-qos1-48k",
+        "QoS 1 latency, 4 pairs at 48k msg/s, 64 B",
+        "latency",
+        4,
+        4,
+        qos=1,
+        rate=48_000,
+    ),
     Scenario("idle-10k", "10k idle connections", "idle", connections=10_000),
 )
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
 
 def in_modes(scenarios: Iterable[Scenario], modes: Iterable[str]) -> list[Scenario]:
-    """Each throughput scenario once per mode (`<name>/flood` in flood mode); the
-    latency and idle scenarios once."""
+    """Each throughput scenario once per mode (`<name>/flood` in flood mode; in paced
+    mode `<name>/paced`, its `rate` its `paced_rate`); the latency and idle scenarios
+    once."""
     modes = list(modes)
     result = []
     for scenario in scenarios:
@@ -114,6 +167,9 @@ def in_modes(scenarios: Iterable[Scenario], modes: Iterable[str]) -> list[Scenar
         for mode in modes:
             if mode == "bounded":
                 result.append(scenario)
+            elif mode == "paced":
+                name = f"{scenario.name}/paced"
+                result.append(replace(scenario, name=name, mode=mode, rate=scenario.paced_rate))
             else:
                 result.append(replace(scenario, name=f"{scenario.name}/{mode}", mode=mode))
     return result
@@ -144,6 +200,7 @@ class Measurement:
     drops: float | None = None  # the broker's queue drop counter over the measured seconds
     p50_ms: float | None = None
     p99_ms: float | None = None
+    p999_ms: float | None = None  # compiled generator only
     connections: int | None = None
     connect_rate: float | None = None  # CONNACKs per second
     kib_per_connection: float | None = None
@@ -151,6 +208,7 @@ class Measurement:
     # With Settings.settle: QoS 1 messages acknowledged to the publishers and never
     # delivered, counted over the whole run once the load stopped and deliveries settled.
     lost: float | None = None
+    acked: float | None = None  # with `lost`: PUBACKs received over the whole run
     # CPU used during the measured seconds, in cores: the load generator's process, and
     # the broker's process (when its pid is known).
     loadgen_cpu: float | None = None
@@ -176,9 +234,21 @@ async def measure(scenario: Scenario, target: Target, settings: Settings) -> Mea
     """Run one measurement of `scenario` against a broker that is already listening."""
     if scenario.kind == "idle":
         return await _idle(target, settings.idle_connections, settings.idle_timeout)
+    if why := python_cannot(scenario):
+        return Measurement(error=f"{NOT_MEASURED}: {why}")
     if scenario.kind == "latency":
         return await _latency(scenario, target, settings)
     return await _throughput(scenario, target, settings)
+
+
+def python_cannot(scenario: Scenario) -> str | None:
+    """Why this Python generator cannot take the measurement (bench/cgen.py can), or None:
+    it paces one QoS 1 publisher only, and no throughput load."""
+    if scenario.kind == "throughput" and scenario.mode == "paced":
+        return "paced mode needs mqttgen (--generator c)"
+    if scenario.kind == "latency" and (scenario.publishers, scenario.qos) != (1, 1):
+        return "the Python generator paces one QoS 1 pair only: needs mqttgen (--generator c)"
+    return None
 
 
 def _topics(scenario: Scenario) -> tuple[list[str], list[str]]:
@@ -284,9 +354,10 @@ async def _throughput(scenario: Scenario, target: Target, settings: Settings) ->
         counted = monitor is None or await monitor.until_round_after(t1)
         for publisher in backlog.publishers:
             publisher.stop()
-        lost = None
+        lost = acked = None
         if settings.settle and scenario.qos:
             lost = await _lost(subs, pubs, scenario.fanout, settings.settle)
+            acked = float(sum(pub.acked for pub in pubs))
     finally:
         _close(subs + pubs)
         if monitor is not None:
@@ -296,6 +367,7 @@ async def _throughput(scenario: Scenario, target: Target, settings: Settings) ->
         delivered=(received1 - received0) / elapsed,
         accepted=(accepted1 - accepted0) / elapsed,
         lost=lost,
+        acked=acked,
         loadgen_cpu=(cpu1[0] - cpu0[0]) / elapsed,
     )
     if cpu0[1] is not None and cpu1[1] is not None:

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         scenarios=SCENARIO,
         calibrate=False,
         write_help="regenerate the store throughput table in the Store section of this page",
+        modes="bounded,flood",
     )
     run = compare.measure_all(args)
     if run is None:

@@ -65,4 +65,5 @@ def compare_args(
         scenarios=scenarios,
         calibrate=False,
         write_help="regenerate this table's subsection in the Event relay section of this page",
+        modes="bounded,flood",
     )

@@ -2,15 +2,18 @@
 
 Against its own sink (the generator's ceiling) and against a real Nautilus (the in-process
 broker of tests/conftest.py): QoS 0 and QoS 1 floods count deliveries and latencies, a
-QoS 1 flood loses nothing Nautilus acknowledged, a paced load keeps its rate, and a
-refused connection fails with its reason. Skipped where there is no C compiler to build
-the binary (`make bench/bin/mqttgen`), which `make test` does not need otherwise.
+QoS 1 flood loses nothing Nautilus acknowledged, a paced load keeps its rate, the
+bounded mode (--backlog) keeps what is owed under its bound with one thread and with
+two, and a refused connection fails with its reason. Skipped where there is no C
+compiler to build the binary (`make bench/bin/mqttgen`), which `make test` does not need
+otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,9 @@ import pytest
 
 from bench import cgen
 from bench.drops import SysCounter
-from bench.scenarios import Scenario, Settings, Target
+from bench.scenarios import BY_NAME, Scenario, Settings, Target, in_modes
 
-# Short runs: the file stays well under 30 s on 2 cores.
+# Short runs: the file stays under 30 s on 2 cores.
 WARMUP, DURATION, SETTLE = 0.3, 1.0, 0.3
 
 
@@ -132,3 +135,60 @@ def test_read_mark_stays_below_a_small_broker_window(mqttgen, start_broker):
 
     assert result.delivered is not None and result.delivered > 1000
     assert result.lost == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bounded_flood_owes_at_most_its_backlog(mqttgen, threads):
+    # QoS 0 publishers write batches of at most a quarter of their share of the bound,
+    # each after checking it: owed stays under the bound plus a batch per thread, where
+    # the same flood unbounded runs far ahead of the sink's deliveries.
+    backlog = 500
+    pairs = {"publishers": 4, "subscribers": 4, "threads": threads, "duration": 0.5}
+    bounded = against_sink(load(**pairs, backlog=backlog))
+    flood = against_sink(load(**pairs))
+
+    assert bounded["delivered"] > 0
+    assert bounded["owed"] <= backlog + threads * backlog // 4
+    assert flood["owed"] > 4 * backlog
+
+
+def test_bounded_fanout_counts_every_subscriber(mqttgen):
+    # Owed is PUBLISHes x 20 subscribers: a bound of 400 lets ~20 messages ahead.
+    result = against_sink(
+        load(publishers=1, subscribers=20, topology="fanout", backlog=400, settle=0)
+    )
+
+    assert result["delivered"] == pytest.approx(20 * result["published"], rel=0.02)
+    assert result["owed"] <= 400 + 20 * 5  # a batch of 400 / (4 x 20) PUBLISHes
+
+
+def test_bounded_qos1_of_nautilus_waits_on_top_of_the_window(mqttgen, start_broker):
+    server = start_broker(broker={"max_inflight_messages": 100})
+    (scenario,) = in_modes([BY_NAME["qos1-4pairs"]], ["bounded"])
+    settings = Settings(warmup=WARMUP, duration=DURATION, backlog=200, settle=SETTLE)
+    work = cgen.load_of(scenario, settings, threads=2, inflight=100)
+    assert (work.mode, work.backlog) == ("flood", 200)
+
+    result = asyncio.run(cgen.run(server.host, server.port, work))
+
+    assert result["delivered"] > 1000
+    assert result["lost"] == 0
+    assert result["acked_total"] >= result["accepted"]
+    # 4 publishers x 100 in flight would owe up to 400; the bound holds them to 200 (plus
+    # a PUBLISH per thread that passed its check at the same moment).
+    assert result["owed"] <= 200 + 2
+
+
+def test_paced_throughput_reads_in_bulk_and_keeps_its_rate(mqttgen):
+    (scenario,) = in_modes([replace(BY_NAME["qos1-4pairs"], paced_rate=20_000)], ["paced"])
+    settings = Settings(warmup=WARMUP, duration=DURATION, settle=SETTLE)
+    work = cgen.load_of(scenario, settings, inflight=100)
+    assert (work.mode, work.rate, work.bulk_reads) == ("paced", 20_000, True)
+    assert work.read_low_water is not None and work.read_low_water > 1
+    latency = cgen.load_of(BY_NAME["latency-qos1-48k"], settings)
+    assert (latency.mode, latency.rate, latency.bulk_reads) == ("paced", 48_000, False)
+
+    result = against_sink(work)
+
+    assert result["delivered_per_s"] == pytest.approx(20_000, rel=0.10)
+    assert result["lost"] == 0
