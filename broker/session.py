@@ -42,6 +42,7 @@ from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
 from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
+    from broker.client_state import ClientState
     from broker.clock import Clock, Timer
     from broker.flow import FlowControl
     from broker.hook_callers import HookCallers
@@ -92,6 +93,10 @@ class Group(Protocol):
 
     def apply_limits(self, limits: dict[str, Any]) -> None: ...
 
+
+# QoS 0 deliveries a drain writes in one piece at most (a bound on what goes past the
+# outlet's high-water mark before it says it is full).
+DRAIN_TOGETHER = 512
 
 # The settings sessions are configured with, one tuple per distinct set (there are few):
 # shared rather than one per session, which an idle connection would pay for.
@@ -450,27 +455,46 @@ class Session:
         at protocol `level` in packets of at most `longest` bytes, would go out to this
         session now exactly as published (Routing.publish_run): online and writable with
         nothing queued before them, the same protocol family (so the same encoding), no
-        Topic Alias, Maximum Packet Size or plugin on the delivery to change a byte."""
+        Topic Alias, Maximum Packet Size or plugin on the delivery to change a byte.
+        A writable session with messages still queued sends them first (a drain step): if
+        that empties the queue, the run follows them directly. (Without it, a publisher
+        released while a few messages remained would have every later message queued
+        behind them, one by one, for as long as it keeps the queue from emptying.)"""
         outlet = self.outlet
-        if outlet is None or not outlet.writable or self.queue.memory or self.queue.on_disk:
+        if outlet is None or not outlet.writable or self.queue.on_disk:
             return False
+        if self.queue.memory:
+            self.drain()
+            if self.queue.memory or not outlet.writable:
+                return False
         client = outlet.client
         limit = client.max_packet_out
-        five = client.protocol_level == 5
         return (
-            five == (level == 5)
-            and client.aliases_out is None
+            (client.protocol_level == 5) == (level == 5)
             and (not limit or longest <= limit)
+            and self._as_published(client)
+        )
+
+    def _as_published(self, client: ClientState) -> bool:
+        """Whether nothing on the way to this client changes a byte of what was published
+        (at its protocol family and QoS): no Topic Alias and no plugin on the delivery.
+        (Maximum Packet Size is the caller's to check: it drops, it does not change.)"""
+        chains = self.chains
+        return (
+            client.aliases_out is None
             and not self.deferred
             and self.group is None
-            and self.chains.recorder is None
-            and not self.chains.on_deliver[five]
+            and chains.recorder is None
+            and not chains.on_deliver[client.protocol_level == 5]
         )
 
     def write_run(self, data: bytes, count: int) -> None:
         """Write `count` QoS 0 deliveries at once (the packets of a run, see takes_run)."""
         assert self.outlet is not None
         self.outlet.write(data)
+        self._wrote(count)
+
+    def _wrote(self, count: int) -> None:
         self.progress += count
         self.metrics.queue_message_out += count
         self.metrics.mqtt_publish_sent += count
@@ -678,18 +702,45 @@ class Session:
             pop = queue.pop if lifo else queue.popleft
             inflight = self.window.entries
             size = self.window.size
+            # QoS 0 deliveries that go out as they were published are written together.
+            client = outlet.client
+            level = client.protocol_level
+            plain = not client.max_packet_out and self._as_published(client)
+            together: list[bytes] = []
             for _ in range(self.drain_step):
                 if not queue or not outlet.writable:
                     break
                 delivery = queue[-1] if lifo else queue[0]
-                if delivery.qos and len(inflight) >= size:
-                    break
+                raw = None
+                if delivery.qos:
+                    if len(inflight) >= size:
+                        break
+                elif plain:
+                    raw = delivery.message.as_received(level, 0, delivery.sub_ids)
+                    if raw is not None and (raw[0] & 1) != delivery.retain:
+                        raw = None  # the retain flag differs: the template's bytes
                 pop()
-                self._send(outlet, delivery)
+                if raw is None:
+                    if together:  # in order: those first
+                        self._write_together(outlet, together)
+                    self._send(outlet, delivery)
+                    continue
+                together.append(raw)
+                if delivery.seq >= 0:
+                    queued.forget(delivery)
+                if len(together) >= DRAIN_TOGETHER:
+                    self._write_together(outlet, together)
+            if together:
+                self._write_together(outlet, together)
         if self.stuck and self.progress != progress:
             self.stuck = False  # it reads again: it may hold publishers back again
         if self.held and self.backlog() <= self.low_water:
             self.flow.release(self)
+
+    def _write_together(self, outlet: Outlet, together: list[bytes]) -> None:
+        outlet.write(b"".join(together))
+        self._wrote(len(together))
+        together.clear()
 
     # -- inbound QoS 2 -------------------------------------------------------------------
 

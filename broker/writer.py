@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from broker.session import Session
     from broker.store import MessageStore
 
-OUT_HIGH_WATER = 256 * 1024  # unflushed bytes after which deliveries wait in the queue
+OUT_HIGH_WATER = 1024 * 1024  # unflushed bytes after which deliveries wait in the queue
 # Nothing to write: one empty list shared by every idle writer (a write replaces it with a
 # list of its own, and never appends to it), so an idle connection holds no list.
 _NOTHING: list[bytes] = []
