@@ -79,8 +79,9 @@ class Routing:
         """The fast path of QoS 0 floods: a run of QoS 0 PUBLISHes to `topic`, unretained
         and without properties, as `publisher` sent them, written in one piece to every
         matching session, when each of them would be sent exactly these bytes now
-        (Session.takes_run). False, and nothing done, when one would not: the caller
-        routes them one at a time."""
+        (Session.takes_run). False when one would not, and none of them written (a
+        subscriber may have sent what it had queued: takes_run): the caller routes them
+        one at a time."""
         router = self.router
         if router.group_count and router.match_shared(topic):
             return False  # a shared group picks a member per message

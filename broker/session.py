@@ -501,11 +501,7 @@ class Session:
 
     def full(self) -> bool:
         """Whether a publisher must wait before routing to this session (flow control)."""
-        if self.outlet is None or self.stuck:
-            return False
-        deferred = self.deferred  # backlog(), inlined: a shared group asks per message
-        queued = len(self.queue.memory)
-        return (queued + len(deferred) if deferred else queued) >= self.high_water
+        return self.outlet is not None and not self.stuck and self.backlog() >= self.high_water
 
     def backlog(self) -> int:
         """Deliveries waiting in memory: the queue, and those an async on_deliver holds."""
@@ -759,9 +755,6 @@ class Session:
         return True
 
     # -- acknowledgements from the client ----------------------------------------------
-
-    def on_puback(self, packet_id: int) -> None:
-        self.on_pubacks([packet_id])
 
     def on_pubacks(self, packet_ids: list[int]) -> None:
         """PUBACKs, in order: their deliveries are complete, and the window's free slots

@@ -33,7 +33,8 @@ from hooks import Ok, PublishContext, Result
 from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
-    from broker.client.engine import ClientEngine
+    from broker.client.engine import ClientEngine, Host
+    from broker.flow import Subscriber
 
 log = logging.getLogger("nautilus.connection")
 
@@ -41,6 +42,7 @@ MQTT5 = 5
 # The fast path of QoS 0 floods: PUBLISHes to one topic that arrived together, up to this
 # many bytes, are routed at once (see _route_run).
 RUN_BYTES = 64 * 1024
+_NOBODY: list[Subscriber] = []  # shared, never appended to: nobody to wait for
 ACKS_AT_ONCE = 256  # PUBACKs from one subscriber handled together (one drain after them)
 
 
@@ -229,17 +231,18 @@ def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
     and in which order is the same."""
     broker = engine.host
     chains = broker.chains
-    first = packets[0]
-    raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]  # take_like
+    topic = packets[0].topic
     if not (
-        (broker.flow.congested and broker.routing.full_subscribers(first.topic))
+        _waits_for(broker, topic)
         or chains.recorder is not None
         or chains.on_publish[engine.client.protocol_level == MQTT5]
         or chains.on_message_drop
-        or first.topic.startswith("$SYS")
-    ) and broker.routing.publish_run(first.topic, raws, engine.client):
-        broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
-        return None
+        or topic.startswith("$SYS")
+    ):
+        raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]
+        if broker.routing.publish_run(topic, raws, engine.client):
+            broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
+            return None
     for i, packet in enumerate(packets):
         if i:
             broker.metrics.mqtt_publish_received += 1
@@ -259,11 +262,10 @@ def route_held(
     mark, however many publishers feed it (broker/flow.py)."""
     broker = engine.host
     flow = broker.flow
-    if flow.congested:  # only while some subscriber holds publishers: costs nothing else
-        waiting_for = broker.routing.full_subscribers(message.topic)
-        if waiting_for:
-            engine.postpone(packet, message, context)
-            return flow.hold(engine, waiting_for)
+    waiting_for = _waits_for(broker, message.topic)
+    if waiting_for:
+        engine.postpone(packet, message, context)
+        return flow.hold(engine, waiting_for)
     session = engine.session
     assert session is not None
     chains = broker.chains
@@ -283,6 +285,12 @@ def route_held(
         dropped.matched_acl = context.matched_acl if context is not None else None
         chains.notify(chains.on_message_drop, dropped)
     _acknowledge(engine, packet)
+
+
+def _waits_for(broker: Host, topic: str) -> list[Subscriber]:
+    """The full subscribers a message to `topic` must wait for (flow control): looked
+    for only while some subscriber holds publishers, so it costs nothing otherwise."""
+    return broker.routing.full_subscribers(topic) if broker.flow.congested else _NOBODY
 
 
 def _packet_id(packet: Publish) -> int:

@@ -239,19 +239,26 @@ encode_puback = plain_ack(PubAck)
 encode_pubrec = plain_ack(PubRec)
 
 
+def _packet_id_offset(packet: bytes) -> int:
+    """Where a PUBLISH's packet id is (or, at QoS 0, would be): after the fixed header (type
+    byte + remaining length, whose last byte has no continuation bit) and the topic (2-byte
+    length + text). Raises ValueError when the packet is too short to say."""
+    size = len(packet)
+    header = 2
+    while header <= 5 and header - 1 < size and packet[header - 1] & 0x80:
+        header += 1
+    if header + 2 > size:
+        raise ValueError("not a PUBLISH with a packet id")
+    return header + 2 + ((packet[header] << 8) | packet[header + 1])
+
+
 def publish_with_id(packet: bytes, packet_id: int, retain: bool) -> bytes:
     """A QoS 1/2 PUBLISH as received (`Publish.raw`), to be sent on under `packet_id`,
     with `retain` as its retain flag and DUP clear: the one copy a delivery needs, without
     a template (the compiled twin: _speedups.c). Raises ValueError on a packet too short
     to hold its packet id."""
-    size = len(packet)
-    header = 2  # the fixed header: type byte and remaining length (1 to 4 bytes)
-    while header <= 5 and header - 1 < size and packet[header - 1] & 0x80:
-        header += 1
-    if header + 2 > size:
-        raise ValueError("not a PUBLISH with a packet id")
-    at = header + 2 + ((packet[header] << 8) | packet[header + 1])  # after the topic
-    if at + 2 > size:
+    at = _packet_id_offset(packet)
+    if at + 2 > len(packet):
         raise ValueError("not a PUBLISH with a packet id")
     out = bytearray(packet)
     out[0] = (out[0] & 0xF6) | retain
@@ -276,12 +283,7 @@ class PublishTemplate:
         if data[0] & 0x08:
             data = bytes((data[0] & 0xF7,)) + data[1:]  # DUP is set per delivery
         self.data = data
-        # The packet id follows the fixed header (type byte + remaining-length varint,
-        # whose last byte has no continuation bit) and the topic (2-byte length + text).
-        header_len = 2
-        while data[header_len - 1] & 0x80:
-            header_len += 1
-        self.id_offset = header_len + 2 + ((data[header_len] << 8) | data[header_len + 1])
+        self.id_offset = _packet_id_offset(data)
 
     @classmethod
     def encode(cls, packet: Publish, protocol_level: int) -> PublishTemplate:

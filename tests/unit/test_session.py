@@ -160,9 +160,9 @@ def test_qos1_window(make, events):
     session.deliver(delivery(b"q0", 0))  # QoS 0 needs no slot, but keeps its place in line
     session.deliver(delivery(b"m3", 1))
     assert len(outlet.publishes()) == 2
-    session.on_puback(first.packet_id)
+    session.on_pubacks([first.packet_id])
     assert outlet.payloads() == [b"m0", b"m1", b"m2", b"q0"]  # m3 waits for a slot
-    session.on_puback(second.packet_id)
+    session.on_pubacks([second.packet_id])
     assert outlet.payloads() == [b"m0", b"m1", b"m2", b"q0", b"m3"]
     assert [e for e in events.seen if e[0] == "complete"] == [
         ("complete", b"m0", ""),
@@ -185,7 +185,7 @@ def test_an_unknown_puback_changes_nothing(make):
     session.deliver(delivery(b"a", 1))
     session.deliver(delivery(b"b", 1))
     (sent,) = outlet.publishes()
-    session.on_puback(sent.packet_id % 65535 + 1)
+    session.on_pubacks([sent.packet_id % 65535 + 1])
     assert outlet.payloads() == [b"a"]
     assert list(session.inflight) == [sent.packet_id]
 
@@ -250,7 +250,7 @@ def test_drain_releases_the_held_publishers_at_the_low_water_mark(make):
     session.flow.hold(publisher, [session])
     assert session.held
     for queued in range(high - 1, low - 1, -1):
-        session.on_puback(outlet.publishes()[-1].packet_id)
+        session.on_pubacks([outlet.publishes()[-1].packet_id])
         assert len(session.queue) == queued
         expected = [("hold", "pub")] if queued > low else [("hold", "pub"), ("release", "pub")]
         assert publisher.log == expected
@@ -448,7 +448,7 @@ def test_retry_interval_resends_to_mqtt3_clients(make, clock):
         (b"b", False),
         (b"a", True),
     ]
-    session.on_puback(outlet.publishes()[0].packet_id)
+    session.on_pubacks([outlet.publishes()[0].packet_id])
     clock.advance(20)
     assert [(p.payload, p.dup) for p in outlet.publishes()[3:]] == [(b"b", True)]
     assert session.metrics.queue_message_retried == 2
