@@ -75,16 +75,18 @@ class Routing:
                     congested.append(full)
         return congested
 
-    def publish_run(self, topic: str, packets: list[bytes], publisher: ClientState) -> bool:
+    def publish_run(
+        self, topic: str, packets: list[bytes], publisher: ClientState
+    ) -> list[Session] | None:
         """The fast path of QoS 0 floods: a run of QoS 0 PUBLISHes to `topic`, unretained
         and without properties, as `publisher` sent them, written in one piece to every
         matching session, when each of them would be sent exactly these bytes now
-        (Session.takes_run). False when one would not, and none of them written (a
-        subscriber may have sent what it had queued: takes_run): the caller routes them
-        one at a time."""
+        (Session.takes_run). Returns the sessions written to; None when one would not
+        take them, and none of them written (a subscriber may have sent what it had
+        queued: takes_run): the caller routes them one at a time."""
         router = self.router
         if router.group_count and router.match_shared(topic):
-            return False  # a shared group picks a member per message
+            return None  # a shared group picks a member per message
         routes = router.match(topic)
         level = publisher.protocol_level
         upgrade = self.settings.upgrade_outgoing_qos
@@ -96,13 +98,14 @@ class Routing:
                 or (route.no_local and route.subscriber.client_id == publisher.client_id)
                 or not route.subscriber.takes_run(level, longest)
             ):
-                return False
+                return None
         self.metrics.router_matches_local += len(routes) * len(packets)
-        if routes:
+        sessions: list[Session] = [route.subscriber for route in routes]
+        if sessions:
             data = b"".join(packets)
-            for route in routes:
-                route.subscriber.write_run(data, len(packets))
-        return True
+            for session in sessions:
+                session.write_run(data, len(packets))
+        return sessions
 
     def publish_forwarded(self, message: Message) -> list[Subscriber] | None:
         """A message another node forwarded: for this node's own sessions only (the

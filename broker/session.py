@@ -479,13 +479,11 @@ class Session:
         """Whether nothing on the way to this client changes a byte of what was published
         (at its protocol family and QoS): no Topic Alias and no plugin on the delivery.
         (Maximum Packet Size is the caller's to check: it drops, it does not change.)"""
-        chains = self.chains
         return (
             client.aliases_out is None
             and not self.deferred
             and self.group is None
-            and chains.recorder is None
-            and not chains.on_deliver[client.protocol_level == 5]
+            and not self.chains.on_deliver[client.protocol_level == 5]
         )
 
     def write_run(self, data: bytes, count: int) -> None:
@@ -702,6 +700,7 @@ class Session:
             client = outlet.client
             level = client.protocol_level
             plain = not client.max_packet_out and self._as_published(client)
+            recorder = self.chains.recorder
             together: list[bytes] = []
             for _ in range(self.drain_step):
                 if not queue or not outlet.writable:
@@ -721,6 +720,8 @@ class Session:
                         self._write_together(outlet, together)
                     self._send(outlet, delivery)
                     continue
+                if recorder is not None:  # as _send tells it
+                    recorder.delivered(self, delivery)
                 together.append(raw)
                 if delivery.seq >= 0:
                     queued.forget(delivery)

@@ -456,7 +456,11 @@ static int put_who(Recorder *self, Buffer *b, PyObject *who, Field **fields) {
     return rc;
 }
 
-/* One more receiver of the open message run (taken back if it fails halfway). */
+/* A run's delivery's flags (published_run): QoS 0, not retained, not stored. */
+static const char RUN_FLAGS[3] = {0x00, (char)0xc2, (char)0xc2};
+
+/* One more receiver of the open message run (taken back if it fails halfway); with
+ * `delivery` NULL, of a run's message (RUN_FLAGS). */
 static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
     Buffer *b = &self->buffer;
     Py_ssize_t before = b->size;
@@ -466,7 +470,7 @@ static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
     int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
     Py_DECREF(identity);
     Py_ssize_t flags_at = b->size;
-    if (rc < 0 || put_flags(b, delivery) < 0) {
+    if (rc < 0 || (delivery == NULL ? put(b, RUN_FLAGS, 3) : put_flags(b, delivery)) < 0) {
         b->size = before;
         return -1;
     }
@@ -654,6 +658,82 @@ static PyObject *Recorder_completed(Recorder *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* published_run's work, on its payloads and receivers as fast sequences. */
+static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObject *payloads,
+                      PyObject *receivers) {
+    Buffer *b = &self->buffer;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(payloads); i++) {
+        PyObject *payload = PySequence_Fast_GET_ITEM(payloads, i);
+        if (end_run(self) < 0)
+            return -1;
+        b->size = 0;
+        if (self->publish) {
+            if (put_start(b, 16, PUBLISH_DELIVERIES) < 0 ||
+                put_who(self, b, client, PUBLISHER) < 0 || put_str(b, topic) < 0 ||
+                put_byte(b, 0) < 0 || put_bool(b, 0) < 0 || put_payload(self, b, payload) < 0 ||
+                put_byte(b, 0xa0) < 0 || put_byte(b, 0xa0) < 0 ||
+                open_run(self, NULL, PUBLISH_DELIVERIES) < 0)
+                goto fail;
+            if (!self->deliver) {
+                if (close_run(self) < 0) /* alone: a plain on_publish */
+                    return -1;
+                continue;
+            }
+        }
+        if (!self->deliver)
+            continue;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(receivers); j++) {
+            PyObject *receiver = PySequence_Fast_GET_ITEM(receivers, j);
+            if (self->code == 0 &&
+                (put_start(b, 9, DELIVERIES) < 0 || put_str(b, topic) < 0 ||
+                 put_payload(self, b, payload) < 0 || put_byte(b, 0xa0) < 0 ||
+                 open_run(self, NULL, DELIVERIES) < 0))
+                goto fail;
+            if (add_receiver(self, receiver, NULL) < 0)
+                return -1;
+            /* A DELIVERIES run knows its receiver while it has one (Recorder_delivered). */
+            Py_CLEAR(self->who);
+            if (self->code == DELIVERIES && self->receivers == 1 &&
+                (self->who = get(&R_SESSION_ID, receiver)) == NULL)
+                return -1;
+        }
+    }
+    return 0;
+fail:
+    self->code = 0;
+    b->size = 0;
+    return -1;
+}
+
+/* published_run(client, topic, payloads, receivers): for each payload, what published()
+ * then delivered() to each receiver record (hooks/recorder.py), from the run's own values:
+ * the message's qos 0, unretained, no ACL label nor pattern; each delivery RUN_FLAGS. As
+ * published() does, each message ends the open run first, so a message's deliveries
+ * always open a run of their own (or join its publish's). */
+static PyObject *Recorder_published_run(Recorder *self, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+    if (nargs != 4 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "published_run(client, topic: str, payloads, receivers)");
+        return NULL;
+    }
+    PyObject *client = args[0], *topic = args[1];
+    PyObject *payloads = PySequence_Fast(args[2], "payloads must be a sequence");
+    if (payloads == NULL)
+        return NULL;
+    PyObject *receivers = PySequence_Fast(args[3], "receivers must be a sequence");
+    if (receivers == NULL) {
+        Py_DECREF(payloads);
+        return NULL;
+    }
+    int rc = record_run(self, client, topic, payloads, receivers);
+    Py_DECREF(payloads);
+    Py_DECREF(receivers);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* -- the other events, and the end of a run --------------------------------------------- */
 
 static PyObject *Recorder_append(Recorder *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -780,6 +860,7 @@ static PyMethodDef Recorder_methods[] = {
     {"published", (PyCFunction)(void (*)(void))Recorder_published, METH_FASTCALL, NULL},
     {"delivered", (PyCFunction)(void (*)(void))Recorder_delivered, METH_FASTCALL, NULL},
     {"completed", (PyCFunction)(void (*)(void))Recorder_completed, METH_FASTCALL, NULL},
+    {"published_run", (PyCFunction)(void (*)(void))Recorder_published_run, METH_FASTCALL, NULL},
     {"append", (PyCFunction)(void (*)(void))Recorder_append, METH_FASTCALL,
      "Any other event: the open run is recorded first."},
     {"seal", (PyCFunction)Recorder_seal, METH_NOARGS, "Record the open run now."},

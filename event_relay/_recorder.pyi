@@ -1,6 +1,6 @@
 # event_relay/_recorder.c: event_relay.recorder.Recorder in C (no sampling rules). What it
 # reads of the broker's objects is hooks/recorder.py's Recorded* protocols.
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from event_relay.log import EventLog
@@ -22,5 +22,12 @@ class Recorder:
     ) -> None: ...
     def delivered(self, session: RecordedClient, delivery: RecordedDelivery) -> None: ...
     def completed(self, session: RecordedClient, delivery: RecordedDelivery) -> None: ...
+    def published_run(
+        self,
+        client: RecordedClient,
+        topic: str,
+        payloads: Sequence[bytes],
+        receivers: Sequence[RecordedClient],
+    ) -> None: ...
     def append(self, code: int, values: list[Any]) -> None: ...
     def seal(self) -> None: ...

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -161,6 +161,22 @@ class Recorder:
             self._session_id = session.session_id
         self._items.append(item)
 
+    def published_run(
+        self,
+        client: RecordedClient,
+        topic: str,
+        payloads: Sequence[bytes],
+        receivers: Sequence[RecordedClient],
+    ) -> None:
+        """A run of QoS 0 messages as the broker's fast path tells it: what it means,
+        message by message (hooks/recorder.py)."""
+        for payload in payloads:
+            message = _RunMessage(topic, payload)
+            self.published(client, message, None)
+            delivery = _RunDelivery(message)
+            for receiver in receivers:
+                self.delivered(receiver, delivery)
+
     # -- the other events, and the end of a run ------------------------------------------
 
     def append(self, code: int, values: list[Any]) -> None:
@@ -264,3 +280,28 @@ class Recorder:
             return False
         self.sampled_out += 1
         return True
+
+
+class _RunMessage:
+    """A message of a run (published_run), as a RecordedMessage."""
+
+    __slots__ = ("payload", "topic")
+    qos = 0
+    retain = False
+    acl_name = ""
+
+    def __init__(self, topic: str, payload: bytes) -> None:
+        self.topic = topic
+        self.payload = payload
+
+
+class _RunDelivery:
+    """A delivery of a run's message, as a RecordedDelivery: QoS 0, unretained, unstored."""
+
+    __slots__ = ("message",)
+    qos = 0
+    retain = False
+    seq = -1
+
+    def __init__(self, message: _RunMessage) -> None:
+        self.message = message

@@ -7,6 +7,8 @@ the broker's own work for a delivery. A plugin whose `recorder` attribute is a
 MessageRecorder gets those three events as plain calls with the broker's own objects
 instead, and no context is built for it (so it does not implement the hooks of the same
 names; the other plugins' are called as always). One plugin at most may have a recorder.
+A QoS 0 flood's run of messages to one topic is told in one call, `published_run`: the
+broker makes no objects for those messages.
 
 The objects passed are the broker's: read them, never change them (a recorder may hold
 on to a message or a session until the loop turn ends, to know what belongs to one run).
@@ -19,6 +21,7 @@ the C file reads no other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from hooks.spec import MatchedAcl
@@ -85,6 +88,20 @@ class MessageRecorder(Protocol):
         """The subscriber acknowledged a QoS 1 delivery (PUBACK) or received a QoS 2
         one (PUBREC) (on_delivery_complete)."""
 
+    def published_run(
+        self,
+        client: RecordedClient,
+        topic: str,
+        payloads: Sequence[bytes],
+        receivers: Sequence[RecordedClient],
+    ) -> None:
+        """A run of QoS 0 messages from `client` to `topic`, unretained, without
+        properties or an ACL label (no authorization plugin ran), each delivered at QoS 0,
+        unstored, to every one of `receivers` in turn: the broker's fast path for QoS 0
+        floods, which makes no Message or Delivery for them. It means exactly this, and
+        must record the same: for each payload, published(client, message, None), then
+        delivered(receiver, delivery) for each receiver."""
+
 
 # The methods a recorder must have, as the broker calls them (checked when plugins load).
-RECORDER_METHODS = ("published", "delivered", "completed")
+RECORDER_METHODS = ("published", "delivered", "completed", "published_run")

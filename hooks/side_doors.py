@@ -6,7 +6,7 @@ Besides hooks, the broker may call a plugin's `start()` / `stop()`, `before_ack(
 These are found by name, like hooks, so they are held to their declaration when the
 plugin loads (`side_door_problem`, which check_plugin calls): a value that cannot be
 called as the broker will call it, an `async` method the broker would not await, a
-recorder without its three methods, half of the metadata pair. Otherwise the mistake
+recorder without its methods, half of the metadata pair. Otherwise the mistake
 would show later and elsewhere: a crash at start-up, a /metrics that reports an error,
 acknowledgements written before an `async` before_ack ran.
 

@@ -224,23 +224,30 @@ def _route(
 
 def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
     """Route a run of QoS 0 PUBLISHes to one topic, unretained and without properties,
-    that no plugin looks at: each subscriber that can take them as the publisher sent them
-    gets them in one write (Routing.publish_run); if any cannot, or the run must be seen
-    message by message (a plugin watching publishes, flow control holding publishers),
-    they are routed one at a time, as always. Either way, what each subscriber receives
-    and in which order is the same."""
+    that no plugin authorizes or changes: each subscriber that can take them as the
+    publisher sent them gets them in one write (Routing.publish_run), and the recorder, if
+    a plugin has one, is told the run in one call; if any subscriber cannot, or the run
+    must be seen message by message (an on_publish hook, flow control holding publishers,
+    a message nobody subscribed to while on_message_drop is watched), they are routed one
+    at a time, as always. Either way, what each subscriber receives and in which order,
+    and what is recorded, is the same."""
     broker = engine.host
     chains = broker.chains
     topic = packets[0].topic
+    client = engine.client
     if not (
         _waits_for(broker, topic)
-        or chains.recorder is not None
-        or chains.on_publish[engine.client.protocol_level == MQTT5]
-        or chains.on_message_drop
+        or chains.on_publish[client.protocol_level == MQTT5]
         or topic.startswith("$SYS")
     ):
         raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]
-        if broker.routing.publish_run(topic, raws, engine.client):
+        receivers = broker.routing.publish_run(topic, raws, client)
+        # Nobody subscribed: nothing was written, and each message is dropped, and said so.
+        if receivers is not None and (receivers or not chains.on_message_drop):
+            recorder = chains.recorder
+            if recorder is not None:
+                payloads = [packet.payload for packet in packets]
+                recorder.published_run(client, topic, payloads, receivers)
             broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
             return None
     for i, packet in enumerate(packets):

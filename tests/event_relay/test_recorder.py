@@ -266,7 +266,9 @@ def test_the_c_recorder_raises_what_a_bad_object_raises():
 # One operation on both recorders: (kind, who, message index, qos, retain, stored)
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["publish", "deliver", "deliver", "deliver", "complete", "other", "turn"]),
+        st.sampled_from(
+            ["publish", "deliver", "deliver", "deliver", "complete", "other", "turn", "run"]
+        ),
         st.integers(0, 5),
         st.integers(0, 3),
         st.integers(0, 2),
@@ -291,8 +293,16 @@ def play(h: Harness, op: tuple, whos: list[Any], messages: list[Message]) -> Non
         h.recorder.completed(whos[who], delivery)
     elif kind == "other":
         h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
+    elif kind == "run":
+        h.recorder.published_run(whos[who], message.topic, *run_of(op, whos))
     else:
         h.end_turn()
+
+
+def run_of(op: tuple, whos: list[Any]) -> tuple[list[bytes], list[Any]]:
+    """A "run" operation's payloads (1 to 3) and receivers (none to 3, from `who` on)."""
+    _, who, index, qos, _, _ = op
+    return [bytes([n]) * (n * 50) for n in range(qos + 1)], whos[who + 1 : who + 1 + index]
 
 
 @pytest.mark.skipif(_recorder is None, reason="the C recorder was not built")
@@ -321,7 +331,17 @@ def expected_events(ops: list[tuple], relayed: set[str], whos: list[Any], messag
     wanted = {CODES[hook] for hook in relayed}
     kinds = {"publish": 3, "deliver": 6, "complete": 7, "other": 13}
     events: list[tuple] = []
-    for kind, who, index, qos, retain, stored in ops:
+    for op in ops:
+        kind, who, index, qos, retain, stored = op
+        if kind == "run":  # each message: its publish, then a delivery to each receiver
+            topic = messages[index].topic
+            payloads, receivers = run_of(op, whos)
+            for _ in payloads:
+                if 3 in wanted:
+                    events.append((3, whos[who].client_id, topic, 0, False, None))
+                if 6 in wanted:
+                    events.extend((6, r.client_id, topic, 0, False, False) for r in receivers)
+            continue
         code = kinds.get(kind)
         if code is None or (code != 13 and code not in wanted):
             continue
@@ -402,3 +422,41 @@ def test_a_first_delivery_that_fails_leaves_no_run_of_that_receiver(cls):
         (1, 6, "client-1", "t/2"),
         (2, 7, "client-1", "t/2"),
     ]
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+@pytest.mark.parametrize("relayed", [MESSAGE_HOOKS, {"on_deliver"}, {"on_publish"}])
+def test_a_run_records_what_its_messages_would_one_by_one(cls, relayed):
+    """published_run means published, then delivered to each receiver, per message: the
+    same records as those calls with the broker's own Message and Delivery."""
+    by_run, one_by_one = Harness(cls, relayed), Harness(cls, relayed)
+    publisher, receivers = Who(0), [Who(1), Who(2, None), LooseWho(3)]
+    payloads = [b"", b"x" * 40, bytes(300)]
+    by_run.recorder.published_run(publisher, "a/b", payloads, receivers)
+    by_run.recorder.published_run(publisher, "a/b", [b"y"], receivers[:1])  # one receiver
+    by_run.recorder.published_run(publisher, "a/c", [b"z"], [])  # nobody subscribed
+    for topic, run, to in (("a/b", payloads, receivers), ("a/b", [b"y"], receivers[:1])):
+        for payload in run:
+            message = Message(topic, payload, 0)
+            one_by_one.recorder.published(publisher, message, None)
+            for receiver in to:
+                one_by_one.recorder.delivered(receiver, Delivery(message, 0, False, ()))
+    one_by_one.recorder.published(publisher, Message("a/c", b"z", 0), None)
+    assert [decoded(r) for r in by_run.records()] == [decoded(r) for r in one_by_one.records()]
+    events = by_run.events()
+    published = 3 + 1 + 1 if "on_publish" in relayed else 0
+    delivered = 3 * 3 + 1 if "on_deliver" in relayed else 0
+    assert len(events) == published + delivered
+    assert [e[0] for e in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_run_with_one_receiver_then_its_next_event_joins_that_receivers_run(cls):
+    # As one by one: a message's only delivery, then that receiver's completion.
+    h = Harness(cls, {"on_deliver", "on_delivery_complete"})
+    receiver = Who(1)
+    h.recorder.published_run(Who(0), "t", [b"1"], [receiver])
+    h.recorder.completed(receiver, Delivery(Message("u", b"2", 1), 1, False, ()))
+    records = h.records()
+    assert [r[2] for r in records] == [SESSION_EVENTS]
+    assert [(e[2], e[7]) for e in h.events()] == [(6, "t"), (7, "u")]

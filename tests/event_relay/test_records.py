@@ -42,7 +42,7 @@ from event_relay.schema import (
 from event_relay.sidecar_pb.matched_acl_pb2 import MatchedACL
 from event_relay.sidecar_pb.on_deliver_pb2 import OnDeliver
 from event_relay.spool import STALE_PER_WRITE, Spool
-from tests.broker.helpers import V5, V311, unique_id
+from tests.broker.helpers import PUBLISH, V5, V311, RawClient, publish_packet, unique_id
 
 from .conftest import UUID4, RelayBroker, Stream, assert_gap_free, flood
 from .test_sidecar import Sidecar, memory_log, running
@@ -1123,6 +1123,58 @@ def test_stored_messages_are_delivered_as_persisted_deliveries(
             assert event_count(records[0]) >= 2
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_qos0_flood_routed_in_runs_is_recorded_message_by_message(relay_broker, recorder):
+    """QoS 0 PUBLISHes that arrive together go out in runs (Routing.publish_run), told to
+    the recorder in one call each: the relay still has every publish, each followed by
+    its deliveries, in the order they were sent, with their payloads."""
+    broker = with_recorder(relay_broker, recorder)
+    routing = broker.server.broker.routing
+    run_lengths: list[int] = []
+    route_run = routing.publish_run
+
+    def watched(topic: str, packets: list[bytes], publisher: Any) -> Any:
+        receivers = route_run(topic, packets, publisher)
+        if receivers:
+            run_lengths.append(len(packets))
+        return receivers
+
+    routing.publish_run = watched  # type: ignore[method-assign]
+    subs = [RawClient(broker.host, broker.port) for _ in range(2)]
+    pub = RawClient(broker.host, broker.port)
+    count = 300
+    sub_ids = [unique_id(f"sub{n}") for n in range(len(subs))]
+    try:
+        for sub, sub_id in zip(subs, sub_ids, strict=True):
+            sub.connect(sub_id)
+            assert sub.subscribe(("runs/x", 0)) == [0]
+        pub_id = unique_id("pub")
+        pub.connect(pub_id)
+        start = broker.next_seq()
+        pub.send(b"".join(publish_packet("runs/x", b"%d" % n) for n in range(count)))
+        for sub in subs:
+            assert [sub.expect(PUBLISH).payload for _ in range(count)] == [
+                b"%d" % n for n in range(count)
+            ]
+    finally:
+        for client in (pub, *subs):
+            client.close()
+    assert sum(run_lengths) > count // 2, run_lengths  # most of them went in runs
+    events = broker.read_all(start=start, until=lambda e: e["seq"] >= start + 3 * count - 1)
+    mine = [e for e in events if e["type"] in ("on_publish", "on_deliver")][: 3 * count]
+    assert_gap_free(mine, first=start)
+    for n in range(count):
+        publish, *delivers = mine[3 * n : 3 * n + 3]
+        assert (publish["type"], publish["client_id"], publish["payload"]) == (
+            "on_publish",
+            pub_id,
+            b"%d" % n,
+        )
+        assert (publish["topic"], publish["qos"], publish["retain"]) == ("runs/x", 0, False)
+        seen = sorted((d["type"], d["client_id"], d["payload"], d["persisted"]) for d in delivers)
+        assert seen == [("on_deliver", sub_id, b"%d" % n, False) for sub_id in sorted(sub_ids)]
 
 
 def test_resuming_from_a_commit_inside_a_record(fan_out):

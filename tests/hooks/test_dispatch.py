@@ -682,6 +682,9 @@ class _Recording:
     def completed(self, session, delivery) -> None:
         self.seen.append("completed")
 
+    def published_run(self, client, topic, payloads, receivers) -> None:
+        self.seen.append("published_run")
+
 
 def test_the_recorder_of_a_plugin_is_the_hooks_recorder():
     plugin = _Recording()

@@ -37,6 +37,9 @@ class Recorder:
     def completed(self, session, delivery) -> None:
         pass
 
+    def published_run(self, client, topic, payloads, receivers) -> None:
+        pass
+
 
 class Backend:
     """Stands for a cluster metadata backend."""
