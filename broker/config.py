@@ -363,9 +363,17 @@ def _integer(value: Any, name: str) -> int:
     return value
 
 
+# Seconds that may be 0, which turns the thing off.
+_ZERO_IS_OFF = {"heartbeat_interval"}
+
+
 def _seconds(value: Any, name: str) -> float:
     """A positive number of seconds, fractions allowed (e.g. 0.5)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if name.rpartition(".")[2] in _ZERO_IS_OFF:
+        if not number or value < 0:
+            raise ConfigError(f"{name}: expected 0 (off) or a number of seconds, got {value!r}")
+    elif not number or not value > 0:
         raise ConfigError(f"{name}: expected a number of seconds above 0, got {value!r}")
     return float(value)
 

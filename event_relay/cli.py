@@ -19,7 +19,7 @@ from typing import Any
 
 from event_relay.client import RelayClient, RelayError
 from event_relay.config import host_port
-from event_relay.schema import HOOK_NAMES
+from event_relay.schema import CODES, HOOK_NAMES
 
 DEFAULT_RELAY = "127.0.0.1:7883"
 
@@ -38,7 +38,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="earliest|latest|committed|SEQ",
         help="where to start (default: latest, only new events)",
     )
-    tail.add_argument("--type", dest="types", metavar="TYPE,...", help="only these event types")
+    tail.add_argument(
+        "--type",
+        dest="types",
+        metavar="TYPE,...",
+        help="only these event types (default: every hook's; heartbeat only when named)",
+    )
     tail.add_argument("--count", type=int, metavar="N", help="stop after N events")
     tail.add_argument("--name", default="nautilus-events-tail", help="the consumer's name")
     tail.add_argument(
@@ -59,13 +64,14 @@ def _start(value: str) -> str | int:
     )
 
 
-def _types(value: str | None) -> list[str] | None:
+def _types(value: str | None) -> list[str]:
+    """The types asked for; by default the hooks' events (heartbeats only when named)."""
     if value is None:
-        return None
+        return list(HOOK_NAMES)
     types = [t.strip() for t in value.split(",") if t.strip()]
-    unknown = [t for t in types if t not in HOOK_NAMES]
+    unknown = [t for t in types if t not in CODES]
     if unknown:
-        known = ", ".join(HOOK_NAMES)
+        known = ", ".join(CODES)
         raise ValueError(f"--type: unknown event types {', '.join(unknown)} (known: {known})")
     return types
 

@@ -43,6 +43,9 @@ class RelayConfig:
     # lowest of their positions are let go of (whole memory segments; the spool exactly).
     trim_committed: list[str] = field(default_factory=list)
     node_name: str = ""  # the broker's node_name unless set
+    # Seconds without an event after which the relay appends a heartbeat (the broker's
+    # clock): readers' event time moves on while the broker is quiet. 0: never.
+    heartbeat_interval: float = 1.0
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
 
 
@@ -78,6 +81,11 @@ def check(config: RelayConfig) -> RelayConfig:
     if not 0 < config.sidecar.port < 65536:
         raise ConfigError(
             f"event_relay.sidecar.port: must be 1 to 65535, got {config.sidecar.port}"
+        )
+    if config.heartbeat_interval < 0:
+        raise ConfigError(
+            f"event_relay.heartbeat_interval: must be 0 (off) or more seconds, "
+            f"got {config.heartbeat_interval}"
         )
     host_port(config.address, "event_relay.address")
     return config

@@ -11,6 +11,9 @@ recorder of a delivery before it calls any plugin's on_deliver.
 With `durability = "acknowledged"` the broker calls `before_ack()` before it writes any
 PUBACK / PUBREC: the events of that turn (the publish events among them) are then in the
 spool, fsynced, so a QoS 1/2 message the broker acknowledged has its event on disk.
+
+Besides the hooks' events, the relay appends a `heartbeat` (the broker's clock) when no
+event has come for `heartbeat_interval` seconds, and when a reader asks for one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ try:
     from event_relay._recorder import Recorder as FastRecorder
 except ImportError:  # built without a C compiler (setup.py)
     FastRecorder = None  # type: ignore[assignment, misc]
-from event_relay.schema import CODES
+from event_relay.schema import CODES, HEARTBEAT, HOOK_NAMES
 from event_relay.server import RelayServer
 from event_relay.spool import Spool, SpoolError
 from hooks import (
@@ -73,7 +76,9 @@ class EventRelay:
             # acknowledged durability there is no such method, and no call per flush.
             self.before_ack = self._before_ack
         self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
-        self.server = RelayServer(self.log, config, self.epoch) if config.serve else None
+        self.server = (
+            RelayServer(self.log, config, self.epoch, self.heartbeat) if config.serve else None
+        )
         self.sidecar = None
         if config.sidecar.enabled:
             from event_relay.sidecar import SidecarPush  # protobuf: only when pushing
@@ -99,7 +104,9 @@ class EventRelay:
         self._connected: dict[str, int] = {}
         self._relay_register = "on_register" in relayed
         tracked = {"on_client_offline", "on_client_gone"} & relayed
-        for hook in CODES:
+        self._quiet_check: asyncio.TimerHandle | None = None
+        self._seen = 0  # the log's next_seq at the last quiet check
+        for hook in HOOK_NAMES:
             if hook not in relayed and not (hook == "on_register" and tracked):
                 setattr(self, hook, None)  # hidden: the broker skips it entirely
 
@@ -118,8 +125,26 @@ class EventRelay:
             await self.server.start()
         if self.sidecar is not None:
             self.sidecar.start()
+        if self.config.heartbeat_interval:
+            self._check_quiet()
+
+    def heartbeat(self) -> None:
+        """Append a heartbeat: the broker's clock, after every event appended so far."""
+        self._append(HEARTBEAT, [0, _time_ns(), 0, None, "", None, None])
+
+    def _check_quiet(self) -> None:
+        """Every heartbeat_interval: a heartbeat if no event came since the last check
+        (one timer, whatever the traffic)."""
+        next_seq = self.log.next_seq
+        if next_seq == self._seen:
+            self.heartbeat()
+        self._seen = self.log.next_seq
+        loop = asyncio.get_running_loop()
+        self._quiet_check = loop.call_later(self.config.heartbeat_interval, self._check_quiet)
 
     async def stop(self) -> None:
+        if self._quiet_check is not None:
+            self._quiet_check.cancel()
         self._recorder.seal()  # the last loop turn's records, into the log (and the spool)
         if self.sidecar is not None:
             await self.sidecar.stop()

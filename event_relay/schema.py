@@ -42,6 +42,11 @@ TYPES: dict[int, tuple[str, tuple[str, ...]]] = {
     11: ("on_client_offline", _DISCONNECT),
     12: ("on_client_gone", _DISCONNECT),
     13: ("on_session_expired", ()),
+    # Not a hook's: the relay's own, the broker's clock in `ts` (the other common fields
+    # empty), appended when no event has come for `heartbeat_interval` seconds and when a
+    # reader asks (QUERY {heartbeat: true}), so that a reader's event time moves on while
+    # the broker is quiet (a Spark query's watermark closes its last windows).
+    17: ("heartbeat", ()),
 }
 
 CODES: dict[str, int] = {name: code for code, (name, _) in TYPES.items()}
@@ -147,7 +152,9 @@ def expand(
     return events
 
 
-HOOK_NAMES: tuple[str, ...] = tuple(CODES)
+HEARTBEAT = CODES["heartbeat"]
+# The event types that are hooks' (what `hooks` lists and the sidecar can push).
+HOOK_NAMES: tuple[str, ...] = tuple(name for name in CODES if name != "heartbeat")
 
 
 def decode_event(values: list[Any]) -> dict[str, Any]:

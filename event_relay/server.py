@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 from event_relay import frames
@@ -34,10 +35,17 @@ STARTS = ("earliest", "latest", "committed")
 
 
 class RelayServer:
-    def __init__(self, event_log: EventLog, config: RelayConfig, epoch: str) -> None:
+    def __init__(
+        self,
+        event_log: EventLog,
+        config: RelayConfig,
+        epoch: str,
+        heartbeat: Callable[[], None],
+    ) -> None:
         self.log = event_log
         self.config = config
         self.epoch = epoch
+        self.heartbeat = heartbeat  # appends one (QUERY {heartbeat: true})
         self.node = config.node_name
         self.consumers: set[Consumer] = set()
         self.commits: dict[str, int] = {}  # consumer name -> committed position
@@ -157,6 +165,8 @@ class Consumer(asyncio.Protocol):
             elif kind == frames.COMMIT:
                 self.commit(body)
             elif kind == frames.QUERY:
+                if isinstance(body, dict) and body.get("heartbeat") is True:
+                    self.server.heartbeat()  # the reader reads up to now: time included
                 self.send(frames.INFO, self.info())
             elif kind == frames.READ:
                 self.read(body)

@@ -1,27 +1,33 @@
 """`nautilus-spark`: run a built-in job, or a streaming SQL query, over a relay.
 
     nautilus-spark JOB --relay HOST:PORT --sink console|parquet:DIR|mqtt:HOST:PORT
-                   [--prefix $analytics]
+                   [--prefix $analytics] [--window '10 seconds'] [--watermark '30 seconds']
                    --checkpoint DIR [--trigger available-now|'10 seconds']
     nautilus-spark sql "SELECT ... FROM events ..." [the same options]
 
 JOB is topic-traffic, client-activity, auth-failures or delivery-health (docs/spark.md).
-In `sql`, the events are the streaming view `events`. Runs on `local[*]`, or `--master`;
-run by spark-submit (`spark-submit .../spark_consumers/cli.py JOB ...`), on the cluster
-spark-submit was given.
+In `sql`, the events are the streaming view `events`, with the watermark set; `--window`
+is the query's `:window` parameter. Runs on `local[*]`, or `--master`; run by
+spark-submit (`spark-submit .../spark_consumers/cli.py JOB ...`), on the cluster
+spark-submit was given. An available-now run ends with one line on stderr: what it read,
+what it wrote, and the windows still open.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_consumers.jobs import JOBS
+from spark_consumers.jobs import JOBS, WATERMARK, WINDOW, watermarked
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
-from spark_consumers.sinks import PREFIX, SinkError, writer
+from spark_consumers.sinks import PREFIX, RowCount, SinkError, writer
+from spark_consumers.summary import summary
+
+PROGRESS_KEPT = 1_000_000  # progress reports an available-now run keeps (one per batch)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,6 +49,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--master", help="a local Spark master (default local[*]; under spark-submit: its own)"
     )
     parser.add_argument("--starting-offsets", default="earliest", help="for a new query")
+    parser.add_argument(
+        "--window", default=WINDOW, metavar="DURATION", help=f"tumbling windows ({WINDOW!r})"
+    )
+    parser.add_argument(
+        "--watermark",
+        default=WATERMARK,
+        metavar="DURATION",
+        help=f"how late an event may come ({WATERMARK!r}); a window closes this long after its end",
+    )
     args = parser.parse_args(argv)
     if args.job == "sql" and not args.query:
         parser.error('sql needs a query, e.g. "SELECT topic, count(*) FROM events GROUP BY topic"')
@@ -57,10 +72,13 @@ def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         .load()
     )
     if args.job == "sql":
-        events.createOrReplaceTempView("events")
+        watermarked(events, args.watermark).createOrReplaceTempView("events")
+        # `:window` in the query is --window (named parameters are bound only when used).
+        if ":window" in args.query:
+            return spark.sql(args.query, args={"window": args.window})
         return spark.sql(args.query)
-    job: Callable[[DataFrame], DataFrame] = JOBS[args.job]
-    return job(events)
+    job: Callable[..., DataFrame] = JOBS[args.job]
+    return job(events, window=args.window, watermark=args.watermark)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,19 +92,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 1
     name = args.job.replace("-", "_")
+    count = RowCount(args.sink)
     try:
-        stream = writer(results(spark, args), args.sink, name, args.prefix)
+        stream = writer(results(spark, args), args.sink, name, args.prefix, count)
     except SinkError as exc:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 2
     stream = stream.option("checkpointLocation", args.checkpoint)
-    if args.trigger == "available-now":
+    once = args.trigger == "available-now"
+    if once:
+        # Every batch's report, for the summary line (Spark keeps the last 100 by default).
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(PROGRESS_KEPT))
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=args.trigger)
     query = stream.start()
     try:
         query.awaitTermination()
+        if once:
+            progress = [json.loads(p.json) for p in query.recentProgress]
+            window = None if args.job == "sql" and ":window" not in args.query else args.window
+            written = {args.sink: count.rows(progress)}
+            print(summary(progress, written, window, args.watermark), file=sys.stderr)
     except KeyboardInterrupt:
         query.stop()
     finally:

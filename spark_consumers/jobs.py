@@ -5,6 +5,13 @@ Windows are tumbling, over the broker's event time; the watermark lets Spark dro
 state of windows older than it (rows later than that may be left out). In `update` mode
 a window is emitted again as it grows, so a sink upserts on (window, key); `append`
 emits each window once, when the watermark has passed it.
+
+Event time moves on without traffic through the relay's heartbeats (rows of event_type
+`heartbeat`, appended while the broker is quiet), but only if they reach the watermark:
+Spark's optimizer moves a filter that does not read the event time below the watermark,
+so a job that kept only its events would never show it a heartbeat. Each job therefore
+lets heartbeats through its filter and drops them just above the watermark, with a
+filter that reads the event time, which stays there (`_counted`).
 """
 
 from __future__ import annotations
@@ -17,15 +24,41 @@ WATERMARK = "30 seconds"
 SINK_CLIENTS = "nautilus-spark-"  # the client ids of the MQTT sink (spark_consumers.sinks)
 
 
-def broker_traffic(events: DataFrame) -> DataFrame:
-    """The events of the clients' own traffic: not those of `$` topics (the broker's and
-    the analytics', e.g. $analytics/...) nor of the MQTT sink's client. Without this, the
-    results a job publishes back into the broker would be counted by the job, and
-    publish again, in a loop."""
+def _heartbeat() -> Column:
+    """A relay heartbeat's row (a Column is made under a session: not at import)."""
+    return F.col("event_type") == "heartbeat"
+
+
+def _traffic() -> Column:
+    """The clients' own traffic: not the events of `$` topics (the broker's and the
+    analytics', e.g. $analytics/...) nor of the MQTT sink's client, nor heartbeats."""
     topic = F.col("topic")
-    return events.where(
-        (topic.isNull() | ~topic.startswith("$")) & ~F.col("client_id").startswith(SINK_CLIENTS)
+    return (
+        ~_heartbeat()
+        & (topic.isNull() | ~topic.startswith("$"))
+        & ~F.col("client_id").startswith(SINK_CLIENTS)
     )
+
+
+def broker_traffic(events: DataFrame) -> DataFrame:
+    """The events of the clients' own traffic. Without this filter, the results a job
+    publishes back into the broker would be counted by the job, and publish again, in a
+    loop."""
+    return events.where(_traffic())
+
+
+def watermarked(events: DataFrame, watermark: str = WATERMARK) -> DataFrame:
+    """The events with the watermark set (a query that filters them must let heartbeats
+    through to move it: see above)."""
+    return events.withWatermark("event_time", watermark)
+
+
+def _counted(events: DataFrame, watermark: str, condition: Column) -> DataFrame:
+    """The watermarked events of the clients' traffic that satisfy `condition`. The
+    heartbeats pass the first filter (which Spark runs below the watermark) and are
+    dropped by the second, which reads the event time and so runs above it."""
+    kept = watermarked(events, watermark).where(_heartbeat() | (_traffic() & condition))
+    return kept.where(F.when(_heartbeat(), None).otherwise(F.col("event_time")).isNotNull())
 
 
 def _count(condition: Column) -> Column:
@@ -35,9 +68,7 @@ def _count(condition: Column) -> Column:
 def topic_traffic(events: DataFrame, window: str = WINDOW, watermark: str = WATERMARK) -> DataFrame:
     """Messages and payload bytes published per topic per window."""
     return (
-        broker_traffic(events)
-        .where(F.col("event_type") == "on_publish")
-        .withWatermark("event_time", watermark)
+        _counted(events, watermark, F.col("event_type") == "on_publish")
         .groupBy(F.window("event_time", window).alias("window"), "topic")
         .agg(F.count("*").alias("messages"), F.sum("payload_size").alias("bytes"))
     )
@@ -51,9 +82,7 @@ def client_activity(
     event, and how long the ended sessions lasted."""
     kinds = ["on_register", "on_client_offline", "on_client_gone"]
     return (
-        broker_traffic(events)
-        .where(F.col("event_type").isin(kinds))
-        .withWatermark("event_time", watermark)
+        _counted(events, watermark, F.col("event_type").isin(kinds))
         .groupBy(
             F.window("event_time", window).alias("window"),
             "event_type",
@@ -73,9 +102,7 @@ def auth_failures(events: DataFrame, window: str = WINDOW, watermark: str = WATE
     """Refused connects per reason and peer address per window (brute force shows as
     one peer with many)."""
     return (
-        broker_traffic(events)
-        .where(F.col("event_type") == "on_register_failed")
-        .withWatermark("event_time", watermark)
+        _counted(events, watermark, F.col("event_type") == "on_register_failed")
         .groupBy(F.window("event_time", window).alias("window"), "reason", "peer_addr")
         .agg(
             F.count("*").alias("failures"),
@@ -90,8 +117,7 @@ def delivery_health(
     """Publishes against deliveries, drops and offline messages per window."""
     kind = F.col("event_type")
     return (
-        broker_traffic(events)
-        .withWatermark("event_time", watermark)
+        _counted(events, watermark, F.lit(True))
         .groupBy(F.window("event_time", window).alias("window"))
         .agg(
             _count(kind == "on_publish").alias("publishes"),

@@ -33,9 +33,11 @@ class RelayConnection:
             hello["secret"] = secret
         self.welcome: dict[str, Any] = self._request(frames.HELLO, hello, frames.WELCOME)
 
-    def info(self) -> dict[str, Any]:
-        """The retained range (first_seq, next_seq), the epoch, the node."""
-        info: dict[str, Any] = self._request(frames.QUERY, {}, frames.INFO)
+    def info(self, heartbeat: bool = False) -> dict[str, Any]:
+        """The retained range (first_seq, next_seq), the epoch, the node; with
+        `heartbeat`, after the relay appended one (its clock, after every event so far)."""
+        query = {"heartbeat": True} if heartbeat else {}
+        info: dict[str, Any] = self._request(frames.QUERY, query, frames.INFO)
         return info
 
     def read(self, start: int, end: int) -> list[list[Any]]:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import datetime
 import json
 import threading
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import paho.mqtt.client as mqtt
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
@@ -43,8 +45,45 @@ class SinkError(ValueError):
     """A sink given on the command line that does not exist."""
 
 
-def writer(results: DataFrame, sink: str, job: str, prefix: str = PREFIX) -> DataStreamWriter:
-    """A stream writer of `results` to `sink` (output mode chosen for the sink)."""
+class RowCount:
+    """The rows a sink wrote during one run (the summary line of `nautilus-spark`): for
+    Parquet, the rows of the files that appeared under its directory (their footers);
+    for MQTT, its publishes; otherwise what Spark's progress reports say, when they do."""
+
+    def __init__(self, sink: str) -> None:
+        kind, _, where = sink.partition(":")
+        local = kind == "parquet" and where and "://" not in where  # not hdfs://, s3a://
+        self.directory = Path(where) if local else None
+        self.remote = kind == "parquet" and not local  # its files are not looked at here
+        self._before = self._files()
+        self.published = 0  # the MQTT sink's rows (foreachBatch runs on the driver)
+        self.counts_publishes = kind == "mqtt"
+
+    def _files(self) -> set[Path]:
+        directory = self.directory
+        return set(directory.rglob("*.parquet")) if directory and directory.is_dir() else set()
+
+    def rows(self, progress: list[dict[str, Any]]) -> int | None:
+        if self.remote:
+            return None
+        if self.directory is not None:
+            new = self._files() - self._before
+            return sum(pq.read_metadata(path).num_rows for path in new)
+        if self.counts_publishes:
+            return self.published
+        reported = [p.get("sink", {}).get("numOutputRows", -1) for p in progress]
+        return sum(reported) if all(n >= 0 for n in reported) else None
+
+
+def writer(
+    results: DataFrame,
+    sink: str,
+    job: str,
+    prefix: str = PREFIX,
+    count: RowCount | None = None,
+) -> DataStreamWriter:
+    """A stream writer of `results` to `sink` (output mode chosen for the sink); `count`,
+    if given, is told what the MQTT sink publishes."""
     kind, _, where = sink.partition(":")
     stream = results.writeStream
     if kind == "console":
@@ -59,7 +98,8 @@ def writer(results: DataFrame, sink: str, job: str, prefix: str = PREFIX) -> Dat
         return stream.format("memory").queryName(where).outputMode("complete")
     if kind == "mqtt" and where:
         host, _, port = where.rpartition(":")
-        publish = MqttPublisher(host or "127.0.0.1", int(port or 1883), f"{prefix}/{job}", job)
+        base = f"{prefix}/{job}"
+        publish = MqttPublisher(host or "127.0.0.1", int(port or 1883), base, job, count)
         return stream.outputMode("update").foreachBatch(publish)
     raise SinkError(
         f"unknown sink {sink!r}: expected console, parquet:DIR, memory:NAME or mqtt:HOST:PORT"
@@ -81,9 +121,12 @@ def _day(results: DataFrame) -> Column | None:
 class MqttPublisher:
     """foreachBatch: each row of a batch as a retained QoS 1 message."""
 
-    def __init__(self, host: str, port: int, base: str, job: str) -> None:
+    def __init__(
+        self, host: str, port: int, base: str, job: str, count: RowCount | None = None
+    ) -> None:
         self.host, self.port, self.base = host, port, base
         self.keys = KEYS.get(job)  # None (a SQL query): the row's text columns
+        self.count = count
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         rows = batch.collect()
@@ -108,6 +151,8 @@ class MqttPublisher:
             for row in rows:
                 info = client.publish(self.topic(row), _json(row), qos=1, retain=True)
                 info.wait_for_publish(30)
+            if self.count is not None:
+                self.count.published += len(rows)
         finally:
             client.disconnect()
             client.loop_stop()

@@ -4,6 +4,12 @@
     events = (spark.readStream.format("nautilus_events")
               .option("relay", "127.0.0.1:7883").load())
 
+Besides the broker's events, the relay's heartbeats come through (`event_type`
+"heartbeat": `seq`, `event_time`, `node` and an empty `mountpoint`, nothing else):
+appended while the broker is quiet, and at the start of a Trigger.AvailableNow run, so
+that event time, and a watermark, move on without traffic (spark_consumers.jobs counts
+none of them).
+
 Offsets are the relay's sequence numbers, with its epoch: `{"epoch": ..., "seq": n}` is
 the next event to read. A micro-batch [start, end) is split into partitions of
 `eventsPerPartition` sequence numbers that executors read with the relay's READ; a
@@ -131,7 +137,9 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if self.max_events is None else ReadMaxRows(self.max_events)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.until = self._info()["next_seq"]
+        # Up to a heartbeat the relay appends now: the run's event time reaches the
+        # relay's clock, so the windows that ended before it close in this run.
+        self.until = self._connection().info(heartbeat=True)["next_seq"]
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         info = self._info()

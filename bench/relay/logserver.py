@@ -18,7 +18,7 @@ from typing import Any
 
 from event_relay.config import RelayConfig
 from event_relay.log import SEGMENT, EventLog
-from event_relay.schema import CODES
+from event_relay.schema import CODES, HEARTBEAT
 from event_relay.server import RelayServer
 
 from ..brokers import HOST
@@ -53,10 +53,14 @@ def filled(count: int) -> EventLog:
     return log
 
 
+def heartbeat(log: EventLog) -> None:
+    log.append(HEARTBEAT, [0, time.time_ns(), 0, None, "", None, None])
+
+
 async def serve(port: int, count: int) -> None:
     log = filled(count)
     config = RelayConfig(serve=True, address=f"{HOST}:{port}", node_name="bench")
-    server = RelayServer(log, config, uuid.uuid4().hex)
+    server = RelayServer(log, config, uuid.uuid4().hex, lambda: heartbeat(log))
     await server.start()
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -32,7 +32,9 @@ from tests.test_cli import start_process
 __all__ = ["paho_client", "raw_client", "start_process"]  # fixtures, used by name
 
 WAIT = 5.0  # the longest one expected event (or frame) may take
-RELAY = {"enabled": True, "address": "127.0.0.1:0"}
+# No heartbeats (tests/event_relay/test_heartbeat.py has them): these tests count every
+# event of the log, and a quiet second in one would add one.
+RELAY = {"enabled": True, "address": "127.0.0.1:0", "heartbeat_interval": 0}
 UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 RELAY_LISTENING = re.compile(r"event relay listening on 127\.0\.0\.1:(\d+)\b")
 

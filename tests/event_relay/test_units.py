@@ -281,8 +281,9 @@ def test_frame_reader_checks_the_length_before_the_body_arrives():
 
 
 def test_every_type_has_a_code_and_fields():
-    assert len(TYPES) == 13 and set(CODES.values()) == set(range(1, 14))
-    assert tuple(name for name, _ in TYPES.values()) == HOOK_NAMES
+    # 1-13 the hooks', 14-16 the compact records', 17 the relay's heartbeat.
+    assert len(TYPES) == 14 and set(CODES.values()) == {*range(1, 14), 17}
+    assert tuple(name for name, _ in TYPES.values()) == (*HOOK_NAMES, "heartbeat")
 
 
 @pytest.mark.parametrize("code", sorted(TYPES), ids=[TYPES[c][0] for c in sorted(TYPES)])

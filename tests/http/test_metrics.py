@@ -238,7 +238,8 @@ def test_webhooks_requests_and_errors_against_a_real_endpoint(
 
 
 def test_event_relay_counts_its_events(start_broker, raw_client):
-    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    relay_config = {"enabled": True, "address": "127.0.0.1:0", "heartbeat_interval": 0}
+    server = start_broker(event_relay=relay_config)
     relay = dict(server.broker.plugins)["event_relay"]
     first = server.call(lambda: relay.log.next_seq)
     client = raw_client(server)

@@ -1,0 +1,211 @@
+"""Windows that close when time passes, not only when more traffic comes: the relay's
+heartbeats move a query's watermark while the broker is quiet, an available-now run reads
+up to the relay's clock, and the run says what it did (`nautilus-spark`, real Spark in
+local mode, a real broker)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pyarrow.parquet as pq
+import pytest
+
+from event_relay.schema import decode_event, expand
+from tests.conftest import BrokerThread
+
+from .test_source import relay_of
+
+pytestmark = pytest.mark.timeout(300)
+
+COUNTS = {"win/a": 30, "win/b": 20, "win/c": 10}
+
+
+def publish_counts(server: BrokerThread, paho_client) -> None:
+    publisher = paho_client(server, 4)
+    for topic, count in COUNTS.items():
+        for i in range(count):
+            publisher.publish(topic, b"%d" % i, qos=1)
+    publisher.disconnect()
+
+
+def relay_clock_passes(server: BrokerThread, moment_ns: int) -> None:
+    """Wait until the relay holds a heartbeat of `moment_ns` or later (the broker went
+    quiet past it)."""
+    relay = dict(server.broker.plugins)["event_relay"]
+
+    def beat_after() -> bool:
+        records, _ = relay.log.read(max(relay.log.first_seq, relay.log.next_seq - 50), 1000)
+        events = map(decode_event, expand([msgpack.unpackb(r) for r in records]))
+        return any(e["type"] == "heartbeat" and e["ts"] >= moment_ns for e in events)
+
+    server.wait_for(beat_after, timeout=30)
+
+
+TOPIC_TRAFFIC = ("topic-traffic",)
+
+
+def command(
+    address: str, sink: str, checkpoint: Path, *options: str, job: tuple[str, ...] = TOPIC_TRAFFIC
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "spark_consumers.cli",
+        *job,
+        "--relay",
+        address,
+        "--sink",
+        sink,
+        "--checkpoint",
+        str(checkpoint),
+        "--master",
+        "local[2]",
+        *options,
+    ]
+
+
+def run_now(address: str, sink: str, checkpoint: Path, *options: str) -> str:
+    """One available-now run; its summary line (the last line of stderr)."""
+    done = subprocess.run(
+        command(address, sink, checkpoint, "--trigger", "available-now", *options),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr.strip().splitlines()[-1]
+
+
+def committed(directory: Path) -> list[str]:
+    """The Parquet files Spark's file sink committed (its `_spark_metadata` log): a
+    file being written meanwhile is not one of them."""
+    log = directory / "_spark_metadata"
+    paths: set[str] = set()
+    for entry in log.glob("*") if log.is_dir() else ():
+        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # after the version line
+            paths.add(json.loads(line)["path"].removeprefix("file://"))
+    return sorted(paths)
+
+
+def per_topic(directory: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in committed(directory):
+        table = pq.read_table(path, columns=["topic", "messages"])
+        for topic, messages in zip(
+            table.column("topic").to_pylist(), table.column("messages").to_pylist(), strict=True
+        ):
+            counts[topic] = counts.get(topic, 0) + messages
+    return counts
+
+
+def test_an_available_now_run_after_the_traffic_writes_every_window_once(
+    start_broker, paho_client, tmp_path
+):
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    publish_counts(server, paho_client)
+    # Past the last window's end (2 s windows, no watermark): the relay's clock says so.
+    relay_clock_passes(server, (time.time_ns() // 2_000_000_000 + 1) * 2_000_000_000)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    sink = f"parquet:{out}"
+    window = ("--window", "2 seconds", "--watermark", "0 seconds")
+    line = run_now(address, sink, checkpoint, *window)
+    assert per_topic(out) == COUNTS
+    assert line.startswith("nautilus-spark: read ") and "; no window left open" in line
+    rows = sum(pq.read_metadata(path).num_rows for path in committed(out))
+    assert f"wrote {rows} rows to {sink}" in line
+    # Again on the same checkpoint: exactly once, nothing added.
+    again = run_now(address, sink, checkpoint, *window)
+    assert per_topic(out) == COUNTS
+    assert f"wrote 0 rows to {sink}" in again
+
+
+def test_a_run_that_ends_before_its_windows_close_says_when_they_will(
+    start_broker, paho_client, tmp_path
+):
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    publish_counts(server, paho_client)
+    out = tmp_path / "out"
+    line = run_now(
+        address,
+        f"parquet:{out}",
+        tmp_path / "checkpoint",
+        *("--window", "1 day", "--watermark", "0 seconds"),
+    )
+    assert per_topic(out) == {}  # the day has not ended
+    assert "wrote 0 rows" in line
+    # One row per topic waits in the day's window, which closes at the next midnight UTC.
+    assert line.endswith(
+        "3 rows of open windows: the last closes once the broker's clock passes "
+        + time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86400))
+    )
+
+
+def test_a_continuous_query_on_a_quiet_broker_writes_its_last_window(
+    start_broker, paho_client, tmp_path
+):
+    # Heartbeats every second (the default): the last window (2 s, no watermark) closes
+    # within window + watermark + a trigger + a heartbeat of its end, traffic or not.
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    out = tmp_path / "out"
+    query = subprocess.Popen(
+        command(
+            address,
+            f"parquet:{out}",
+            tmp_path / "checkpoint",
+            *("--trigger", "1 second", "--window", "2 seconds", "--watermark", "0 seconds"),
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        publish_counts(server, paho_client)  # then nothing more
+        deadline = time.monotonic() + 120
+        while per_topic(out) != COUNTS:
+            assert query.poll() is None, query.stderr.read()[-3000:] if query.stderr else ""
+            assert time.monotonic() < deadline, f"written so far: {per_topic(out)}"
+            time.sleep(0.5)  # polling files another process writes: no event to await
+    finally:
+        query.terminate()
+        query.wait(timeout=60)
+
+
+def test_a_sql_query_that_reads_the_event_time_in_its_filter_closes_its_windows_too(
+    start_broker, paho_client, tmp_path
+):
+    # Spark runs a filter that does not read the event time below the watermark, where
+    # it would drop the heartbeats before they move it; one that reads it stays above.
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    publish_counts(server, paho_client)
+    relay_clock_passes(server, (time.time_ns() // 2_000_000_000 + 1) * 2_000_000_000)
+    out = tmp_path / "out"
+    query = (
+        "SELECT window(event_time, :window) AS window, topic, count(*) AS messages "
+        "FROM events WHERE event_type = 'on_publish' OR event_time IS NULL "
+        "GROUP BY window, topic"
+    )
+    done = subprocess.run(
+        command(
+            address,
+            f"parquet:{out}",
+            tmp_path / "checkpoint",
+            *("--trigger", "available-now", "--window", "2 seconds", "--watermark", "0 seconds"),
+            job=("sql", query),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert per_topic(out) == COUNTS
