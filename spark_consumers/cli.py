@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_consumers.jobs import JOBS, WATERMARK, WINDOW, watermarked
+from spark_consumers.jobs import COLUMNS, JOBS, WATERMARK, WINDOW, watermarked
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
 from spark_consumers.sinks import PREFIX, RowCount, SinkError, writer
 from spark_consumers.summary import summary
@@ -65,12 +65,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
-    events = (
+    reader = (
         spark.readStream.format("nautilus_events")
         .option("relay", args.relay)
         .option("startingOffsets", args.starting_offsets)
-        .load()
     )
+    if args.job != "sql":  # a job reads a few columns: only those are made (sql: all)
+        reader = reader.option("columns", COLUMNS[args.job])
+    events = reader.load()
     if args.job == "sql":
         watermarked(events, args.watermark).createOrReplaceTempView("events")
         # `:window` in the query is --window (named parameters are bound only when used).

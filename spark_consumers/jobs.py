@@ -137,6 +137,16 @@ def delivery_health(
     )
 
 
+# The event columns each job reads (the source's `columns` option: the source makes, and
+# Spark takes in, only those). The filters read event_type, event_time, topic, client_id.
+_FILTERED = "event_type,event_time,topic,client_id"
+COLUMNS = {
+    "topic-traffic": f"{_FILTERED},payload_size",
+    "client-activity": f"{_FILTERED},seq,reason,online,session_seconds",
+    "auth-failures": f"{_FILTERED},reason,peer_addr",
+    "delivery-health": f"{_FILTERED},reason",
+}
+
 JOBS = {
     "topic-traffic": topic_traffic,
     "client-activity": client_activity,

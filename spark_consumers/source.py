@@ -22,11 +22,13 @@ the consumer name `name`).
 Options (strings, as Spark passes them): `relay` (host:port, default 127.0.0.1:7883),
 `startingOffsets` (earliest, latest or a sequence number; default earliest: only for a new
 query), `maxEventsPerTrigger`, `eventsPerPartition` (default 50000), `name` (default
-spark), `secret`.
+spark), `secret`, `columns` (comma-separated: only those columns are made, and sent to
+Spark; default all).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import Any
@@ -104,11 +106,16 @@ class NautilusEvents(DataSource):
         return "nautilus_events"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        columns = columns_option(_lowered(self.options).get("columns"))
+        return StructType([SCHEMA[name] for name in columns])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        # Spark's options are case-insensitive: looked up here in lower case.
-        return EventsReader({key.lower(): value for key, value in self.options.items()})
+        return EventsReader(_lowered(self.options))
+
+
+def _lowered(options: Any) -> dict[str, str]:
+    """Spark's options are case-insensitive: looked up in lower case."""
+    return {key.lower(): value for key, value in options.items()}
 
 
 class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -121,6 +128,7 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit = options.get("maxeventspertrigger")
         self.max_events = int(limit) if limit else None
         self.until: int | None = None  # Trigger.AvailableNow: what was there when it began
+        self.columns = columns_option(options.get("columns"))
         self._relay: RelayConnection | None = None
 
     # -- the driver's side ------------------------------------------------------------
@@ -204,71 +212,99 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"the relay returned {len(events)} of the {expected} events "
                 f"{partition.start}..{partition.end - 1}: some are no longer retained"
             )
+        make = batch_maker(self.columns)
         for first in range(0, len(events), ARROW_ROWS):
-            yield _record_batch(events[first : first + ARROW_ROWS], node)
+            yield make(events[first : first + ARROW_ROWS], node)
 
 
-# The row's columns that are event fields, in ARROW_SCHEMA's order, with the two that
-# computed columns need (`ts`: event_time, session_seconds; `type`: event_type;
-# `connected_ts`: session_seconds). Each type's rows take them by position (_ROWS).
-_TAKEN = (
-    *("seq", "ts", "type", "client_id", "username", "mountpoint", "session_id", "topic"),
-    *("qos", "retain", "payload_size", "payload", "acl_name", "peer_addr", "reason"),
-    *("online", "connected_ts"),
-)
+# What each column is made from: the event fields it reads (by position, per type), and
+# how those become its Arrow array (`node` and the row count are the read's).
+_Build = Callable[[dict[str, tuple[Any, ...]], str, int], pa.Array]
+
+
+def _plain(name: str) -> tuple[tuple[str, ...], _Build]:
+    kind = ARROW_SCHEMA.field(name).type
+    return (name,), lambda f, node, count: pa.array(f[name], kind)
+
+
+def _event_time(f: dict[str, tuple[Any, ...]], node: str, count: int) -> pa.Array:
+    micros = pc.divide(pa.array(f["ts"], pa.int64()), 1000)  # the column's unit: µs
+    return micros.cast(ARROW_SCHEMA.field("event_time").type)
+
+
+def _session_seconds(f: dict[str, tuple[Any, ...]], node: str, count: int) -> pa.Array:
+    since = pc.subtract(pa.array(f["ts"], pa.int64()), pa.array(f["connected_ts"], pa.int64()))
+    return pc.divide(since.cast(pa.float64()), 1e9)
+
+
 _TYPE_NAMES = pa.array([TYPES[c][0] if c in TYPES else None for c in range(max(TYPES) + 1)])
 
 
-def _type_names(codes: pa.Array) -> pa.Array:
-    """The hook names of type codes; null for a code this version does not know."""
+def _event_type(f: dict[str, tuple[Any, ...]], node: str, count: int) -> pa.Array:
+    """The hook names of the type codes; null for a code this version does not know."""
+    codes = pa.array(f["type"], pa.int64())
     known = pc.less(codes, len(_TYPE_NAMES))
     return pc.take(_TYPE_NAMES, pc.if_else(known, codes, 0))  # 0: no type, null
 
 
-def _row_getter(fields: tuple[str, ...]) -> Callable[[list[Any]], tuple[Any, ...]]:
-    """The _TAKEN values of an event with these fields, by position: one C call a row;
-    a field the type does not have is read from the None the reader appends (-1)."""
-    return itemgetter(*(fields.index(name) if name in fields else -1 for name in _TAKEN))
+_COLUMNS_MADE: dict[str, tuple[tuple[str, ...], _Build]] = {
+    "event_time": (("ts",), _event_time),
+    "node": ((), lambda f, node, count: pa.array([node] * count, pa.string())),
+    "event_type": (("type",), _event_type),
+    "session_seconds": (("ts", "connected_ts"), _session_seconds),
+}
+BUILDS = {name: _COLUMNS_MADE.get(name) or _plain(name) for name in ARROW_SCHEMA.names}
 
 
-_ROWS = {code: _row_getter((*COMMON, *own)) for code, (_, own) in TYPES.items()}
-_COMMON_ROW = _row_getter(COMMON)  # a type this version does not know: its common fields
+class _BatchMaker:
+    """Events as Arrow record batches of some of the columns (Spark takes Arrow from a
+    Python source several times faster than rows): each event a tuple of the fields those
+    columns read, in one C call (an itemgetter per type), the tuples turned into columns
+    by zip, the computed columns by Arrow."""
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.schema = pa.schema([ARROW_SCHEMA.field(name) for name in columns])
+        read = {field for name in columns for field in BUILDS[name][0]}
+        # seq and type always: a tuple of two at least, whatever the columns read.
+        self.fields = ("seq", "type", *sorted(read - {"seq", "type"}))
+        self.builds = [BUILDS[name][1] for name in columns]
+        self.rows = {code: self._getter((*COMMON, *own)) for code, (_, own) in TYPES.items()}
+        self.common_row = self._getter(COMMON)  # a type this version does not know
+
+    def _getter(self, has: tuple[str, ...]) -> Callable[[list[Any]], tuple[Any, ...]]:
+        """Those fields of an event with fields `has`, by position; one it does not
+        have is read from the None the batch appends to each event (-1)."""
+        return itemgetter(*(has.index(name) if name in has else -1 for name in self.fields))
+
+    def __call__(self, events: list[list[Any]], node: str) -> pa.RecordBatch:
+        """(The events are the read's own lists: a None is appended to each.)"""
+        rows, common_row = self.rows, self.common_row
+        taken = []
+        for values in events:
+            values.append(None)
+            taken.append(rows.get(values[2], common_row)(values))
+        transposed = zip(*taken, strict=True) if taken else [()] * len(self.fields)
+        fields = dict(zip(self.fields, transposed, strict=True))
+        count = len(taken)
+        arrays = [build(fields, node, count) for build in self.builds]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-def _record_batch(events: list[list[Any]], node: str) -> pa.RecordBatch:
-    """Events as one Arrow record batch (Spark takes Arrow from a Python source several
-    times faster than rows): each event a tuple of its fields in one C call, the tuples
-    turned into columns by zip, the computed columns by Arrow. (The events are this
-    read's own lists: a None is appended to each.)"""
-    rows = []
-    for values in events:
-        values.append(None)
-        rows.append(_ROWS.get(values[2], _COMMON_ROW)(values))
-    count = len(rows)
-    (
-        seq, ts, code, client_id, username, mountpoint, session_id, topic, qos, retain,
-        size, payload, acl_name, peer_addr, reason, online, connected,
-    ) = zip(*rows, strict=True) if rows else [()] * len(_TAKEN)  # fmt: skip
-    nanoseconds = pa.array(ts, pa.int64())
-    since = pc.subtract(nanoseconds, pa.array(connected, pa.int64()))
-    arrays = [
-        pa.array(seq, pa.int64()),
-        pc.divide(nanoseconds, 1000).cast(ARROW_SCHEMA.field("event_time").type),
-        pa.array([node] * count, pa.string()),
-        _type_names(pa.array(code, pa.int64())),
-        pa.array(client_id, pa.string()),
-        pa.array(username, pa.string()),
-        pa.array(mountpoint, pa.string()),
-        pa.array(session_id, pa.string()),
-        pa.array(topic, pa.string()),
-        pa.array(qos, pa.int32()),
-        pa.array(retain, pa.bool_()),
-        pa.array(size, pa.int32()),
-        pa.array(payload, pa.binary()),
-        pa.array(acl_name, pa.string()),
-        pa.array(peer_addr, pa.string()),
-        pa.array(reason, pa.string()),
-        pa.array(online, pa.int32()),
-        pc.divide(since.cast(pa.float64()), 1e9),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+@functools.cache
+def batch_maker(columns: tuple[str, ...] = tuple(ARROW_SCHEMA.names)) -> _BatchMaker:
+    """The batch maker of these columns (one per process: made where it is used)."""
+    return _BatchMaker(columns)
+
+
+def columns_option(value: str | None) -> tuple[str, ...]:
+    """The `columns` option: names in SCHEMA, in SCHEMA's order; all when not given."""
+    if not value:
+        return tuple(SCHEMA.names)
+    asked = {name.strip() for name in value.split(",") if name.strip()}
+    unknown = sorted(asked - set(SCHEMA.names))
+    if unknown:
+        raise ValueError(
+            f"nautilus_events: unknown columns {', '.join(unknown)} in the columns option "
+            f"(known: {', '.join(SCHEMA.names)})"
+        )
+    return tuple(name for name in SCHEMA.names if name in asked)

@@ -7,11 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from event_relay.schema import TYPES, decode_event
-from spark_consumers.source import ARROW_SCHEMA, _record_batch
+from spark_consumers.jobs import COLUMNS
+from spark_consumers.source import ARROW_SCHEMA, batch_maker, columns_option
 
 TS = 1_795_000_000_123_456_789
 
@@ -62,6 +64,21 @@ def test_the_batch_by_position_is_the_batch_by_name(data):
     count = data.draw(st.integers(0, 30))
     events = [data.draw(an_event(seq)) for seq in range(1, count + 1)]
     expected = by_name([list(e) for e in events], "node-a")
-    got = _record_batch([list(e) for e in events], "node-a")
+    got = batch_maker()([list(e) for e in events], "node-a")
     assert got.schema == ARROW_SCHEMA
     assert got.to_pylist() == expected.to_pylist()
+    # Some columns only (the `columns` option): those of the whole batch.
+    names = data.draw(st.lists(st.sampled_from(ARROW_SCHEMA.names), min_size=1, unique=True))
+    columns = columns_option(",".join(names))
+    some = batch_maker(columns)([list(e) for e in events], "node-a")
+    assert some.schema.names == list(columns)  # in the schema's order
+    assert some.to_pylist() == expected.select(list(columns)).to_pylist()
+
+
+def test_the_columns_option_names_what_it_does_not_know():
+    assert columns_option(None) == tuple(ARROW_SCHEMA.names)
+    assert columns_option(" topic, seq ") == ("seq", "topic")
+    for job_columns in COLUMNS.values():
+        assert columns_option(job_columns)  # every job's are known
+    with pytest.raises(ValueError, match=r"unknown columns payload_bytes, topc in the columns"):
+        columns_option("topc,seq,payload_bytes")
