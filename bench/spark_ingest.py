@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 spark.readStream.format("nautilus_events")
                 .option("relay", f"{HOST}:{server.target.port}")
                 .option("eventsPerPartition", "100000")
-                .option("columns", jobs.COLUMNS["topic-traffic"])  # as nautilus-spark does
+                .options(**jobs.SOURCE_OPTIONS["topic-traffic"])  # as nautilus-spark does
                 .load()
             )
             query = (

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_consumers.jobs import COLUMNS, JOBS, WATERMARK, WINDOW, watermarked
+from spark_consumers.jobs import JOBS, SOURCE_OPTIONS, WATERMARK, WINDOW, watermarked
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
 from spark_consumers.sinks import PREFIX, RowCount, SinkError, writer
 from spark_consumers.summary import summary
@@ -70,8 +70,8 @@ def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         .option("relay", args.relay)
         .option("startingOffsets", args.starting_offsets)
     )
-    if args.job != "sql":  # a job reads a few columns: only those are made (sql: all)
-        reader = reader.option("columns", COLUMNS[args.job])
+    if args.job != "sql":  # only the types and columns the job reads (sql: all)
+        reader = reader.options(**SOURCE_OPTIONS[args.job])
     events = reader.load()
     if args.job == "sql":
         watermarked(events, args.watermark).createOrReplaceTempView("events")

@@ -137,14 +137,21 @@ def delivery_health(
     )
 
 
-# The event columns each job reads (the source's `columns` option: the source makes, and
-# Spark takes in, only those). The filters read event_type, event_time, topic, client_id.
+# What each job reads of the source (its options): the event types it counts (the relay
+# sends only those, and heartbeats) and the columns it reads (only those are made, and
+# sent to Spark). The filters read event_type, event_time, topic, client_id.
 _FILTERED = "event_type,event_time,topic,client_id"
-COLUMNS = {
-    "topic-traffic": f"{_FILTERED},payload_size",
-    "client-activity": f"{_FILTERED},seq,reason,online,session_seconds",
-    "auth-failures": f"{_FILTERED},reason,peer_addr",
-    "delivery-health": f"{_FILTERED},reason",
+SOURCE_OPTIONS = {
+    "topic-traffic": {"types": "on_publish", "columns": f"{_FILTERED},payload_size"},
+    "client-activity": {
+        "types": "on_register,on_client_offline,on_client_gone",
+        "columns": f"{_FILTERED},seq,reason,online,session_seconds",
+    },
+    "auth-failures": {"types": "on_register_failed", "columns": f"{_FILTERED},reason,peer_addr"},
+    "delivery-health": {
+        "types": "on_publish,on_deliver,on_delivery_complete,on_offline_message,on_message_drop",
+        "columns": f"{_FILTERED},reason",
+    },
 }
 
 JOBS = {

@@ -15,7 +15,7 @@ from typing import Any
 from event_relay import frames
 from event_relay.client import RelayError, relay_error
 from event_relay.config import host_port
-from event_relay.schema import expand
+from event_relay.schema import CODES, expand
 
 TIMEOUT = 30.0  # seconds a request may take before the relay is called unreachable
 
@@ -40,17 +40,24 @@ class RelayConnection:
         info: dict[str, Any] = self._request(frames.QUERY, query, frames.INFO)
         return info
 
-    def read(self, start: int, end: int) -> list[list[Any]]:
-        """Every event start <= seq < end, as msgpack arrays (the relay's compact
-        records made events)."""
-        self._send(frames.READ, {"from": start, "to": end})
+    def read(
+        self, start: int, end: int, types: list[str] | None = None
+    ) -> tuple[list[list[Any]], int]:
+        """Every event start <= seq < end (only of `types`, if given: the relay sends no
+        other), as msgpack arrays (the relay's compact records made events); and the
+        position the relay read up to (`end` or past it when it read the whole range)."""
+        request: dict[str, Any] = {"from": start, "to": end}
+        if types is not None:
+            request["types"] = types
+        self._send(frames.READ, request)
         records: list[list[Any]] = []
         while True:
             kind, body = self._next()
             if kind == frames.EVENTS:
                 records.extend(body)
             elif kind == frames.READ_END:
-                return expand(records, start, end)
+                codes = None if types is None else {CODES[t] for t in types}
+                return expand(records, start, end, codes), body["next"]
             else:
                 raise RelayError("bad_frame", f"unexpected {kind!r} during a READ")
 

@@ -27,11 +27,11 @@ def count(relay, hook: str) -> int:
 
 
 def totals(spark, address: str, job, tmp_path, name: str) -> list:
-    # Only the columns the job declares (as nautilus-spark reads them): a job that reads
-    # another fails here.
-    (columns,) = (jobs.COLUMNS[key] for key, function in jobs.JOBS.items() if function is job)
+    # Only the types and columns the job declares (as nautilus-spark reads them): a job
+    # that reads others fails or miscounts here.
+    (options,) = (jobs.SOURCE_OPTIONS[k] for k, function in jobs.JOBS.items() if function is job)
     reader = spark.readStream.format("nautilus_events").option("relay", address)
-    events = reader.option("columns", columns).load()
+    events = reader.options(**options).load()
     query = (
         job(events)
         .writeStream.format("memory")

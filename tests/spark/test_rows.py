@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from event_relay.schema import TYPES, decode_event
-from spark_consumers.jobs import COLUMNS
-from spark_consumers.source import ARROW_SCHEMA, batch_maker, columns_option
+from spark_consumers.jobs import SOURCE_OPTIONS
+from spark_consumers.source import ARROW_SCHEMA, batch_maker, columns_option, types_option
 
 TS = 1_795_000_000_123_456_789
 
@@ -78,7 +78,16 @@ def test_the_batch_by_position_is_the_batch_by_name(data):
 def test_the_columns_option_names_what_it_does_not_know():
     assert columns_option(None) == tuple(ARROW_SCHEMA.names)
     assert columns_option(" topic, seq ") == ("seq", "topic")
-    for job_columns in COLUMNS.values():
-        assert columns_option(job_columns)  # every job's are known
+    for options in SOURCE_OPTIONS.values():
+        assert columns_option(options["columns"])  # every job's are known
     with pytest.raises(ValueError, match=r"unknown columns payload_bytes, topc in the columns"):
         columns_option("topc,seq,payload_bytes")
+
+
+def test_the_types_option_always_reads_heartbeats_and_names_what_it_does_not_know():
+    assert types_option(None) is None  # all
+    assert types_option("on_publish, on_deliver") == ["heartbeat", "on_deliver", "on_publish"]
+    for options in SOURCE_OPTIONS.values():
+        assert types_option(options["types"])  # every job's are known
+    with pytest.raises(ValueError, match=r"unknown event types on_pubish in the types option"):
+        types_option("on_pubish,on_deliver")
