@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_latency")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--trigger", default="0 seconds", help="the query's processing time")
+    parser.add_argument(
+        "--progress", action="store_true", help="print the last batches' durations (stderr)"
+    )
     args = parser.parse_args(argv)
     relay_port = free_port()
 
@@ -65,6 +68,7 @@ def measure(
         spark.readStream.format("nautilus_events")
         .option("relay", f"{HOST}:{relay_port}")
         .option("startingOffsets", "earliest")  # a fresh broker: all its events are ours
+        .options(**jobs.SOURCE_OPTIONS["topic-traffic"])  # as nautilus-spark reads it
         .load()
     )
     query = (
@@ -99,6 +103,9 @@ def measure(
     finally:
         client.disconnect()
         client.loop_stop()
+        if args.progress:  # where a micro-batch's time goes (Spark's own account)
+            for report in query.recentProgress[-5:]:
+                print(report.batchId, report.numInputRows, report.durationMs, file=sys.stderr)
         query.stop()
         spark.stop()
     return latencies
