@@ -69,10 +69,22 @@ def command(
     ]
 
 
-def run_now(address: str, sink: str, checkpoint: Path, *options: str) -> str:
+def traffic_then_quiet(start_broker, paho_client) -> str:
+    """A broker with the relay, COUNTS published to it, then quiet past the end of the
+    last publish's 2 s window (the relay's clock says so). Returns the relay's address."""
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    _, address = relay_of(server)
+    publish_counts(server, paho_client)
+    relay_clock_passes(server, (time.time_ns() // 2_000_000_000 + 1) * 2_000_000_000)
+    return address
+
+
+def run_now(
+    address: str, sink: str, checkpoint: Path, *options: str, job: tuple[str, ...] = TOPIC_TRAFFIC
+) -> str:
     """One available-now run; its summary line (the last line of stderr)."""
     done = subprocess.run(
-        command(address, sink, checkpoint, "--trigger", "available-now", *options),
+        command(address, sink, checkpoint, "--trigger", "available-now", *options, job=job),
         capture_output=True,
         text=True,
         timeout=240,
@@ -108,11 +120,7 @@ def per_topic(directory: Path) -> dict[str, int]:
 def test_an_available_now_run_after_the_traffic_writes_every_window_once(
     start_broker, paho_client, tmp_path
 ):
-    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
-    _, address = relay_of(server)
-    publish_counts(server, paho_client)
-    # Past the last window's end (2 s windows, no watermark): the relay's clock says so.
-    relay_clock_passes(server, (time.time_ns() // 2_000_000_000 + 1) * 2_000_000_000)
+    address = traffic_then_quiet(start_broker, paho_client)  # 2 s windows, no watermark
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     sink = f"parquet:{out}"
     window = ("--window", "2 seconds", "--watermark", "0 seconds")
@@ -185,27 +193,13 @@ def test_a_sql_query_that_reads_the_event_time_in_its_filter_closes_its_windows_
 ):
     # Spark runs a filter that does not read the event time below the watermark, where
     # it would drop the heartbeats before they move it; one that reads it stays above.
-    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
-    _, address = relay_of(server)
-    publish_counts(server, paho_client)
-    relay_clock_passes(server, (time.time_ns() // 2_000_000_000 + 1) * 2_000_000_000)
+    address = traffic_then_quiet(start_broker, paho_client)
     out = tmp_path / "out"
     query = (
         "SELECT window(event_time, :window) AS window, topic, count(*) AS messages "
         "FROM events WHERE event_type = 'on_publish' OR event_time IS NULL "
         "GROUP BY window, topic"
     )
-    done = subprocess.run(
-        command(
-            address,
-            f"parquet:{out}",
-            tmp_path / "checkpoint",
-            *("--trigger", "available-now", "--window", "2 seconds", "--watermark", "0 seconds"),
-            job=("sql", query),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    window = ("--window", "2 seconds", "--watermark", "0 seconds")
+    run_now(address, f"parquet:{out}", tmp_path / "checkpoint", *window, job=("sql", query))
     assert per_topic(out) == COUNTS
