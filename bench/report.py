@@ -274,7 +274,7 @@ def _flood(run: Run) -> str:
                     broker.label,
                     _rate(m.delivered),
                     _rate(m.accepted),
-                    _MISSING if share is None else f"{share:.1%}",
+                    _percent(share),
                     _count(m.drops),
                     _cpu(m),
                 ]
@@ -295,14 +295,14 @@ def _paced_table(run: Run) -> str:
         offered = scenario.rate * scenario.fanout
         for broker in _measured(run, scenario):
             m = _get(run, scenario, broker.name)
-            share = None if m.delivered is None or not offered else m.delivered / offered
+            share = _share(m.delivered, offered)
             rows.append(
                 [
                     scenario.title,
                     broker.label,
                     _rate(offered),
                     _rate(m.delivered),
-                    _MISSING if share is None else f"{share:.1%}",
+                    _percent(share),
                     _rate(m.accepted),
                     _count(m.drops),
                     _cpu(m),
@@ -474,9 +474,16 @@ def _idle_memory(run: Run, scenario: Scenario) -> Check:
 
 def _delivered_share(scenario: Scenario, m: Measurement) -> float | None:
     """Delivered / (accepted x subscribers per message)."""
-    if m.delivered is None or not m.accepted:
-        return None
-    return m.delivered / (m.accepted * scenario.fanout)
+    return _share(m.delivered, m.accepted and m.accepted * scenario.fanout)
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    """part / whole; None when either is unknown or the whole is 0."""
+    return None if part is None or not whole else part / whole
+
+
+def _percent(share: float | None) -> str:
+    return _MISSING if share is None else f"{share:.1%}"
 
 
 def store_table(
@@ -499,7 +506,7 @@ def store_table(
             header.append(f"{mode.mode}: delivered %")
             for row, name in zip(rows, names, strict=True):
                 share = _delivered_share(mode, _get(run, mode, name))
-                row.append(_MISSING if share is None else f"{share:.1%}")
+                row.append(_percent(share))
         if reference in names:
             reference_label = labels.get(reference, _label(run, reference))
             header.append(f"{mode.mode}: ratio to {reference_label}")

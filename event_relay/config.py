@@ -82,11 +82,6 @@ def check(config: RelayConfig) -> RelayConfig:
         raise ConfigError(
             f"event_relay.sidecar.port: must be 1 to 65535, got {config.sidecar.port}"
         )
-    if config.heartbeat_interval < 0:
-        raise ConfigError(
-            f"event_relay.heartbeat_interval: must be 0 (off) or more seconds, "
-            f"got {config.heartbeat_interval}"
-        )
     host_port(config.address, "event_relay.address")
     return config
 

@@ -75,12 +75,17 @@ def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     events = reader.load()
     if args.job == "sql":
         watermarked(events, args.watermark).createOrReplaceTempView("events")
-        # `:window` in the query is --window (named parameters are bound only when used).
-        if ":window" in args.query:
+        if _window_of(args) is not None:  # the query's `:window` is --window
             return spark.sql(args.query, args={"window": args.window})
         return spark.sql(args.query)
     job: Callable[..., DataFrame] = JOBS[args.job]
     return job(events, window=args.window, watermark=args.watermark)
+
+
+def _window_of(args: argparse.Namespace) -> str | None:
+    """The window the results use: a job's --window; a SQL query's only when it names
+    `:window` (named parameters are bound only when used)."""
+    return None if args.job == "sql" and ":window" not in args.query else args.window
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         query.awaitTermination()
         if once:
             progress = [json.loads(p.json) for p in query.recentProgress]
-            window = None if args.job == "sql" and ":window" not in args.query else args.window
             written = {args.sink: count.rows(progress)}
-            print(summary(progress, written, window, args.watermark), file=sys.stderr)
+            print(summary(progress, written, _window_of(args), args.watermark), file=sys.stderr)
     except KeyboardInterrupt:
         query.stop()
     finally:

@@ -78,6 +78,16 @@ BAD = [
     ),
     pytest.param({"secret": 5}, "event_relay.secret: expected str", id="secret"),
     pytest.param(
+        {"heartbeat_interval": -1},
+        "event_relay.heartbeat_interval: expected 0 (off) or a number of seconds, got -1",
+        id="heartbeat",
+    ),
+    pytest.param(
+        {"heartbeat_interval": "1s"},
+        "event_relay.heartbeat_interval: expected 0 (off) or a number of seconds",
+        id="heartbeat-type",
+    ),
+    pytest.param(
         {"sidecar": {"port": 0}}, "event_relay.sidecar.port: must be 1 to 65535", id="sidecar"
     ),
 ]
@@ -95,6 +105,11 @@ def test_the_keys_of_a_relay_that_is_off_are_checked_too():
     with pytest.raises(ConfigError, match=r"^unknown config key 'event_relay\.enable'"):
         load({"enable": True})
     assert load({"enabled": False, "address": "127.0.0.1:7883"}) == []
+
+
+def test_a_heartbeat_interval_of_0_turns_heartbeats_off():
+    ((_, relay),) = load({"enabled": True, "address": "127.0.0.1:0", "heartbeat_interval": 0})
+    assert relay.config.heartbeat_interval == 0.0
 
 
 def test_enabled_must_be_a_boolean():
