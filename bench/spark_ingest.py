@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_ingest")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--read-on", default="executors", choices=["executors", "driver"], help="readOn option"
+    )
     args = parser.parse_args(argv)
     relay = BrokerSpec(
         "relay-log",
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 .option("relay", f"{HOST}:{server.target.port}")
                 .option("eventsPerPartition", "100000")
                 .options(**jobs.SOURCE_OPTIONS["topic-traffic"])  # as nautilus-spark does
+                .option("readOn", args.read_on)
                 .load()
             )
             query = (

@@ -44,17 +44,21 @@ def run_once(spark, address: str, out: str, checkpoint: str, **options: str) -> 
     query.awaitTermination()
 
 
-def test_a_restarted_query_reads_every_event_once(spark, start_broker, paho_client, tmp_path):
+@pytest.mark.parametrize("read_on", ["executors", "driver"])
+def test_a_restarted_query_reads_every_event_once(
+    spark, start_broker, paho_client, tmp_path, read_on
+):
     server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
     relay, address = relay_of(server)
     out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    options = {"maxEventsPerTrigger": "25", "eventsPerPartition": "10", "readOn": read_on}
     publish(server, paho_client, relay, 30)
-    run_once(spark, address, out, checkpoint, maxEventsPerTrigger="25", eventsPerPartition="10")
+    run_once(spark, address, out, checkpoint, **options)
     first = sorted(r.seq for r in spark.read.parquet(out).select("seq").collect())
     assert first == list(range(1, len(first) + 1))  # from the earliest, no gap
 
     end = publish(server, paho_client, relay, 20)  # the query is down meanwhile
-    run_once(spark, address, out, checkpoint, maxEventsPerTrigger="25", eventsPerPartition="10")
+    run_once(spark, address, out, checkpoint, **options)
     rows = spark.read.parquet(out).collect()
     seqs = sorted(r.seq for r in rows)
     # No duplicate, no gap, across the restart; each run read up to a heartbeat it asked
@@ -70,6 +74,56 @@ def test_a_restarted_query_reads_every_event_once(spark, start_broker, paho_clie
     # batch runs, so the last batch of a run may not be committed yet).
     committed = server.call(lambda: relay.server.committed("spark"))
     assert committed is not None and 25 < committed <= seqs[-1] + 1
+
+
+@pytest.mark.parametrize("read_on", ["executors", "driver"])
+def test_a_batch_cut_short_by_a_crash_is_read_again_exactly(
+    spark, start_broker, paho_client, tmp_path, read_on
+):
+    # A crash after a batch was read, before it was committed: the restarted query runs
+    # it again over exactly its logged range (with readOn=driver, Spark's replay reads on
+    # an executor, through readBetweenOffsets), before anything newer.
+    server = start_broker(event_relay={"enabled": True, "address": "127.0.0.1:0"})
+    relay, address = relay_of(server)
+    checkpoint = tmp_path / "checkpoint"
+    publish(server, paho_client, relay, 30)
+    batches: dict[int, list[list[int]]] = {}
+
+    def run() -> None:
+        def record(batch, batch_id: int) -> None:
+            seqs = sorted(row.seq for row in batch.select("seq").collect())
+            batches.setdefault(batch_id, []).append(seqs)
+
+        events = (
+            spark.readStream.format("nautilus_events")
+            .option("relay", address)
+            .option("maxEventsPerTrigger", "25")
+            .option("readOn", read_on)
+            .load()
+        )
+        query = (
+            events.writeStream.foreachBatch(record)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    run()
+    last = max(batches)
+    for name in (str(last), f".{last}.crc"):  # the crash: its commit never written
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    publish(server, paho_client, relay, 10)
+    run()
+    assert len(batches[last]) == 2 and batches[last][0] == batches[last][1]
+    assert batches[last][0]  # (a batch that read something)
+    seqs = sorted(seq for runs in batches.values() for seq in runs[0])
+    assert seqs == list(range(1, seqs[-1] + 1))  # and nothing else twice, nothing missed
+
+
+def test_the_read_on_option_is_checked_as_the_stream_is_loaded(spark):
+    with pytest.raises(Exception, match=r"readOn is executors or driver, not 'drivers'"):
+        spark.readStream.format("nautilus_events").option("readOn", "drivers").load()
 
 
 def test_a_range_the_relay_no_longer_holds_fails_the_query(
