@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 CONFIG ?=
 STAMP := $(VENV)/.installed
 LOCK := requirements/lock.txt
-EXTRAS := test,bench,spark,lint
+EXTRAS := test,bench,spark,lint,db
 # amqtt (the tests' interop client, the benchmarks' reference broker) has a venv of its
 # own: it pins websockets==15.0.1, which must not hold back Nautilus's own dependencies.
 AMQTT_VENV := .venv-amqtt
@@ -45,8 +45,10 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 system-packages:
-	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's
-	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server
+	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's and
+	# auth_db's, PostgreSQL and MariaDB for auth_db's (the tests start servers of their own)
+	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server \
+		postgresql mariadb-server
 
 test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
 	$(BIN)/python -m pytest -q

@@ -31,6 +31,8 @@ DISTRIBUTIONS = {
     "plyvel": "plyvel",
     "jwt": "PyJWT",
     "google.protobuf": "protobuf",
+    "asyncpg": "asyncpg",
+    "bcrypt": "bcrypt",
 }
 # Our own top-level packages: an ImportError raised in them, of them, is not a library's.
 OWN = ("broker", "hooks", "plugins", "event_relay", "spark_consumers")

@@ -37,3 +37,16 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if i >= len(topic_levels) or (level != "+" and level != topic_levels[i]):
             return False
     return len(filter_levels) == len(topic_levels)
+
+
+def acl_matches(acl: tuple[str, ...], request: list[str]) -> bool:
+    """VerneMQ's vmq_topic:match, which ACLs use: the request's levels (a subscription's
+    wildcards as plain levels: `a/+` is allowed by `a/+` or `a/#`, not by `a/b`) against
+    an ACL filter's."""
+    n = len(request)
+    for i, level in enumerate(acl):
+        if level == "#":
+            return True  # also when the request ends here: `a/#` matches `a`
+        if i >= n or (level != "+" and level != request[i]):
+            return False
+    return len(acl) == n

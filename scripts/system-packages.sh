@@ -2,10 +2,21 @@
 # Installs the Debian packages named as arguments when their command is missing.
 # As root it uses apt-get; otherwise it prints one line saying what to install and fails.
 set -euo pipefail
-declare -A command_of=([mosquitto]=mosquitto [redis-server]=redis-server [openjdk-17-jre-headless]=java)
+declare -A command_of=([mosquitto]=mosquitto [redis-server]=redis-server [openjdk-17-jre-headless]=java
+  [mariadb-server]=mariadbd)
+PATH="$PATH:/usr/sbin:/sbin"  # mariadbd is there, off a user's PATH
+
+# postgresql's server is off PATH too, in /usr/lib/postgresql/NN/bin (where the tests look).
+installed() {
+  case "$1" in
+    postgresql) compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v postgres >/dev/null 2>&1 ;;
+    *) command -v "${command_of[$1]:-$1}" >/dev/null 2>&1 ;;
+  esac
+}
+
 missing=()
 for package in "$@"; do
-  command -v "${command_of[$package]:-$package}" >/dev/null 2>&1 || missing+=("$package")
+  installed "$package" || missing+=("$package")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from broker.topics import valid_topic_filter
+from broker.topics import acl_matches, valid_topic_filter
 
 Access = Literal["read", "write"]
 Kind = Literal["topic", "pattern", "token"]
@@ -142,18 +142,6 @@ def _level(kind: Kind, level: str, number: int) -> str | Slot:
 
 
 # -- matching ----------------------------------------------------------------------------
-
-
-def matches(acl: tuple[str, ...], request: list[str]) -> bool:
-    """vmq_topic:match: the request's levels (wildcards included, as plain levels) against
-    an ACL filter's."""
-    n = len(request)
-    for i, level in enumerate(acl):
-        if level == "#":
-            return True  # also when the request ends here: `a/#` matches `a`
-        if i >= n or (level != "+" and level != request[i]):
-            return False
-    return len(acl) == n
 
 
 class _Node:
@@ -377,7 +365,7 @@ class ClientView:
             for levels, rule in slotted:
                 if best is not None and rule.line > best.line:
                     break
-                if matches(levels, request):
+                if acl_matches(levels, request):
                     best = rule
                     break
             if best is not None:

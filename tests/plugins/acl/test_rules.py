@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.topics import acl_matches as matches
 from broker.topics import valid_topic_filter
-from plugins.acl.rules import AclSyntaxError, RuleSet, Slot, Trie, matches, parse
+from plugins.acl.rules import AclSyntaxError, RuleSet, Slot, Trie, parse
 
 
 def check(text: str, access: str, topic: str, client_id: str = "c", username=None, **kw):

@@ -1,0 +1,48 @@
+"""`[plugins.auth_db]`: which database, how to reach it, how passwords are checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.config import ConfigError, Duration
+
+# VerneMQ's defaults (vmq_diversity): its users, databases and hash methods.
+DEFAULT_URLS = {
+    "postgres": "postgresql://root:password@localhost:5432/vernemq_db",
+    "mysql": "mysql://root:password@localhost:3306/vernemq_db",
+    "redis": "redis://localhost:6379/0",
+}
+DEFAULT_HASHES = {"postgres": "crypt", "mysql": "password", "redis": "bcrypt"}
+# Compared by the database (server side), or by the broker (bcrypt).
+HASHES = {
+    "postgres": ("crypt", "bcrypt"),
+    "mysql": ("password", "md5", "sha1", "sha256", "bcrypt"),
+    "redis": ("bcrypt",),
+}
+
+
+@dataclass(slots=True)
+class AuthDbConfig:
+    backend: Literal["postgres", "mysql", "redis"] = "postgres"
+    url: str = ""  # "": the backend's VerneMQ default (DEFAULT_URLS)
+    pool_size: int = 5
+    password_hash: str = ""  # "": the backend's VerneMQ default (DEFAULT_HASHES)
+    # How long a CONNECT waits for the database before it is refused (server unavailable).
+    query_timeout: Duration = Duration(5)
+    # Re-read a connected client's ACLs this often; 0: only when it connects (and when
+    # `nautilus admin auth invalidate` says so).
+    cache_ttl: Duration = Duration(0)
+
+    def __post_init__(self) -> None:
+        self.url = self.url or DEFAULT_URLS[self.backend]
+        self.password_hash = self.password_hash or DEFAULT_HASHES[self.backend]
+        if self.password_hash not in HASHES[self.backend]:
+            raise ConfigError(
+                f"plugins.auth_db.password_hash: {self.password_hash!r} is not one of "
+                f"{', '.join(HASHES[self.backend])} (backend {self.backend})"
+            )
+        if self.pool_size < 1:
+            raise ConfigError(f"plugins.auth_db.pool_size: must be 1 or more, got {self.pool_size}")
+        if self.query_timeout <= 0:
+            raise ConfigError("plugins.auth_db.query_timeout: must be more than 0 seconds")

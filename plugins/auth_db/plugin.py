@@ -1,0 +1,267 @@
+"""auth_on_register, auth_on_publish and auth_on_subscribe (and their _m5 twins) from a
+database: VerneMQ's vmq_diversity auth scripts, without Lua.
+
+- CONNECT: NEXT without a username and password, or when no row of (mountpoint,
+  client_id or `*`, username) has that password (another plugin may know the client;
+  an exhausted chain refuses). Ok when one has: its ACLs are cached for the connection.
+  Error("server_unavailable") (CONNACK 3 / 0x88), and one log line, when the database
+  cannot answer within query_timeout: never a hang.
+- PUBLISH / SUBSCRIBE of a client this plugin let in: decided from the cached ACLs, with
+  no query (so they go on while the database is down). A PUBLISH no ACL allows:
+  Error("not_authorized"); an allowed one with the ACL's modifiers, if it has any. A
+  SUBSCRIBE: each filter on its own (refused ones get 0x87 / 0x80). A client another
+  plugin let in: NEXT.
+- The cache entry goes with the session (on_client_offline, on_client_gone,
+  on_session_expired); `invalidate()` re-reads connected clients' ACLs at once, and with
+  cache_ttl they are re-read in the background when older than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from broker.config import ConfigError
+from broker.protocol import ReasonCode
+from hooks import (
+    NEXT,
+    ClientContext,
+    Error,
+    Metric,
+    Ok,
+    PublishContext,
+    RegisterContext,
+    Result,
+    SubscribeContext,
+)
+from plugins.auth_db.acl import AclError, Acls, parse_acls
+from plugins.auth_db.backends import Backend, DatabaseError, Row, chosen
+from plugins.auth_db.cache import AclCache, Entry, Key
+from plugins.auth_db.config import AuthDbConfig
+from plugins.auth_db.passwords import bcrypt_matches
+
+log = logging.getLogger("nautilus.plugins.auth_db")
+
+UNAVAILABLE = Error("server_unavailable", int(ReasonCode.SERVER_UNAVAILABLE))
+INVALID_ACL = Error("invalid_acl")
+NOT_AUTHORIZED = Error("not_authorized")
+REFUSED = int(ReasonCode.NOT_AUTHORIZED)
+_OK = Ok()
+
+
+def make_backend(config: AuthDbConfig) -> Backend:
+    """The configured backend; its driver is imported here, only when chosen (a missing
+    one: the plugin is skipped with one line naming the fix)."""
+    args = (config.url, config.pool_size, config.password_hash, float(config.query_timeout))
+    if config.backend == "postgres":
+        from plugins.auth_db.postgres_backend import PostgresBackend
+
+        return PostgresBackend(*args)
+    if config.backend == "redis":
+        from plugins.auth_db.redis_backend import RedisBackend
+
+        return RedisBackend(*args)
+    raise ConfigError(
+        f"plugins.auth_db.backend: {config.backend!r} is not available yet (postgres or redis)"
+    )
+
+
+class AuthDbPlugin:
+    Config = AuthDbConfig
+
+    def __init__(self, config: AuthDbConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self.backend = backend if backend is not None else make_backend(config)
+        self.cache = AclCache()
+        self.counts: Counter[str] = Counter()  # metrics: queries, errors, hits, misses
+        self.query_seconds = 0.0
+        self._refresher: asyncio.Task[None] | None = None
+        self._down = False  # the last query failed: log the next success once
+
+    async def start(self) -> None:
+        await self.backend.start()
+        if self.config.cache_ttl:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self.backend.stop()
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    async def auth_on_register(self, ctx: RegisterContext) -> Result:
+        if ctx.username is None or ctx.password is None:
+            return NEXT
+        password = ctx.password.decode("utf-8", "replace")
+        try:
+            rows = await self._query(
+                self.backend.rows(ctx.mountpoint, ctx.client_id, ctx.username, password)
+            )
+        except DatabaseError:
+            return UNAVAILABLE
+        if (rows and rows[0].passhash is not None) or any(r.passhash for r in rows):
+            verified = await asyncio.to_thread(_verify, ctx.password, rows)
+            row = chosen(rows, verified)
+        else:
+            row = chosen(rows)
+        if row is None:
+            return NEXT
+        try:
+            acls = _acls(row, ctx.mountpoint, ctx.client_id, ctx.username)
+        except AclError as exc:
+            log.error(
+                "auth_db: the row (%r, %r, %r): %s",
+                ctx.mountpoint,
+                row.client_id,
+                ctx.username,
+                exc,
+            )
+            return INVALID_ACL
+        key = (ctx.mountpoint, ctx.client_id)
+        self.cache.put(
+            key, Entry(ctx.username, row.client_id, ctx.session_id, acls, time.monotonic())
+        )
+        return _OK
+
+    auth_on_register_m5 = auth_on_register
+
+    def auth_on_publish(self, ctx: PublishContext) -> Result:
+        entry = self.cache.get((ctx.mountpoint, ctx.client_id))
+        if entry is None:
+            self.counts["cache_misses"] += 1
+            return NEXT
+        self.counts["cache_hits"] += 1
+        acl = entry.acls.for_publish(ctx.topic, ctx.qos, len(ctx.payload), ctx.retain)
+        if acl is None:
+            return NOT_AUTHORIZED
+        return Ok(acl.modifiers) if acl.modifiers else _OK
+
+    auth_on_publish_m5 = auth_on_publish
+
+    def auth_on_subscribe(self, ctx: SubscribeContext) -> Result:
+        entry = self.cache.get((ctx.mountpoint, ctx.client_id))
+        if entry is None:
+            self.counts["cache_misses"] += 1
+            return NEXT
+        self.counts["cache_hits"] += 1
+        granted = [
+            (t.topic, t.qos if entry.acls.for_subscribe(t.topic, t.qos) else REFUSED)
+            for t in ctx.topics
+        ]
+        if all(code == REFUSED for _, code in granted):
+            return NOT_AUTHORIZED
+        if any(code == REFUSED for _, code in granted):
+            return Ok({"topics": granted})
+        return _OK
+
+    auth_on_subscribe_m5 = auth_on_subscribe
+
+    def on_client_offline(self, ctx: ClientContext) -> None:
+        self.cache.drop((ctx.mountpoint, ctx.client_id), ctx.session_id)
+
+    on_client_gone = on_session_expired = on_client_offline
+
+    # -- run-time control -----------------------------------------------------------------
+
+    async def invalidate(self, client_id: str | None = None, username: str | None = None) -> int:
+        """Re-read the ACLs of the connected clients of `client_id` and/or `username` (all
+        without either) now; the number re-read. A row that is gone leaves the client
+        nothing to publish or subscribe to."""
+        entries = list(self.cache.select(client_id, username))
+        for key, entry in entries:
+            await self._reload(key, entry)
+        return len(entries)
+
+    async def _refresh_forever(self) -> None:
+        ttl = float(self.config.cache_ttl)
+        while True:
+            await asyncio.sleep(min(ttl, 1.0))
+            for key, entry in self.cache.older_than(time.monotonic() - ttl):
+                with contextlib.suppress(DatabaseError):  # kept as it is; next round
+                    await self._reload(key, entry)
+
+    async def _reload(self, key: Key, entry: Entry) -> None:
+        row = await self._query(self.backend.row(key[0], entry.row_client_id, entry.username))
+        try:
+            acls = Acls() if row is None else _acls(row, key[0], key[1], entry.username)
+        except AclError as exc:
+            log.error("auth_db: re-reading %r: %s; the client keeps nothing", key, exc)
+            acls = Acls()
+        current = self.cache.get(key)
+        if current is entry:  # still that connection's (not replaced meanwhile)
+            entry.acls, entry.loaded_at = acls, time.monotonic()
+
+    async def _query(self, call: Any) -> Any:
+        started = time.perf_counter()
+        self.counts["queries"] += 1
+        try:
+            result = await call
+        except DatabaseError as exc:
+            self.counts["errors"] += 1
+            if not self._down:
+                log.error(
+                    "auth_db: %s; CONNECTs are refused (server unavailable) until it answers", exc
+                )
+            self._down = True
+            raise
+        finally:
+            self.query_seconds += time.perf_counter() - started
+        if self._down:
+            log.warning("auth_db: the database answers again")
+            self._down = False
+        return result
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def metrics(self) -> list[Metric]:
+        counts = self.counts
+        return [
+            Metric("auth_db_queries", counts["queries"], help="queries sent to the database"),
+            Metric(
+                "auth_db_query_errors", counts["errors"], help="queries that failed or timed out"
+            ),
+            Metric(
+                "auth_db_query_seconds", self.query_seconds, help="time spent waiting for queries"
+            ),
+            Metric(
+                "auth_db_cache_hits",
+                counts["cache_hits"],
+                help="publishes and subscribes decided from the cache",
+            ),
+            Metric(
+                "auth_db_cache_misses",
+                counts["cache_misses"],
+                help="publishes and subscribes of clients not in the cache",
+            ),
+            Metric(
+                "auth_db_cache_entries",
+                len(self.cache),
+                "gauge",
+                help="connected clients with cached ACLs",
+            ),
+            Metric(
+                "auth_db_pool_in_use",
+                self.backend.in_use(),
+                "gauge",
+                help="database connections busy",
+            ),
+        ]
+
+
+def _verify(password: bytes, rows: list[Row]) -> list[bool]:
+    """Each row's bcrypt hash against the password (in a thread: bcrypt is slow)."""
+    return [bcrypt_matches(password, row.passhash) for row in rows]
+
+
+def _acls(row: Row, mountpoint: str, client_id: str, username: str) -> Acls:
+    return Acls(
+        parse_acls(row.publish_acl, "publish_acl", mountpoint, client_id, username),
+        parse_acls(row.subscribe_acl, "subscribe_acl", mountpoint, client_id, username),
+    )
