@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.message import Message
 from broker.protocol import ReasonCode
 from broker.topics import valid_topic_filter
+from hooks.side_doors import side_doors
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings, Config
@@ -218,3 +220,26 @@ def set_plugin_enabled(broker: Managed, name: str, enabled: bool) -> list[dict[s
         raise NotFound(f"no plugin {name!r} (loaded: {', '.join(dict(broker.plugins))})")
     broker.set_plugin_enabled(name, enabled)
     return plugins(broker)
+
+
+async def invalidate_auth(
+    broker: Managed, client_id: str | None, username: str | None
+) -> list[dict[str, Any]]:
+    """Each enabled plugin that keeps auth decisions re-reads them for these connected
+    clients (both None: all of them, on this node): a row per plugin, with how many."""
+    done = []
+    for name, plugin in broker.plugins:
+        door = side_doors(plugin).invalidate
+        if door is None or name in broker.disabled_plugins:
+            continue
+        try:
+            count = door(client_id, username)
+            if inspect.isawaitable(count):
+                count = await count
+        except Exception as exc:  # the plugin could not (its database is down): said
+            done.append({"plugin": name, "clients": 0, "error": str(exc) or type(exc).__name__})
+            continue
+        done.append({"plugin": name, "clients": count})
+    if not done:
+        raise NotFound("no enabled plugin keeps auth decisions to invalidate (auth_db does)")
+    return done

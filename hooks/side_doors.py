@@ -2,7 +2,8 @@
 one place.
 
 Besides hooks, the broker may call a plugin's `start()` / `stop()`, `before_ack()`,
-`metrics()` and `metadata_backend(dead_after)`, and read its `metadata` and `recorder`.
+`metrics()`, `metadata_backend(dead_after)` and `invalidate(client_id, username)`, and
+read its `metadata` and `recorder`.
 These are found by name, like hooks, so they are held to their declaration when the
 plugin loads (`side_door_problem`, which check_plugin calls): a value that cannot be
 called as the broker will call it, an `async` method the broker would not await, a
@@ -34,6 +35,7 @@ class SideDoors:
     metrics: Callable[[], Iterable[Metric]] | None = None
     metadata: str | None = None
     metadata_backend: Callable[[float], Any] | None = None  # a cluster MetadataBackend
+    invalidate: Callable[[str | None, str | None], Awaitable[int] | int] | None = None
     recorder: MessageRecorder | None = None
 
 

@@ -452,6 +452,15 @@ SIDE_DOORS: dict[str, SideDoor] = {
             needs="metadata",
         ),
         SideDoor(
+            "invalidate",
+            "plain or async",
+            ("client_id", "username"),
+            "int",
+            "re-read what the plugin keeps of its decisions for the connected clients of "
+            "`client_id` and/or `username` (both None: all), so that a change made where it "
+            "reads them applies now (`nautilus admin auth invalidate`); how many clients",
+        ),
+        SideDoor(
             "recorder",
             "value",
             (),

@@ -65,6 +65,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("plugins", help="plugins and whether their hooks are called")
     commands.add_parser("plugin-enable").add_argument("name")
     commands.add_parser("plugin-disable").add_argument("name")
+    auth = commands.add_parser("auth", help="auth decisions plugins keep (auth_db's ACLs)")
+    auth.add_argument("action", choices=["invalidate"], help="re-read them now")
+    whose = auth.add_mutually_exclusive_group(required=True)
+    whose.add_argument("--client-id", help="the connected client with this id")
+    whose.add_argument("--username", help="the connected clients of this user")
+    whose.add_argument("--all", action="store_true", help="every connected client")
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     commands.add_parser("cluster-show", help="the cluster's members")
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
@@ -104,6 +110,12 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             return "cluster/join", {"address": args.address}
         case "cluster-leave":
             return "cluster/leave", ({"node": args.node} if args.node else {})
+        case "auth":
+            if args.all:
+                return "auth/invalidate", {"all": "true"}
+            if args.client_id:
+                return "auth/invalidate", {"client_id": args.client_id}
+            return "auth/invalidate", {"username": args.username}
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)

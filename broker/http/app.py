@@ -194,6 +194,7 @@ class HttpServer:
             "cluster/leave": lambda a: _one(admin.cluster_leave(broker, a.text("node"))),
             "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
             "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
+            "auth/invalidate": lambda a: admin.invalidate_auth(broker, *_whose(a)),
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]
@@ -252,6 +253,19 @@ def _table(command: Callable[[Arguments], Any]) -> Handler:
         return web.json_response({"type": "table", "table": rows}, dumps=_dumps)
 
     return handle
+
+
+def _whose(arguments: Arguments) -> tuple[str | None, str | None]:
+    """auth/invalidate's clients: client_id and/or username, or all=true (never none by
+    omission: a request that names nobody is refused)."""
+    client_id, username = arguments.text("client_id") or None, arguments.text("username") or None
+    if arguments.flag("all"):
+        if client_id or username:
+            raise ValueError("all: not with client_id or username")
+        return None, None
+    if client_id is None and username is None:
+        raise ValueError("client_id, username or all=true is required")
+    return client_id, username
 
 
 async def _one(row: Awaitable[Any]) -> list[Any]:

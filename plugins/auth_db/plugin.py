@@ -172,8 +172,9 @@ class AuthDbPlugin:
 
     async def invalidate(self, client_id: str | None = None, username: str | None = None) -> int:
         """Re-read the ACLs of the connected clients of `client_id` and/or `username` (all
-        without either) now; the number re-read. A row that is gone leaves the client
-        nothing to publish or subscribe to."""
+        without either) now; the number re-read (the `invalidate` side door: `nautilus
+        admin auth invalidate`). A row that is gone leaves the client nothing to publish
+        or subscribe to; a database that cannot answer: DatabaseError, the ACLs kept."""
         entries = list(self.cache.select(client_id, username))
         for key, entry in entries:
             await self._reload(key, entry)
