@@ -55,8 +55,11 @@ class PostgresBackend:
         return 0 if pool is None else pool.get_size() - pool.get_idle_size()
 
     async def _fetch(self, query: str, *args: str) -> list[Any]:
+        # asyncpg's own timeouts, for the pool and for the query: it cancels a query that
+        # times out by itself (cancelling it from outside waits on the database).
         try:
-            return list(await self._pool.fetch(query, *args, timeout=self.timeout))
+            async with self._pool.acquire(timeout=self.timeout) as connection:
+                return list(await connection.fetch(query, *args, timeout=self.timeout))
         except TimeoutError:
             raise DatabaseError(f"PostgreSQL did not answer in {self.timeout:g} s") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

@@ -8,14 +8,24 @@ passwords hashed by the database (`crypt`) or bcrypt, ACLs as JSON arrays.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import bcrypt
 import pytest
 import redis
 
 from plugins.auth_db.redis_backend import key
-from tests.broker.helpers import V5, V311, VERSIONS, PahoClient, RawClient, unique_id
+from tests.broker.helpers import (
+    V5,
+    V311,
+    VERSIONS,
+    PahoClient,
+    RawClient,
+    connect_packet,
+    unique_id,
+)
 
 NOT_AUTHORIZED, SERVER_UNAVAILABLE = 0x87, 0x88
 NOT_AUTHORIZED_V3, SERVER_UNAVAILABLE_V3 = 5, 3
@@ -205,3 +215,61 @@ def test_redis_keys_as_vernemq_writes_them(start_broker, redis_url, login):
     login(server, V5, "truck-1", "fleet", "secret")  # the default entry
     login(server, V5, "dev-1", "ann", "wrong", expect_code=NOT_AUTHORIZED)
     store.close()
+
+
+def test_a_thousand_concurrent_connects_on_a_pool_of_five_are_all_answered(start_broker, postgres):
+    pg_row(postgres, "*", "fleet", "shared")
+    server = broker_with(start_broker, backend="postgres", url=postgres.url, pool_size=5)
+    count = 1000
+
+    async def connect(i: int) -> int:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        try:
+            right = i % 10 != 0  # one in ten with a wrong password
+            password = b"shared" if right else b"wrong"
+            writer.write(connect_packet(f"dev-{i}", username="fleet", password=password))
+            connack = await reader.readexactly(4)  # 0x20 0x02 flags code
+            return connack[3] if right else -connack[3]
+        finally:
+            writer.close()
+
+    async def all_of_them() -> list[int]:
+        return await asyncio.gather(*(connect(i) for i in range(count)))
+
+    codes = asyncio.run(asyncio.wait_for(all_of_them(), 60))
+    assert codes.count(0) == count * 9 // 10  # every right password let in
+    assert codes.count(-NOT_AUTHORIZED_V3) == count // 10  # every wrong one refused
+    plugin = plugin_of(server)
+    assert server.call(lambda: plugin.counts["errors"]) == 0  # none timed out
+
+
+def test_a_database_that_hangs_times_out_into_server_unavailable(start_broker, own_postgres, login):
+    pg_row(own_postgres, "dev-1", "ann", "secret")
+    server = broker_with(start_broker, backend="postgres", url=own_postgres.url, query_timeout=1)
+    login(server, V5, "dev-1", "ann", "secret")  # a pooled connection, open
+    own_postgres.pause()  # SIGSTOP: connections stay open, nothing answers
+    try:
+        started = time.monotonic()
+        login(server, V5, "dev-2", "ann", "secret", expect_code=SERVER_UNAVAILABLE)
+        assert time.monotonic() - started < 1 + 2  # query_timeout, not a hang
+    finally:
+        own_postgres.resume()
+    login(server, V5, "dev-1", "ann", "secret")  # and it answers again
+
+
+def test_redis_that_hangs_times_out_into_server_unavailable(start_broker, own_redis, login):
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
+    entry = {"passhash": hashed, "publish_acl": [], "subscribe_acl": []}
+    store = redis.Redis.from_url(own_redis.url)
+    store.set(key("", "dev-1", "ann"), json.dumps(entry))
+    store.close()
+    server = broker_with(start_broker, backend="redis", url=own_redis.url, query_timeout=1)
+    login(server, V311, "dev-1", "ann", "secret")
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        login(server, V311, "dev-1", "ann", "secret", expect_code=SERVER_UNAVAILABLE)
+        assert time.monotonic() - started < 1 + 2
+    finally:
+        own_redis.resume()
+    login(server, V311, "dev-1", "ann", "secret")
