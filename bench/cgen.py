@@ -98,6 +98,8 @@ class Load:
     # Paced: read marks as in a flood (publishers' PUBACKs too), for a throughput row;
     # a latency row reads every packet at once.
     bulk_reads: bool = False
+    username: str | None = None  # the CONNECTs' credentials (None: none)
+    password: str | None = None
 
     def argv(self, host: str, port: int) -> list[str]:
         args = ["run", "--host", host, "--port", str(port)]
@@ -117,6 +119,10 @@ class Load:
             args += ["--read-low-water", str(self.read_low_water)]
         if self.bulk_reads:
             args.append("--bulk-reads")
+        if self.username is not None:
+            args += ["--username", self.username]
+        if self.password is not None:
+            args += ["--password", self.password]
         return args
 
 

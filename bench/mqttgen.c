@@ -330,6 +330,7 @@ static struct options {
     bool bulk_reads;  // paced: read marks as in a flood (a throughput row, not latency)
     int threads;
     const char *id_prefix;
+    const char *username, *password;  // NULL: a CONNECT without them
     long read_mark;  // subscribers' SO_RCVLOWAT; < 0: automatic (read_mark)
 } opt = {
     .host = "127.0.0.1", .port = 1883, .publishers = 1, .subscribers = 1, .qos = 0,
@@ -828,15 +829,23 @@ static void mqtt_connect(struct client *c, const char *client_id, bool clean) {
     c->in.cap = c->role == SUBSCRIBER ? IN_BYTES : BATCH_BYTES;
     c->in.data = xrealloc(NULL, c->in.cap);
 
-    uint8_t p[512];
+    uint8_t p[1024];
     size_t id_len = strlen(client_id), i = 0;
+    size_t user_len = opt.username ? strlen(opt.username) : 0;
+    size_t pass_len = opt.password ? strlen(opt.password) : 0;
+    size_t credentials = (opt.username ? 2 + user_len : 0) + (opt.password ? 2 + pass_len : 0);
     p[i++] = CONNECT << 4;
-    i += put_varint(p + i, 10 + 2 + id_len);
+    i += put_varint(p + i, 10 + 2 + id_len + credentials);
     i += put_str(p + i, "MQTT", 4);
-    p[i++] = 4;                   // protocol level: 3.1.1
-    p[i++] = clean ? 0x02 : 0x00;  // connect flags
-    i += put_u16(p + i, 0);       // keep alive off: no PINGREQ needed while idle
+    p[i++] = 4;  // protocol level: 3.1.1
+    p[i++] = (uint8_t)((clean ? 0x02 : 0x00) | (opt.username ? 0x80 : 0) |
+                       (opt.password ? 0x40 : 0));  // connect flags
+    i += put_u16(p + i, 0);  // keep alive off: no PINGREQ needed while idle
     i += put_str(p + i, client_id, id_len);
+    if (opt.username)
+        i += put_str(p + i, opt.username, user_len);
+    if (opt.password)
+        i += put_str(p + i, opt.password, pass_len);
     send_all(c, p, i);
     struct frame f = await_packet(c, "CONNACK");
     if (f.type != CONNACK || f.len < 2)
@@ -1188,6 +1197,7 @@ static void usage(FILE *out) {
           "                   [--rate MSGS_PER_S] [--backlog N] [--warmup S] [--duration S]\n"
           "                   [--settle S] [--persistent] [--threads T] [--hold]\n"
           "                   [--clean-id-prefix X] [--read-low-water BYTES] [--bulk-reads]\n"
+          "                   [--username U] [--password P]\n"
           "       mqttgen sink [--port P]\n",
           out);
 }
@@ -1212,6 +1222,7 @@ static void parse_run(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},    {"clean-id-prefix", required_argument, 0, 'i'},
         {"hold", no_argument, 0, 'H'},             {"read-low-water", required_argument, 0, 'L'},
         {"backlog", required_argument, 0, 'B'},     {"bulk-reads", no_argument, 0, 'R'},
+        {"username", required_argument, 0, 'u'},    {"password", required_argument, 0, 'x'},
         {"help", no_argument, 0, '?'},
         {0, 0, 0, 0},
     };
@@ -1238,6 +1249,8 @@ static void parse_run(int argc, char **argv) {
         case 'R': opt.bulk_reads = true; break;
         case 't': opt.threads = (int)number(name, optarg, 1); break;
         case 'i': opt.id_prefix = optarg; break;
+        case 'u': opt.username = optarg; break;
+        case 'x': opt.password = optarg; break;
         case 'H': opt.hold = true; break;
         case 'L': opt.read_mark = (long)number(name, optarg, 1); break;
         case 'T':
@@ -1269,6 +1282,8 @@ static void parse_run(int argc, char **argv) {
         die("--topology pairs: at most one subscriber per publisher");
     if (strlen(opt.id_prefix) > 200)
         die("--clean-id-prefix: at most 200 characters");
+    if ((opt.username && strlen(opt.username) > 300) || (opt.password && strlen(opt.password) > 300))
+        die("--username, --password: at most 300 characters");
 }
 
 static int run_main(int argc, char **argv) {

@@ -27,9 +27,15 @@ class RedisBackend:
         self._client: Any = None
 
     async def start(self) -> None:
-        self._client = aioredis.Redis.from_url(
-            self.url, max_connections=self.pool_size, socket_timeout=self.timeout
+        # A blocking pool: a request beyond pool_size waits for a connection (redis-py's
+        # default pool raises "Too many connections" instead).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=self.pool_size,
+            timeout=self.timeout,
+            socket_timeout=self.timeout,
         )
+        self._client = aioredis.Redis(connection_pool=pool)
 
     async def stop(self) -> None:
         if self._client is not None:

@@ -217,9 +217,21 @@ def test_redis_keys_as_vernemq_writes_them(start_broker, redis_url, login):
     store.close()
 
 
-def test_a_thousand_concurrent_connects_on_a_pool_of_five_are_all_answered(start_broker, postgres):
-    pg_row(postgres, "*", "fleet", "shared")
-    server = broker_with(start_broker, backend="postgres", url=postgres.url, pool_size=5)
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+def test_a_thousand_concurrent_connects_on_a_pool_of_five_are_all_answered(
+    start_broker, request, backend
+):
+    if backend == "postgres":
+        postgres = request.getfixturevalue("postgres")
+        pg_row(postgres, "*", "fleet", "shared")
+        url = postgres.url
+    else:
+        url = request.getfixturevalue("redis_url")
+        hashed = bcrypt.hashpw(b"shared", bcrypt.gensalt(4)).decode()
+        entry = {"passhash": hashed, "publish_acl": [], "subscribe_acl": []}
+        with redis.Redis.from_url(url) as store:
+            store.set(key("", "*", "fleet"), json.dumps(entry))
+    server = broker_with(start_broker, backend=backend, url=url, pool_size=5)
     count = 1000
 
     async def connect(i: int) -> int:
