@@ -32,6 +32,7 @@ DISTRIBUTIONS = {
     "jwt": "PyJWT",
     "google.protobuf": "protobuf",
     "asyncpg": "asyncpg",
+    "asyncmy": "asyncmy",
     "bcrypt": "bcrypt",
 }
 # Our own top-level packages: an ImportError raised in them, of them, is not a library's.

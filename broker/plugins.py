@@ -56,6 +56,10 @@ def load_plugins(
         if not isinstance(enabled, bool):
             raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
         if not enabled:
+            if "enabled" not in section and section.keys() - set(RESERVED_KEYS):
+                # Settings, but no switch: VerneMQ's "no_matching_hook_found" trap (its
+                # issue 369) is a plugin left off by a forgotten `enabled`. Said, not fatal.
+                log.warning("%s has settings but no `enabled = true`: the plugin is off", where)
             continue
         priority = section.get("priority")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):

@@ -10,7 +10,7 @@ venv=$1
 shift
 rm -rf "$venv"
 "${PYTHON:-python3}" -m venv "$venv"
-"$venv/bin/pip" install -q "$@" -e '.[test,bench,spark]' >"$venv/install.log" 2>&1 ||
+"$venv/bin/pip" install -q "$@" -e '.[test,bench,spark,db]' >"$venv/install.log" 2>&1 ||
     { grep -v '^WARNING: Location' "$venv/install.log"; exit 1; }
 "$venv/bin/pip" check
 echo "$venv: $("$venv/bin/pip" freeze --exclude-editable | grep -iE \

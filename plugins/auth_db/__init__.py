@@ -2,9 +2,10 @@
 
     [plugins.auth_db]
     enabled = true
-    backend = "postgres"            # postgres | redis (mysql: not yet)
+    backend = "postgres"            # postgres | mysql | redis
     url = "postgresql://root:password@localhost:5432/vernemq_db"
-    password_hash = "crypt"         # postgres: crypt | bcrypt; redis: bcrypt
+    password_hash = "crypt"         # postgres: crypt | bcrypt; mysql: password | md5 |
+                                    # sha1 | sha256 | bcrypt; redis: bcrypt
 
 VerneMQ's table (vmq_auth_acl) and Redis keys, unchanged. See docs/plugins/auth_db.md.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.config import ConfigError, Duration
@@ -14,6 +14,7 @@ DEFAULT_URLS = {
     "redis": "redis://localhost:6379/0",
 }
 DEFAULT_HASHES = {"postgres": "crypt", "mysql": "password", "redis": "bcrypt"}
+QUERY_NAMES = ("auth_on_register", "acls")
 # Compared by the database (server side), or by the broker (bcrypt).
 HASHES = {
     "postgres": ("crypt", "bcrypt"),
@@ -33,6 +34,9 @@ class AuthDbConfig:
     # Re-read a connected client's ACLs this often; 0: only when it connects (and when
     # `nautilus admin auth invalidate` says so).
     cache_ttl: Duration = Duration(0)
+    # SQL of your own for a schema that differs (docs/plugins/auth_db.md): auth_on_register
+    # (the rows of a CONNECT), acls (one row again, to re-read its ACLs).
+    query: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.url = self.url or DEFAULT_URLS[self.backend]
@@ -46,3 +50,10 @@ class AuthDbConfig:
             raise ConfigError(f"plugins.auth_db.pool_size: must be 1 or more, got {self.pool_size}")
         if self.query_timeout <= 0:
             raise ConfigError("plugins.auth_db.query_timeout: must be more than 0 seconds")
+        for name in self.query:
+            if self.backend == "redis":
+                raise ConfigError("plugins.auth_db.query: not for the redis backend (no SQL)")
+            if name not in QUERY_NAMES:
+                raise ConfigError(
+                    f"plugins.auth_db.query.{name}: unknown (known: {', '.join(QUERY_NAMES)})"
+                )

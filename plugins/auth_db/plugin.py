@@ -25,7 +25,6 @@ import time
 from collections import Counter
 from typing import Any
 
-from broker.config import ConfigError
 from broker.protocol import ReasonCode
 from hooks import (
     NEXT,
@@ -60,14 +59,14 @@ def make_backend(config: AuthDbConfig) -> Backend:
     if config.backend == "postgres":
         from plugins.auth_db.postgres_backend import PostgresBackend
 
-        return PostgresBackend(*args)
-    if config.backend == "redis":
-        from plugins.auth_db.redis_backend import RedisBackend
+        return PostgresBackend(*args, config.query)
+    if config.backend == "mysql":
+        from plugins.auth_db.mysql_backend import MysqlBackend
 
-        return RedisBackend(*args)
-    raise ConfigError(
-        f"plugins.auth_db.backend: {config.backend!r} is not available yet (postgres or redis)"
-    )
+        return MysqlBackend(*args, config.query)
+    from plugins.auth_db.redis_backend import RedisBackend  # the config allows no other
+
+    return RedisBackend(*args)
 
 
 class AuthDbPlugin:
@@ -106,11 +105,12 @@ class AuthDbPlugin:
             )
         except DatabaseError:
             return UNAVAILABLE
-        if (rows and rows[0].passhash is not None) or any(r.passhash for r in rows):
+        if self.config.password_hash != "bcrypt":
+            row = chosen(rows)  # the database compared: only the matching rows came back
+        else:
+            # Every row, with its hash: one without a hash (NULL) matches no password.
             verified = await asyncio.to_thread(_verify, ctx.password, rows)
             row = chosen(rows, verified)
-        else:
-            row = chosen(rows)
         if row is None:
             return NEXT
         try:

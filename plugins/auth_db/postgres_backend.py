@@ -2,30 +2,49 @@
 postgres.lua), over a pool of `pool_size` connections opened as they are needed (a
 database down when the broker starts is no reason not to start).
 
-    crypt:  ... AND password = crypt($4, password)    (pgcrypto: the database compares)
+    crypt:  ... AND password = crypt(:password, password)  (pgcrypto: the database compares)
     bcrypt: the row's password comes back; the broker checks it
+
+`[plugins.auth_db.query]` may replace them (`auth_on_register`, `acls`: the re-read of
+one row), with the same named parameters and columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
 
-from plugins.auth_db.backends import DatabaseError, Row
+from plugins.auth_db.backends import DatabaseError, Query, SqlBackend, sql_queries
 
-_COLUMNS = "client_id, publish_acl::TEXT, subscribe_acl::TEXT"
-_WHERE = "mountpoint = $1 AND (client_id = $2 OR client_id = '*') AND username = $3"
-CRYPT = f"SELECT {_COLUMNS} FROM vmq_auth_acl WHERE {_WHERE} AND password = crypt($4, password)"
-BCRYPT = f"SELECT {_COLUMNS}, password FROM vmq_auth_acl WHERE {_WHERE}"
-_KEY = "mountpoint = $1 AND client_id = $2 AND username = $3"
-ONE = f"SELECT {_COLUMNS} FROM vmq_auth_acl WHERE {_KEY}"
+_SELECT = "SELECT client_id, publish_acl::TEXT, subscribe_acl::TEXT"
+_ROWS = (
+    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint"
+    " AND (client_id = :client_id OR client_id = '*') AND username = :username"
+)
+_KEY = (
+    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint AND client_id = :client_id"
+    " AND username = :username"
+)
+QUERIES = {  # VerneMQ's (postgres.lua), with the plugin's named parameters
+    "crypt": f"{_SELECT} {_ROWS} AND password = crypt(:password, password)",
+    "bcrypt": f"{_SELECT}, password {_ROWS}",
+    "acls": f"{_SELECT} {_KEY}",
+}
 
 
-class PostgresBackend:
-    def __init__(self, url: str, pool_size: int, password_hash: str, timeout: float) -> None:
+class PostgresBackend(SqlBackend):
+    def __init__(
+        self,
+        url: str,
+        pool_size: int,
+        password_hash: str,
+        timeout: float,
+        queries: Mapping[str, str] | None = None,
+    ) -> None:
         self.url, self.pool_size, self.timeout = url, pool_size, timeout
-        self.client_side = password_hash == "bcrypt"
+        self.register, self.acls = sql_queries(password_hash, QUERIES, queries or {}, "${}".format)
         self._pool: Any = None
 
     async def start(self) -> None:
@@ -37,29 +56,17 @@ class PostgresBackend:
         if self._pool is not None:
             await self._pool.close()
 
-    async def rows(
-        self, mountpoint: str, client_id: str, username: str, password: str
-    ) -> list[Row]:
-        if self.client_side:
-            found = await self._fetch(BCRYPT, mountpoint, client_id, username)
-            return [Row(r[0], r[3], r[1], r[2]) for r in found]
-        found = await self._fetch(CRYPT, mountpoint, client_id, username, password)
-        return [Row(r[0], None, r[1], r[2]) for r in found]
-
-    async def row(self, mountpoint: str, client_id: str, username: str) -> Row | None:
-        found = await self._fetch(ONE, mountpoint, client_id, username)
-        return Row(found[0][0], None, found[0][1], found[0][2]) if found else None
-
     def in_use(self) -> int:
         pool = self._pool
         return 0 if pool is None else pool.get_size() - pool.get_idle_size()
 
-    async def _fetch(self, query: str, *args: str) -> list[Any]:
+    async def _fetch(self, query: Query, values: Mapping[str, str]) -> list[Any]:
         # asyncpg's own timeouts, for the pool and for the query: it cancels a query that
         # times out by itself (cancelling it from outside waits on the database).
+        args = query.arguments(values)
         try:
             async with self._pool.acquire(timeout=self.timeout) as connection:
-                return list(await connection.fetch(query, *args, timeout=self.timeout))
+                return list(await connection.fetch(query.text, *args, timeout=self.timeout))
         except TimeoutError:
             raise DatabaseError(f"PostgreSQL did not answer in {self.timeout:g} s") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

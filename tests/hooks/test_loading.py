@@ -32,6 +32,15 @@ def test_disabled_plugins_load_nothing():
     assert load_plugins({"x": {"module": "no.such.module:Nothing"}}) == []  # off by default
 
 
+def test_settings_without_the_switch_are_said_once(caplog):
+    # VerneMQ's issue 369: a forgotten `enabled` left a plugin off in silence.
+    with caplog.at_level(logging.WARNING, logger="nautilus.plugins"):
+        assert load_plugins({"auth_db": {"backend": "redis"}, "acl": {"enabled": False}}) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "plugins.auth_db has settings but no `enabled = true`: the plugin is off"
+    ]
+
+
 def test_a_third_party_plugin_by_module():
     [(name, plugin)] = load_plugins({"rec": rec(hooks=["on_publish"])})
     assert name == "rec"

@@ -68,6 +68,9 @@ class EveryDoor:
     def metadata_backend(self, dead_after: float) -> Backend:
         return Backend()
 
+    async def invalidate(self, client_id: str | None, username: str | None) -> int:
+        return 0
+
 
 def plugin(**attributes):
     """A plugin object with these attributes (functions become methods)."""
@@ -104,6 +107,7 @@ def test_the_declared_signatures():
         "metrics": "metrics() -> Iterable[Metric]",
         "metadata": "metadata: str",
         "metadata_backend": "metadata_backend(dead_after) -> MetadataBackend",
+        "invalidate": "[async] invalidate(client_id, username) -> int",
         "recorder": "recorder: MessageRecorder",
     }
 
@@ -117,6 +121,7 @@ def test_a_plugin_with_every_door_passes_and_they_are_found():
     doors = side_doors(every)
     assert doors.start == every.start
     assert doors.stop == every.stop
+    assert doors.invalidate == every.invalidate
     assert doors.before_ack == every.before_ack
     assert doors.metrics == every.metrics
     assert doors.metadata == "redis"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker.config import ConfigError
 from plugins.auth_db.acl import NO_LIMIT, AclError, Acls, parse_acls
-from plugins.auth_db.backends import Row, chosen
+from plugins.auth_db.backends import Row, chosen, prepare
 from plugins.auth_db.cache import AclCache, Entry
 
 
@@ -103,3 +104,13 @@ def test_a_connections_end_does_not_drop_a_newer_connections_entry():
     assert cache.get(("", "c1")) is not None
     cache.drop(("", "c1"), "new-session")
     assert cache.get(("", "c1")) is None
+
+
+def test_named_parameters_become_the_drivers_placeholders():
+    sql = "SELECT a::TEXT FROM t WHERE u = :username AND p = crypt(:password, p) AND u2 = :username"
+    query = prepare(sql, "${}".format, "plugins.auth_db.query.auth_on_register")
+    assert query.text == "SELECT a::TEXT FROM t WHERE u = $1 AND p = crypt($2, p) AND u2 = $3"
+    assert query.arguments({"username": "ann", "password": "pw"}) == ["ann", "pw", "ann"]
+    assert prepare("x = :client_id", lambda n: "%s", "w").text == "x = %s"
+    with pytest.raises(ConfigError, match=r"query.acls: unknown parameter :user \(known: "):
+        prepare("u = :user", "${}".format, "plugins.auth_db.query.acls")

@@ -285,3 +285,49 @@ def test_redis_that_hangs_times_out_into_server_unavailable(start_broker, own_re
     finally:
         own_redis.resume()
     login(server, V311, "dev-1", "ann", "secret")
+
+
+def test_a_schema_of_your_own_with_custom_queries(start_broker, postgres, login):
+    postgres.sql(
+        "CREATE TABLE IF NOT EXISTS devices (login text, device text, secret text, rules json);"
+        " DELETE FROM devices;"
+        " INSERT INTO devices VALUES ('ann', 'dev-1', crypt('secret', gen_salt('bf')),"
+        """ '[{"pattern": "a/#"}, {"pattern": "own/%c/#"}]');"""
+        " GRANT ALL ON devices TO root"
+    )
+    queries = {
+        "auth_on_register": (
+            "SELECT device AS client_id, rules::TEXT AS publish_acl, rules::TEXT AS"
+            " subscribe_acl FROM devices WHERE login = :username AND device = :client_id"
+            " AND secret = crypt(:password, secret)"
+        ),
+        "acls": (
+            "SELECT device AS client_id, rules::TEXT AS publish_acl, rules::TEXT AS"
+            " subscribe_acl FROM devices WHERE login = :username AND device = :client_id"
+        ),
+    }
+    server = broker_with(start_broker, backend="postgres", url=postgres.url, query=queries)
+    client = login(server, V5, "dev-1", "ann", "secret")
+    assert client.subscribe([("own/dev-1/#", 1), ("own/dev-2/#", 1)]) == [1, NOT_AUTHORIZED]
+    assert allowed(client, "own/dev-1/x")
+    login(server, V5, "dev-1", "ann", "wrong", expect_code=NOT_AUTHORIZED)
+    assert server.call(plugin_of(server).invalidate, "dev-1") == 1  # through `acls`
+
+
+def test_a_custom_query_that_compares_no_password_is_refused_at_start(start_broker):
+    from broker.config import ConfigError
+    from broker.plugins import load_plugins
+
+    table = {"query": {"auth_on_register": "SELECT * FROM t WHERE u = :username"}}
+    with pytest.raises(ConfigError, match="compares no :password, so any password would do"):
+        load_plugins({"auth_db": {"enabled": True, **table}})
+
+
+def test_with_bcrypt_a_row_without_a_password_lets_nobody_in(start_broker, postgres, login):
+    postgres.sql(
+        "INSERT INTO vmq_auth_acl VALUES ('', 'dev-1', 'ann', NULL, '[]', '[]'),"
+        " ('', '*', 'ann', NULL, '[]', '[]')"
+    )
+    server = broker_with(start_broker, backend="postgres", url=postgres.url, password_hash="bcrypt")
+    login(server, V311, "dev-1", "ann", "anything", expect_code=NOT_AUTHORIZED)
+    login(server, V311, "dev-2", "ann", "", expect_code=NOT_AUTHORIZED)
