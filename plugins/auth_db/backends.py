@@ -59,6 +59,16 @@ def chosen(rows: list[Row], verified: list[bool] | None = None) -> Row | None:
 # -- SQL queries with named parameters ----------------------------------------------------
 
 PARAMETERS = ("mountpoint", "client_id", "username", "password")
+# VerneMQ's lookups (its postgres.lua and mysql.lua): a CONNECT's rows (the client's own
+# and the default `*`), and one row by its key.
+ROWS = (
+    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint"
+    " AND (client_id = :client_id OR client_id = '*') AND username = :username"
+)
+KEY = (
+    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint AND client_id = :client_id"
+    " AND username = :username"
+)
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")  # :name, not PostgreSQL's ::cast
 
 

@@ -27,24 +27,16 @@ from asyncmy.cursors import DictCursor
 from asyncmy.errors import MySQLError
 
 from broker.config import ConfigError
-from plugins.auth_db.backends import DatabaseError, Query, SqlBackend, sql_queries
+from plugins.auth_db.backends import KEY, ROWS, DatabaseError, Query, SqlBackend, sql_queries
 
 _SELECT = "SELECT client_id, publish_acl, subscribe_acl"
-_ROWS = (
-    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint"
-    " AND (client_id = :client_id OR client_id = '*') AND username = :username"
-)
-_KEY = (
-    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint AND client_id = :client_id"
-    " AND username = :username"
-)
 QUERIES = {  # VerneMQ's (mysql.lua), with the plugin's named parameters
-    "password": f"{_SELECT} {_ROWS} AND password = PASSWORD(:password)",
-    "md5": f"{_SELECT} {_ROWS} AND password = MD5(:password)",
-    "sha1": f"{_SELECT} {_ROWS} AND password = SHA1(:password)",
-    "sha256": f"{_SELECT} {_ROWS} AND password = SHA2(:password, 256)",
-    "bcrypt": f"{_SELECT}, password {_ROWS}",
-    "acls": f"{_SELECT} {_KEY}",
+    "password": f"{_SELECT} {ROWS} AND password = PASSWORD(:password)",
+    "md5": f"{_SELECT} {ROWS} AND password = MD5(:password)",
+    "sha1": f"{_SELECT} {ROWS} AND password = SHA1(:password)",
+    "sha256": f"{_SELECT} {ROWS} AND password = SHA2(:password, 256)",
+    "bcrypt": f"{_SELECT}, password {ROWS}",
+    "acls": f"{_SELECT} {KEY}",
 }
 
 

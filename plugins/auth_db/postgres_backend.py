@@ -16,21 +16,13 @@ from typing import Any
 
 import asyncpg
 
-from plugins.auth_db.backends import DatabaseError, Query, SqlBackend, sql_queries
+from plugins.auth_db.backends import KEY, ROWS, DatabaseError, Query, SqlBackend, sql_queries
 
 _SELECT = "SELECT client_id, publish_acl::TEXT, subscribe_acl::TEXT"
-_ROWS = (
-    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint"
-    " AND (client_id = :client_id OR client_id = '*') AND username = :username"
-)
-_KEY = (
-    "FROM vmq_auth_acl WHERE mountpoint = :mountpoint AND client_id = :client_id"
-    " AND username = :username"
-)
 QUERIES = {  # VerneMQ's (postgres.lua), with the plugin's named parameters
-    "crypt": f"{_SELECT} {_ROWS} AND password = crypt(:password, password)",
-    "bcrypt": f"{_SELECT}, password {_ROWS}",
-    "acls": f"{_SELECT} {_KEY}",
+    "crypt": f"{_SELECT} {ROWS} AND password = crypt(:password, password)",
+    "bcrypt": f"{_SELECT}, password {ROWS}",
+    "acls": f"{_SELECT} {KEY}",
 }
 
 
