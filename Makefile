@@ -46,9 +46,10 @@ format: $(STAMP)
 
 system-packages:
 	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's and
-	# auth_db's, PostgreSQL and MariaDB for auth_db's (the tests start servers of their own)
+	# auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the bridge's (the
+	# tests start servers of their own)
 	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server \
-		postgresql mariadb-server
+		postgresql mariadb-server mosquitto
 
 test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
 	$(BIN)/python -m pytest -q

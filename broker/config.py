@@ -205,6 +205,8 @@ class Config:
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     # [event_relay]: the relay validates its own keys (event_relay/config.py).
     event_relay: dict[str, Any] = field(default_factory=dict)
+    # [[bridges]]: each checked by the bridge plugin (plugins/bridge/config.py).
+    bridges: list[dict[str, Any]] = field(default_factory=list)
 
 
 # Keys whose value must satisfy more than its type says.

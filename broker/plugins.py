@@ -36,6 +36,7 @@ log = logging.getLogger("nautilus.plugins")
 RESERVED_KEYS = ("enabled", "priority", "module")
 # The event relay is a plugin configured by its own top-level table, [event_relay].
 EVENT_RELAY = "event_relay.plugin:EventRelay"
+BRIDGES = "plugins.bridge:BridgePlugin"  # built from the [[bridges]] tables
 
 
 def load_plugins(
@@ -84,8 +85,18 @@ def load_plugins(
 
 
 def configured_plugins(config: Config) -> list[tuple[str, Any]]:
-    """The plugins a whole config enables: [plugins.*] and the event relay."""
-    return load_plugins(config.plugins, config.event_relay, config.broker.node_name)
+    """The plugins a whole config enables: [plugins.*], the event relay and the bridges."""
+    sections = dict(config.plugins)
+    if config.bridges:
+        tcp = [listener.address for listener in config.listeners if listener.type == "tcp"]
+        sections["bridge"] = {
+            "enabled": True,
+            "module": BRIDGES,
+            "tables": config.bridges,
+            "local_address": tcp[0] if tcp else "",
+            "node_name": config.broker.node_name,
+        }
+    return load_plugins(sections, config.event_relay, config.broker.node_name)
 
 
 def _relay_section(table: dict[str, Any], node_name: str) -> dict[str, Any] | None:

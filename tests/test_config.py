@@ -115,8 +115,10 @@ def config_error(data: dict[str, Any]) -> str:
 
 
 # [plugins.<name>] tables belong to the plugins; docs/plugins.md documents their keys.
-# [event_relay] is validated by the relay (event_relay/config.py): checked on its own.
-TOP = [f.name for f in dataclasses.fields(Config) if f.name not in ("plugins", "event_relay")]
+# [event_relay] is validated by the relay (event_relay/config.py): checked on its own;
+# [[bridges]] by the bridge plugin (plugins/bridge/config.py), documented in docs/bridge.md.
+OWN_CHECKS = ("plugins", "event_relay", "bridges")
+TOP = [f.name for f in dataclasses.fields(Config) if f.name not in OWN_CHECKS]
 # Tables inside a section (`[cluster.swc]`) are documented as sections of their own.
 SECTIONS = TOP + [
     f"{name}.{f.name}"

@@ -1,0 +1,185 @@
+"""Bridges between a real Nautilus and a real Mosquitto (and a second Nautilus), with
+real clients on both sides (paho-mqtt)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.broker.helpers import V5, V311, PahoClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def bridge_of(server):
+    return dict(server.broker.plugins)["bridge"].bridges["b1"]
+
+
+def ready(server) -> None:
+    """Until the bridge is connected on both sides with its subscriptions made."""
+    bridge = bridge_of(server)
+    server.wait_for(lambda: bridge.state == "connected" and bridge.local_ready)
+
+
+def client(port: int, version: int = V311, **connect) -> PahoClient:
+    made = PahoClient("127.0.0.1", port, version)
+    made.connect(**connect)
+    return made
+
+
+def test_out_with_prefixes_of_several_levels_and_qos(bridged, mosquitto):
+    rule = {
+        "pattern": "sensors/#",
+        "direction": "out",
+        "qos": 1,
+        "local_prefix": "edge/site/",
+        "remote_prefix": "cloud/a/b/",
+    }
+    server = bridged(mosquitto.port, [rule])
+    ready(server)
+    far = client(mosquitto.port)
+    assert far.subscribe("cloud/#", 2) == [2]
+    near = client(server.port)
+    near.publish("edge/site/sensors/t1", b"one", qos=2)
+    near.publish("edge/site/sensors/t2", b"two", qos=0)
+    near.publish("edge/other/sensors/t3", b"not bridged", qos=1)
+    near.publish("edge/site/sensors/t4", b"last", qos=1)
+    got = [far.expect_message() for _ in range(3)]
+    assert [(m.topic, m.payload, m.qos) for m in got] == [
+        ("cloud/a/b/sensors/t1", b"one", 1),  # the lower of the message's 2 and the rule's 1
+        ("cloud/a/b/sensors/t2", b"two", 0),
+        ("cloud/a/b/sensors/t4", b"last", 1),
+    ]
+    far.close()
+    near.close()
+
+
+def test_in_with_a_plus_pattern(bridged, mosquitto):
+    rule = {
+        "pattern": "cmd/+",
+        "direction": "in",
+        "qos": 1,
+        "remote_prefix": "r/",
+        "local_prefix": "l/x/",
+    }
+    server = bridged(mosquitto.port, [rule])
+    ready(server)
+    near = client(server.port)
+    assert near.subscribe("l/#", 1) == [1]
+    far = client(mosquitto.port)
+    far.publish("r/cmd/reboot", b"now", qos=1)
+    far.publish("r/cmd/a/b", b"two levels: not the pattern", qos=1)
+    far.publish("r/cmd/stop", b"then", qos=1)
+    got = [near.expect_message() for _ in range(2)]
+    assert [(m.topic, m.payload, m.qos) for m in got] == [
+        ("l/x/cmd/reboot", b"now", 1),
+        ("l/x/cmd/stop", b"then", 1),
+    ]
+    far.close()
+    near.close()
+
+
+def test_the_retain_flag_crosses_and_a_late_subscriber_gets_it(bridged, mosquitto):
+    rules = [
+        {"pattern": "state/#", "qos": 1, "retain": True},
+        {"pattern": "plain/#", "qos": 1},  # retain not kept
+    ]
+    server = bridged(mosquitto.port, rules)
+    ready(server)
+    near = client(server.port)
+    near.publish("state/door", b"open", qos=1, retain=True)
+    near.publish("plain/door", b"closed", qos=1, retain=True)
+    marker = client(mosquitto.port)  # both have crossed once a later message has
+    assert marker.subscribe("state/marker", 1) == [1]
+    near.publish("state/marker", b"m", qos=1)
+    assert marker.expect_message().topic == "state/marker"
+    late = client(mosquitto.port)
+    assert late.subscribe([("state/door", 1), ("plain/door", 1), ("plain/marker", 1)]) == [1, 1, 1]
+    message = late.expect_message()
+    assert (message.topic, message.payload, message.retain) == ("state/door", b"open", True)
+    marker.publish("plain/marker", b"m", qos=1)  # plain/door, had it kept its flag,
+    assert late.expect_message().topic != "plain/door"  # would have come before this
+    for c in (near, marker, late):
+        c.close()
+
+
+def test_both_directions_without_an_echo_loop(bridged, mosquitto):
+    server = bridged(mosquitto.port, [{"pattern": "chat/#", "direction": "both", "qos": 1}])
+    ready(server)
+    near, far = client(server.port), client(mosquitto.port)
+    assert near.subscribe("chat/#", 1) == [1]
+    assert far.subscribe("chat/#", 1) == [1]
+    near.publish("chat/1", b"from near", qos=1)
+    far.publish("chat/2", b"from far", qos=1)
+    near.publish("chat/end", b"end", qos=1)
+    far.publish("chat/end", b"end", qos=1)
+    seen_near = [near.expect_message().payload for _ in range(4)]
+    seen_far = [far.expect_message().payload for _ in range(4)]
+    # Each side: its own message once, the other side's once, the two ends; nothing twice.
+    assert sorted(seen_near) == sorted([b"from near", b"from far", b"end", b"end"])
+    assert sorted(seen_far) == sorted([b"from near", b"from far", b"end", b"end"])
+    assert bridge_of(server).counts["publish_out_1"] == 2  # chat/1 and near's chat/end
+    near.close()
+    far.close()
+
+
+def test_a_remote_away_for_a_while_loses_nothing_within_the_buffer(bridged, mosquitto):
+    server = bridged(
+        mosquitto.port,
+        [{"pattern": "q/#", "qos": 1}],
+        max_outgoing_buffered_messages=40,
+        restart_timeout=2,
+    )
+    ready(server)
+    bridge = bridge_of(server)
+    mosquitto.stop()
+    server.wait_for(lambda: bridge.state != "connected")
+    near = client(server.port)
+    for i in range(50):
+        near.publish(f"q/{i}", str(i).encode(), qos=1)
+    server.wait_for(lambda: bridge.counts["dropped"] == 10)  # 40 kept, the newest 10 not
+    mosquitto.start()  # the same port; the bridge comes back within 1.6-2.4 s
+    far = client(mosquitto.port)
+    assert far.subscribe("q/#", 1) == [1]
+    got = [far.expect_message().payload for _ in range(40)]
+    assert sorted(int(p) for p in got) == list(range(40))
+    server.wait_for(lambda: bridge.counts["publish_out_1"] == 40)  # as PUBACKs come
+    near.close()
+    far.close()
+
+
+def test_a_wrong_password_is_retried_until_it_is_right(bridged, start_mosquitto, tmp_path):
+    remote = start_mosquitto(users={"edge": "right"})
+    server = bridged(remote.port, [{"pattern": "x/#"}], username="edge", password="wrong")
+    bridge = bridge_of(server)
+    server.wait_for(lambda: bridge.state == "retrying" and "refused" in bridge.reason)
+    passwords = remote.directory / "passwords"
+    passwords.write_text("edge:wrong\n")
+    subprocess.run(["mosquitto_passwd", "-U", str(passwords)], check=True)
+    assert remote.proc is not None
+    os.kill(remote.proc.pid, signal.SIGHUP)  # Mosquitto reads its password file again
+    ready(server)
+
+
+def test_mqtt5_user_properties_cross_between_two_nautilus(bridged, start_broker):
+    far_broker = start_broker()
+    server = bridged(far_broker.port, [{"pattern": "p/#", "qos": 1}], mqtt_version=5)
+    ready(server)
+    far = client(far_broker.port, V5)
+    assert far.subscribe("p/#", 1) == [1]
+    near = client(server.port, V5)
+    properties = Properties(PacketTypes.PUBLISH)
+    properties.UserProperty = [("origin", "edge-1")]
+    properties.ContentType = "text/plain"
+    near.publish("p/1", b"hello", qos=1, properties=properties)
+    message = far.expect_message()
+    assert message.payload == b"hello"
+    assert message.properties.UserProperty == [("origin", "edge-1")]
+    assert message.properties.ContentType == "text/plain"
+    near.close()
+    far.close()
