@@ -243,3 +243,28 @@ async def invalidate_auth(
     if not done:
         raise NotFound("no enabled plugin keeps auth decisions to invalidate (auth_db does)")
     return done
+
+
+def bridges(broker: Managed) -> list[dict[str, Any]]:
+    """Every bridge, a row each (`[[bridges]]`: docs/bridge.md)."""
+    rows: list[dict[str, Any]] = []
+    for _, plugin in broker.plugins:
+        door = side_doors(plugin).bridges
+        if door is not None:
+            rows += door()
+    return rows
+
+
+async def run_bridge(broker: Managed, name: str, running: bool) -> list[dict[str, Any]]:
+    """Start or stop the bridge `name`; the bridges after."""
+    for _, plugin in broker.plugins:
+        doors = side_doors(plugin)
+        if doors.run_bridge is None or doors.bridges is None:
+            continue
+        if any(row["name"] == name for row in doors.bridges()):
+            done = doors.run_bridge(name, running)
+            if inspect.isawaitable(done):
+                await done
+            return bridges(broker)
+    known = ", ".join(row["name"] for row in bridges(broker)) or "none"
+    raise NotFound(f"no bridge {name!r} (configured: {known})")

@@ -3,6 +3,8 @@
 Every `systree_interval` seconds each counter of `Metrics` and each gauge of `Broker.gauges()` is
 published to `$SYS/<node_name>/<metric name with "_" as "/">`, the payload being the value
 as decimal ASCII: `mqtt_publish_received` goes to `$SYS/nautilus/mqtt/publish/received`.
+The plugins' figures (their `metrics()`) follow, a label's value as one more level:
+`vmq_bridge_connected{name="cloud"}` goes to `$SYS/nautilus/vmq/bridge/connected/cloud`.
 The messages go through the broker's routing, so they reach the subscriptions that match and
 no others: "#" and "+/..." never match a topic starting with "$" [MQTT-4.7.2-1], while
 "$SYS/#" does. They are sent at `systree_qos` and retained when `systree_retain` is on.
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.message import Message
+from hooks.side_doors import side_doors
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings
@@ -44,6 +47,8 @@ class Source(Protocol):
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
     retained: RetainedMessages
+
+    plugins: list[tuple[str, Any]]  # (name, plugin): their metrics() go in the tree too
 
     def gauges(self) -> dict[str, int]: ...
 
@@ -128,8 +133,27 @@ class SysTree:
             topic = self._topics[name] = self.prefix + name.replace("_", "/")
         return topic
 
+    def plugin_values(self) -> dict[str, int]:
+        """The plugins' figures (their `metrics()`, as on /metrics) by topic: a label's
+        value is one more level (`$SYS/<node>/vmq/bridge/connected/<name>`)."""
+        found: dict[str, int] = {}
+        for _, plugin in self.broker.plugins:
+            report = side_doors(plugin).metrics
+            if report is None:
+                continue
+            try:
+                metrics = list(report())
+            except Exception:  # a plugin's bug must not end the tree (/metrics says it)
+                continue
+            for metric in metrics:
+                levels = [self.topic(metric.name), *(value for _, value in metric.labels)]
+                found["/".join(levels)] = int(metric.value)
+        return found
+
     def publish(self) -> None:
         """Publish one round now: every value, through the broker's normal routing."""
         publish, qos, retain = self.broker.publish, self.qos, self.retain
         for name, value in self.values().items():
             publish(Message(self.topic(name), b"%d" % value, qos, retain))
+        for topic, value in self.plugin_values().items():
+            publish(Message(topic, b"%d" % value, qos, retain))

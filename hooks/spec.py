@@ -461,6 +461,22 @@ SIDE_DOORS: dict[str, SideDoor] = {
             "reads them applies now (`nautilus admin auth invalidate`); how many clients",
         ),
         SideDoor(
+            "bridges",
+            "plain",
+            (),
+            "list[dict]",
+            "the plugin's bridges, one row each (name, endpoint, state, buffer size, max and "
+            "dropped): `nautilus admin bridge show`",
+        ),
+        SideDoor(
+            "run_bridge",
+            "plain or async",
+            ("name", "running"),
+            "None",
+            "start (running True) or stop one of the plugin's bridges; LookupError for a name "
+            "it has not: `nautilus admin bridge start|stop NAME`",
+        ),
+        SideDoor(
             "recorder",
             "value",
             (),

@@ -71,6 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     whose.add_argument("--client-id", help="the connected client with this id")
     whose.add_argument("--username", help="the connected clients of this user")
     whose.add_argument("--all", action="store_true", help="every connected client")
+    bridge = commands.add_parser("bridge", help="the bridges to other brokers")
+    bridge.add_argument("action", choices=["show", "start", "stop"])
+    bridge.add_argument("name", nargs="?", default="", help="start, stop: the bridge")
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     commands.add_parser("cluster-show", help="the cluster's members")
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
@@ -116,6 +119,10 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             if args.client_id:
                 return "auth/invalidate", {"client_id": args.client_id}
             return "auth/invalidate", {"username": args.username}
+        case "bridge":
+            if args.action == "show":
+                return "bridge/show", {}
+            return f"bridge/{args.action}", {"name": args.name}
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)

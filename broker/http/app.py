@@ -195,6 +195,9 @@ class HttpServer:
             "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
             "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
             "auth/invalidate": lambda a: admin.invalidate_auth(broker, *_whose(a)),
+            "bridge/show": lambda a: admin.bridges(broker),
+            "bridge/start": lambda a: admin.run_bridge(broker, a.required("name"), True),
+            "bridge/stop": lambda a: admin.run_bridge(broker, a.required("name"), False),
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]

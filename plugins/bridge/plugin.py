@@ -33,19 +33,19 @@ class BridgePlugin:
                 f"broker through it), got {config.local_address or 'none'}"
             )
         local = Endpoint(host if host not in ("", "0.0.0.0") else "127.0.0.1", int(port))
-        self.bridges = {s.name: Bridge(s, local, config.node_name) for s in settings}
+        self.by_name = {s.name: Bridge(s, local, config.node_name) for s in settings}
 
     def start(self) -> None:
-        for bridge in self.bridges.values():
+        for bridge in self.by_name.values():
             bridge.start()
 
     async def stop(self) -> None:
-        for bridge in self.bridges.values():
+        for bridge in self.by_name.values():
             await bridge.stop()
 
     def metrics(self) -> list[Metric]:
         figures = []
-        for name, bridge in self.bridges.items():
+        for name, bridge in self.by_name.items():
             label = (("name", name),)
             for direction in ("out", "in"):
                 for qos in (0, 1, 2):
@@ -89,5 +89,16 @@ class BridgePlugin:
             ]
         return figures
 
-    def status(self) -> list[dict[str, Any]]:
-        return [bridge.status() for bridge in self.bridges.values()]
+    # -- side doors of `nautilus admin bridge` --------------------------------------------
+
+    def bridges(self) -> list[dict[str, Any]]:
+        return [bridge.status() for bridge in self.by_name.values()]
+
+    async def run_bridge(self, name: str, running: bool) -> None:
+        bridge = self.by_name.get(name)
+        if bridge is None:
+            raise LookupError(name)
+        if running:
+            bridge.start()
+        else:
+            await bridge.stop()

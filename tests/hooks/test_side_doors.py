@@ -71,6 +71,12 @@ class EveryDoor:
     async def invalidate(self, client_id: str | None, username: str | None) -> int:
         return 0
 
+    def bridges(self) -> list:
+        return []
+
+    async def run_bridge(self, name: str, running: bool) -> None:
+        pass
+
 
 def plugin(**attributes):
     """A plugin object with these attributes (functions become methods)."""
@@ -108,6 +114,8 @@ def test_the_declared_signatures():
         "metadata": "metadata: str",
         "metadata_backend": "metadata_backend(dead_after) -> MetadataBackend",
         "invalidate": "[async] invalidate(client_id, username) -> int",
+        "bridges": "bridges() -> list[dict]",
+        "run_bridge": "[async] run_bridge(name, running) -> None",
         "recorder": "recorder: MessageRecorder",
     }
 

@@ -11,13 +11,17 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from broker.http.api_keys import ApiKeys
 from tests.broker.helpers import V5, V311, PahoClient
+from tests.http.conftest import api, error, table
+from tests.http.test_commands import admin
+from tests.plugins.bridge.mosquitto import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def bridge_of(server):
-    return dict(server.broker.plugins)["bridge"].bridges["b1"]
+    return dict(server.broker.plugins)["bridge"].by_name["b1"]
 
 
 def ready(server) -> None:
@@ -183,3 +187,44 @@ def test_mqtt5_user_properties_cross_between_two_nautilus(bridged, start_broker)
     assert message.properties.ContentType == "text/plain"
     near.close()
     far.close()
+
+
+def test_the_admin_commands_show_stop_and_start_a_bridge(start_broker, mosquitto, tmp_path):
+
+    keys = tmp_path / "keys"
+    key = ApiKeys(str(keys)).add()
+    bridge_table = {
+        "name": "b1",
+        "address": f"127.0.0.1:{mosquitto.port}",
+        "restart_timeout": 1,
+        "topics": [{"pattern": "x/#"}],
+    }
+    server = start_broker(
+        listeners=[{"type": "tcp", "address": f"127.0.0.1:{free_port()}"}],
+        bridges=[bridge_table],
+        http={"address": "127.0.0.1:0", "api_keys_file": str(keys)},
+    )
+    ready(server)
+    shown = admin(server, "bridge", "show", key=key, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    header, row = shown.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["name", "endpoint", "state"]
+    assert row.split()[:3] == ["b1", f"127.0.0.1:{mosquitto.port}", "connected"]
+
+    stopped = table(api(server, "bridge/stop", key, name="b1"))
+    assert stopped[0]["state"] == "stopped"
+    bridge = bridge_of(server)
+    assert server.call(lambda: bridge.state) == "stopped"
+    table(api(server, "bridge/start", key, name="b1"))
+    ready(server)
+    assert "no bridge 'b2' (configured: b1)" in error(
+        api(server, "bridge/start", key, name="b2"), 404
+    )
+
+
+def test_the_bridges_figures_are_in_the_sys_tree(bridged, mosquitto):
+    server = bridged(mosquitto.port, [{"pattern": "x/#"}])
+    ready(server)
+    values = server.call(server.broker.systree.plugin_values)
+    assert values["$SYS/nautilus/vmq/bridge/connected/b1"] == 1
+    assert values["$SYS/nautilus/vmq/bridge/queue/max/b1"] == 1000
