@@ -17,8 +17,10 @@ from tests.plugins.bridge.mosquitto import Mosquitto, free_port
 def start_mosquitto(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
     started: list[Mosquitto] = []
 
-    def start(users: dict[str, str] | None = None) -> Mosquitto:
-        server = Mosquitto(tmp_path / f"mosquitto{len(started)}", users)
+    def start(
+        users: dict[str, str] | None = None, tls: tuple[Path, Path] | None = None
+    ) -> Mosquitto:
+        server = Mosquitto(tmp_path / f"mosquitto{len(started)}", users, tls)
         started.append(server)
         return server.start()
 

@@ -23,10 +23,16 @@ def free_port() -> int:
 
 
 class Mosquitto:
-    def __init__(self, directory: Path, users: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        users: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,  # (certificate chain, key): a TLS listener
+    ) -> None:
         self.directory = directory
         self.port = free_port()
         self.users = users
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Mosquitto:
@@ -36,6 +42,8 @@ class Mosquitto:
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "mosquitto.conf"
         lines = [f"listener {self.port} {HOST}", "persistence false"]
+        if self.tls is not None:
+            lines += [f"certfile {self.tls[0]}", f"keyfile {self.tls[1]}"]
         if os.geteuid() == 0:  # it would become user mosquitto, who cannot read tmp_path
             lines.append("user root")
         if self.users is None:

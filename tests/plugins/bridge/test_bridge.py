@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
 
 import pytest
+import trustme
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -228,3 +230,36 @@ def test_the_bridges_figures_are_in_the_sys_tree(bridged, mosquitto):
     values = server.call(server.broker.systree.plugin_values)
     assert values["$SYS/nautilus/vmq/bridge/connected/b1"] == 1
     assert values["$SYS/nautilus/vmq/bridge/queue/max/b1"] == 1000
+
+
+def tls_remote(start_mosquitto, tmp_path) -> tuple[Any, str]:
+    """A Mosquitto with a TLS listener whose certificate names broker.test, issued by a
+    CA of the test's own; and that CA's file."""
+    ca = trustme.CA()
+    certificate = ca.issue_cert("broker.test")
+    chain, key, ca_file = tmp_path / "chain.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    certificate.private_key_and_cert_chain_pem.write_to_path(str(chain))
+    certificate.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return start_mosquitto(tls=(chain, key)), str(ca_file)
+
+
+def test_tls_with_the_remotes_certificate_checked_against_a_ca(bridged, start_mosquitto, tmp_path):
+    remote, ca_file = tls_remote(start_mosquitto, tmp_path)
+    tls = {"transport": "ssl", "cafile": ca_file, "sni": "broker.test"}
+    server = bridged(remote.port, [{"pattern": "s/#", "qos": 1}], **tls)
+    ready(server)
+    near = client(server.port)
+    near.publish("s/1", b"over tls", qos=1)
+    server.wait_for(lambda: bridge_of(server).counts["publish_out_1"] == 1)  # acknowledged
+    near.close()
+
+
+def test_tls_with_a_name_the_certificate_does_not_have_keeps_retrying(
+    bridged, start_mosquitto, tmp_path
+):
+    remote, ca_file = tls_remote(start_mosquitto, tmp_path)
+    tls = {"transport": "ssl", "cafile": ca_file, "sni": "other.test"}
+    server = bridged(remote.port, [{"pattern": "s/#"}], **tls)
+    bridge = bridge_of(server)
+    server.wait_for(lambda: bridge.state == "retrying" and "VERIFY_FAILED" in bridge.reason)
