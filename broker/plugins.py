@@ -95,6 +95,7 @@ def configured_plugins(config: Config) -> list[tuple[str, Any]]:
             "tables": config.bridges,
             "local_address": tcp[0] if tcp else "",
             "node_name": config.broker.node_name,
+            "data_dir": config.store.path,
         }
     return load_plugins(sections, config.event_relay, config.broker.node_name)
 

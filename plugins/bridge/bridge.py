@@ -12,8 +12,9 @@ between them (VerneMQ's vmq_bridge).
 - The remote is never given up on: a refused CONNECT, a TLS or DNS error, a broker that
   closes are logged once per state change and retried every restart_timeout (+-20%).
   Outgoing messages wait in a buffer of max_outgoing_buffered_messages meanwhile (the
-  newest dropped, and counted, when it is full); QoS 1 and 2 ones leave it only when the
-  remote acknowledged them, so a reconnect resends what was in flight.
+  newest dropped, and counted, when it is full; on disk with persistent_queue); QoS 1 and
+  2 ones leave it only when the remote acknowledged them, so a reconnect resends what was
+  in flight.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from broker.protocol import Connect, Publish, Subscription
 from broker.topics import topic_matches
+from plugins.bridge.buffer import DiskBuffer, MemoryBuffer
 from plugins.bridge.client import Endpoint, MqttClient, MqttError
 from plugins.bridge.config import BridgeSettings, TopicRule
 
@@ -43,7 +45,9 @@ MQTT5 = 5
 
 
 class Bridge:
-    def __init__(self, settings: BridgeSettings, local: Endpoint, node: str) -> None:
+    def __init__(
+        self, settings: BridgeSettings, local: Endpoint, node: str, queue_dir: str = ""
+    ) -> None:
         self.settings = settings
         self.name = settings.name
         self.local_endpoint = local
@@ -55,7 +59,10 @@ class Bridge:
         self.client_id = f"{node}-bridge-{settings.name}" if auto else settings.client_id
         self.outgoing = [r for r in settings.topics if r.direction in ("out", "both")]
         self.incoming = [r for r in settings.topics if r.direction in ("in", "both")]
-        self.buffer: deque[Publish] = deque()
+        bound = settings.max_outgoing_buffered_messages
+        self.buffer = (
+            DiskBuffer(bound, queue_dir) if settings.persistent_queue else MemoryBuffer(bound)
+        )
         self.counts: Counter[str] = Counter()
         self.state = "stopped"  # connecting, connected, retrying, stopped
         self.reason = ""
@@ -154,10 +161,9 @@ class Bridge:
             properties=dict(message.properties) if remote_v5 else {},
         )
         out.properties.pop(11, None)  # subscription identifiers are this broker's own
-        if len(self.buffer) >= self.settings.max_outgoing_buffered_messages:
+        if not self.buffer.put(out):
             self.counts["dropped"] += 1
             return
-        self.buffer.append(out)
         self._wake.set()
 
     # -- the remote side ------------------------------------------------------------------
@@ -256,13 +262,15 @@ class Bridge:
         inflight: set[asyncio.Task[None]] = set()
         while True:
             while self.buffer and len(inflight) < WINDOW:
-                message = self.buffer.popleft()
+                token, message = self.buffer.take()
                 if message.qos == 0:
                     await remote.publish(message)
+                    self.buffer.done(token)
                     self._sent_now(message)
                     self.counts["publish_out_0"] += 1
                     continue
-                task = asyncio.get_running_loop().create_task(self._send_one(remote, message))
+                sending = self._send_one(remote, token, message)
+                task = asyncio.get_running_loop().create_task(sending)
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
             self._wake.clear()
@@ -272,13 +280,14 @@ class Bridge:
             finally:
                 woken.cancel()
 
-    async def _send_one(self, remote: MqttClient, message: Publish) -> None:
+    async def _send_one(self, remote: MqttClient, token: int, message: Publish) -> None:
         try:
             self._sent_now(message)
             await remote.publish(dataclasses.replace(message, packet_id=None))
         except (MqttError, asyncio.CancelledError):
-            self.buffer.appendleft(message)  # sent again once connected again
+            self.buffer.back(token)  # sent again once connected again
             raise
+        self.buffer.done(token)
         self.counts[f"publish_out_{message.qos}"] += 1
 
     # -- the loop check, when the remote does not know the bridge bit ---------------------

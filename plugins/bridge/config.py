@@ -35,7 +35,8 @@ class BridgeSettings:
     try_private: bool = True
     mountpoint: str = ""
     max_outgoing_buffered_messages: int = 1000
-    persistent_queue: bool = False
+    persistent_queue: bool = False  # the outgoing buffer on disk: it survives a restart
+    queue_dir: str = ""  # its LevelDB; "": <store.path>/bridges/<name>
     cafile: str = ""
     certfile: str = ""
     keyfile: str = ""
@@ -64,8 +65,6 @@ def parse_bridges(tables: list[dict[str, object]]) -> list[BridgeSettings]:
             raise ConfigError(f"{where}.address: expected host:port, got {bridge.address!r}")
         if bridge.max_outgoing_buffered_messages < 0:
             raise ConfigError(f"{where}.max_outgoing_buffered_messages: must be 0 or more")
-        if bridge.persistent_queue:
-            raise ConfigError(f"{where}.persistent_queue: not available yet (memory only)")
         if bridge.mountpoint:
             raise ConfigError(f"{where}.mountpoint: not available yet (no mountpoints)")
         if not bridge.topics:

@@ -4,6 +4,7 @@ clients), started and stopped with the broker, and reporting VerneMQ's metrics."
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,13 +12,14 @@ from broker.config import ConfigError
 from hooks import Metric
 from plugins.bridge.bridge import Bridge
 from plugins.bridge.client import Endpoint
-from plugins.bridge.config import parse_bridges
+from plugins.bridge.config import BridgeSettings, parse_bridges
 
 
 @dataclass(slots=True)
 class BridgesConfig:
     tables: list[dict[str, Any]] = field(default_factory=list)
     local_address: str = ""  # host:port of a TCP listener of this broker
+    data_dir: str = "./data"  # [store] path: persistent queues go under bridges/<name>
     node_name: str = "nautilus"
 
 
@@ -33,7 +35,10 @@ class BridgePlugin:
                 f"broker through it), got {config.local_address or 'none'}"
             )
         local = Endpoint(host if host not in ("", "0.0.0.0") else "127.0.0.1", int(port))
-        self.by_name = {s.name: Bridge(s, local, config.node_name) for s in settings}
+        self.by_name = {
+            s.name: Bridge(s, local, config.node_name, _queue_dir(s, config.data_dir))
+            for s in settings
+        }
 
     def start(self) -> None:
         for bridge in self.by_name.values():
@@ -42,6 +47,7 @@ class BridgePlugin:
     async def stop(self) -> None:
         for bridge in self.by_name.values():
             await bridge.stop()
+            bridge.buffer.close()
 
     def metrics(self) -> list[Metric]:
         figures = []
@@ -102,3 +108,12 @@ class BridgePlugin:
             bridge.start()
         else:
             await bridge.stop()
+
+
+def _queue_dir(settings: BridgeSettings, data_dir: str) -> str:
+    """Where a persistent queue lives (made if missing); "" without one."""
+    if not settings.persistent_queue:
+        return ""
+    path = settings.queue_dir or os.path.join(data_dir, "bridges", settings.name)
+    os.makedirs(path, exist_ok=True)
+    return path

@@ -263,3 +263,44 @@ def test_tls_with_a_name_the_certificate_does_not_have_keeps_retrying(
     server = bridged(remote.port, [{"pattern": "s/#"}], **tls)
     bridge = bridge_of(server)
     server.wait_for(lambda: bridge.state == "retrying" and "VERIFY_FAILED" in bridge.reason)
+
+
+def test_a_persistent_queue_survives_a_restart_of_this_broker(
+    start_broker, start_mosquitto, tmp_path
+):
+    remote = start_mosquitto()
+    remote.stop()  # away from the start: everything waits in the queue
+    table = {
+        "name": "b1",
+        "address": f"127.0.0.1:{remote.port}",
+        "restart_timeout": 2,  # the far subscriber is in before the bridge is back
+        "persistent_queue": True,
+        "topics": [{"pattern": "d/#", "qos": 1}],
+    }
+    store = {"backend": "memory", "path": str(tmp_path / "data")}
+
+    def start():
+        listener = {"type": "tcp", "address": f"127.0.0.1:{free_port()}"}
+        return start_broker(listeners=[listener], bridges=[table], store=store)
+
+    first = start()
+    bridge = bridge_of(first)
+    first.wait_for(lambda: bridge.local_ready)
+    near = client(first.port)
+    for i in range(20):
+        near.publish(f"d/{i}", str(i).encode(), qos=1)
+    first.wait_for(lambda: len(bridge.buffer) == 20)
+    near.close()
+    first.stop()
+    assert (tmp_path / "data" / "bridges" / "b1").is_dir()  # <store.path>/bridges/<name>
+
+    second = start()  # the same queue, read again
+    assert second.call(lambda: len(bridge_of(second).buffer)) == 20
+    remote.start()
+    far = client(remote.port)
+    assert far.subscribe("d/#", 1) == [1]
+    got = [far.expect_message().payload for _ in range(20)]
+    assert [int(p) for p in got] == list(range(20))  # all, in order
+    later = bridge_of(second)
+    second.wait_for(lambda: len(later.buffer) == 0)  # acknowledged: gone from the disk
+    far.close()
