@@ -100,6 +100,7 @@ class Load:
     bulk_reads: bool = False
     username: str | None = None  # the CONNECTs' credentials (None: none)
     password: str | None = None
+    sub_port: int | None = None  # subscribers on another broker (a bridge's far side)
 
     def argv(self, host: str, port: int) -> list[str]:
         args = ["run", "--host", host, "--port", str(port)]
@@ -123,6 +124,8 @@ class Load:
             args += ["--username", self.username]
         if self.password is not None:
             args += ["--password", self.password]
+        if self.sub_port is not None:
+            args += ["--sub-port", str(self.sub_port)]
         return args
 
 

@@ -331,6 +331,8 @@ static struct options {
     int threads;
     const char *id_prefix;
     const char *username, *password;  // NULL: a CONNECT without them
+    const char *sub_host;  // --sub-host/--sub-port: subscribers on another broker (a bridge's)
+    int sub_port;
     long read_mark;  // subscribers' SO_RCVLOWAT; < 0: automatic (read_mark)
 } opt = {
     .host = "127.0.0.1", .port = 1883, .publishers = 1, .subscribers = 1, .qos = 0,
@@ -754,9 +756,12 @@ static void *gen_loop(void *arg) {
 // ---- setup, by the main thread, with blocking sockets
 
 static struct addrinfo *broker_addr;
+static struct addrinfo *sub_addr;  // the subscribers' broker: broker_addr unless --sub-port
 
 static void describe(char *out, size_t n, const struct client *c) {
-    snprintf(out, n, "%s %d (%s:%d)", role_name(c), c->index, opt.host, opt.port);
+    bool away = c->role == SUBSCRIBER && opt.sub_port;
+    snprintf(out, n, "%s %d (%s:%d)", role_name(c), c->index, away ? opt.sub_host : opt.host,
+             away ? opt.sub_port : opt.port);
 }
 
 static const char *connack_reason(unsigned code) {
@@ -811,10 +816,11 @@ static void send_all(struct client *c, const uint8_t *p, size_t n) {
 static void mqtt_connect(struct client *c, const char *client_id, bool clean) {
     char who[128];
     describe(who, sizeof who, c);
-    c->fd = socket(broker_addr->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct addrinfo *addr = c->role == SUBSCRIBER ? sub_addr : broker_addr;
+    c->fd = socket(addr->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0)
         die("socket: %s", strerror(errno));
-    if (connect(c->fd, broker_addr->ai_addr, broker_addr->ai_addrlen) != 0)
+    if (connect(c->fd, addr->ai_addr, addr->ai_addrlen) != 0)
         die("%s: connect: %s", who, strerror(errno));
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -1197,7 +1203,7 @@ static void usage(FILE *out) {
           "                   [--rate MSGS_PER_S] [--backlog N] [--warmup S] [--duration S]\n"
           "                   [--settle S] [--persistent] [--threads T] [--hold]\n"
           "                   [--clean-id-prefix X] [--read-low-water BYTES] [--bulk-reads]\n"
-          "                   [--username U] [--password P]\n"
+          "                   [--username U] [--password P] [--sub-host H] [--sub-port P]\n"
           "       mqttgen sink [--port P]\n",
           out);
 }
@@ -1223,6 +1229,7 @@ static void parse_run(int argc, char **argv) {
         {"hold", no_argument, 0, 'H'},             {"read-low-water", required_argument, 0, 'L'},
         {"backlog", required_argument, 0, 'B'},     {"bulk-reads", no_argument, 0, 'R'},
         {"username", required_argument, 0, 'u'},    {"password", required_argument, 0, 'x'},
+        {"sub-host", required_argument, 0, 'y'},    {"sub-port", required_argument, 0, 'z'},
         {"help", no_argument, 0, '?'},
         {0, 0, 0, 0},
     };
@@ -1251,6 +1258,8 @@ static void parse_run(int argc, char **argv) {
         case 'i': opt.id_prefix = optarg; break;
         case 'u': opt.username = optarg; break;
         case 'x': opt.password = optarg; break;
+        case 'y': opt.sub_host = optarg; break;
+        case 'z': opt.sub_port = (int)number(name, optarg, 1); break;
         case 'H': opt.hold = true; break;
         case 'L': opt.read_mark = (long)number(name, optarg, 1); break;
         case 'T':
@@ -1294,6 +1303,15 @@ static int run_main(int argc, char **argv) {
     int err = getaddrinfo(opt.host, port, &hints, &broker_addr);
     if (err)
         die("%s: %s", opt.host, gai_strerror(err));
+    sub_addr = broker_addr;
+    if (opt.sub_port) {
+        if (!opt.sub_host)
+            opt.sub_host = opt.host;
+        snprintf(port, sizeof port, "%d", opt.sub_port);
+        err = getaddrinfo(opt.sub_host, port, &hints, &sub_addr);
+        if (err)
+            die("%s: %s", opt.sub_host, gai_strerror(err));
+    }
     fanout = opt.topology == FANOUT ? (uint64_t)opt.subscribers : 1;
     pubs = xcalloc((size_t)opt.publishers, sizeof *pubs);
     subs = xcalloc((size_t)opt.subscribers, sizeof *subs);

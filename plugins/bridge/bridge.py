@@ -42,6 +42,7 @@ WINDOW = 100  # QoS 1 and 2 messages unacknowledged by the remote at once
 ECHO_SECONDS = 10.0  # how long a message sent out is remembered, to drop its echo
 UNSUPPORTED_VERSION = 1  # MQTT 3 CONNACK: "unacceptable protocol version"
 MQTT5 = 5
+RULES_KEPT = 10_000  # topics whose out rule is remembered (all forgotten when full)
 
 
 class Bridge:
@@ -73,6 +74,7 @@ class Bridge:
         self._private = settings.try_private and settings.mqtt_version < MQTT5
         self._sent: deque[tuple[float, str, bytes]] = deque()  # for the loop check
         self._tasks: list[asyncio.Task[None]] = []
+        self._out_rules: dict[str, TopicRule] = {}  # topic -> its rule, as they come
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -149,9 +151,14 @@ class Bridge:
             log.warning("bridge %s: its connection to this broker ended (%s)", self.name, reason)
 
     def _from_local(self, message: Publish) -> None:
-        rule = _rule_for(self.outgoing, message.topic, local=True)
+        rule = self._out_rules.get(message.topic)
         if rule is None:
-            return
+            rule = _rule_for(self.outgoing, message.topic, local=True)
+            if rule is None:
+                return
+            if len(self._out_rules) >= RULES_KEPT:
+                self._out_rules.clear()
+            self._out_rules[message.topic] = rule
         remote_v5 = self.settings.mqtt_version == MQTT5
         out = Publish(
             rule.remote_prefix + message.topic[len(rule.local_prefix) :],
@@ -261,18 +268,22 @@ class Bridge:
     async def _send_forever(self, remote: MqttClient) -> None:
         inflight: set[asyncio.Task[None]] = set()
         while True:
+            at_once: list[Publish] = []  # QoS 0: written together, nothing to wait for
             while self.buffer and len(inflight) < WINDOW:
                 token, message = self.buffer.take()
                 if message.qos == 0:
-                    await remote.publish(message)
+                    at_once.append(message)
                     self.buffer.done(token)
                     self._sent_now(message)
-                    self.counts["publish_out_0"] += 1
                     continue
                 sending = self._send_one(remote, token, message)
                 task = asyncio.get_running_loop().create_task(sending)
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
+            if at_once:
+                remote.publish_now(at_once)
+                self.counts["publish_out_0"] += len(at_once)
+                continue  # more may have come meanwhile
             self._wake.clear()
             woken = asyncio.ensure_future(self._wake.wait())
             try:

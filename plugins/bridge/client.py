@@ -18,7 +18,7 @@ import asyncio
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from broker.protocol import (
     ConnAck,
@@ -117,11 +117,16 @@ class MqttClient(asyncio.Protocol):
         suback = await self._request(Subscribe(packet_id, subscriptions), SubAck, packet_id)
         return list(suback.reason_codes)
 
+    def publish_now(self, messages: list[Publish]) -> None:
+        """Send QoS 0 `messages` (nothing comes back for them) in one write."""
+        level = self.level
+        self._send(b"".join([encode(message, level) for message in messages]))
+
     async def publish(self, message: Publish) -> int:
         """Send `message`; for QoS 1 and 2, return once the broker has it (the reason code
         of its PUBACK or PUBREC: 0x80 and up refused it)."""
         if message.qos == 0:
-            self._send(encode(message, self.level))
+            self.publish_now([message])
             return 0
         message.packet_id = self._packet_id()
         answer = PubAck if message.qos == 1 else PubRec
@@ -140,8 +145,7 @@ class MqttClient(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
 
     def data_received(self, data: bytes) -> None:
         self.decoder.receive_data(data)
