@@ -56,6 +56,10 @@ class Peers(Protocol):
         """The cluster's nodes, links and routing score; None when not in a cluster."""
         ...
 
+    def alive(self) -> list[str] | None:
+        """This node and the other members alive now, sorted; None when not in a cluster."""
+        ...
+
     def figures(self) -> dict[str, int]:
         """Gauges for /metrics and $SYS (the leaderless metadata's); none alone."""
         ...
@@ -108,6 +112,9 @@ class Alone:
         return None
 
     def status(self) -> None:
+        return None
+
+    def alive(self) -> None:
         return None
 
     def figures(self) -> dict[str, int]:

@@ -155,6 +155,11 @@ class Broker:
         return props
 
     async def start(self) -> None:
+        for _, plugin in self.plugins:  # work that runs on one node of a cluster at a time
+            place = side_doors(plugin).placement
+            if place is not None:
+                node = self.config.cluster.node_name or self.settings.node_name
+                place(node, self.peers.alive)
         await call_all(self.plugins, "start")
         self._restore()
         await self.peers.start()  # before clients: registrations need it

@@ -3,7 +3,8 @@ one place.
 
 Besides hooks, the broker may call a plugin's `start()` / `stop()`, `before_ack()`,
 `metrics()`, `metadata_backend(dead_after)`, `invalidate(client_id, username)`,
-`bridges()` and `run_bridge(name, running)`, and read its `metadata` and `recorder`.
+`bridges()`, `run_bridge(name, running)` and `placement(node, alive)`, and read its
+`metadata` and `recorder`.
 These are found by name, like hooks, so they are held to their declaration when the
 plugin loads (`side_door_problem`, which check_plugin calls): a value that cannot be
 called as the broker will call it, an `async` method the broker would not await, a
@@ -38,6 +39,7 @@ class SideDoors:
     invalidate: Callable[[str | None, str | None], Awaitable[int] | int] | None = None
     bridges: Callable[[], list[dict[str, Any]]] | None = None
     run_bridge: Callable[[str, bool], Awaitable[None] | None] | None = None
+    placement: Callable[[str, Callable[[], list[str] | None]], None] | None = None
     recorder: MessageRecorder | None = None
 
 

@@ -477,6 +477,15 @@ SIDE_DOORS: dict[str, SideDoor] = {
             "it has not: `nautilus admin bridge start|stop NAME`",
         ),
         SideDoor(
+            "placement",
+            "plain",
+            ("node", "alive"),
+            "None",
+            "called once before start(): this node's name and a function answering the "
+            "cluster's members alive now (sorted; None outside a cluster), for work that "
+            "runs on one node at a time (the bridges)",
+        ),
+        SideDoor(
             "recorder",
             "value",
             (),

@@ -691,6 +691,11 @@ class Cluster:
     def _replication(self) -> Replication:
         return self._swc().replicas
 
+    def alive(self) -> list[str]:
+        """This node and the members not declared dead, sorted (the same list on every
+        node once liveness has settled)."""
+        return sorted({self.node, *(name for name in self.nodes if name not in self.dead)})
+
     def status(self) -> dict[str, Any]:
         """What `nautilus cluster status` and the admin API show."""
         m = self.metrics

@@ -187,10 +187,12 @@ class Bridge:
             self._remote = client
             self._set_state("connected", "")
             sender = asyncio.get_running_loop().create_task(self._send_forever(client))
-            reason = await client.closed
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
+            try:
+                reason = await client.closed
+            finally:  # also when the bridge is stopped: the sender goes with it
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sender
             self._remote = None
             self._set_state("retrying", reason)
             await asyncio.sleep(self.settings.restart_timeout * random.uniform(0.8, 1.2))

@@ -4,7 +4,12 @@ clients), started and stopped with the broker, and reporting VerneMQ's metrics."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +18,10 @@ from hooks import Metric
 from plugins.bridge.bridge import Bridge
 from plugins.bridge.client import Endpoint
 from plugins.bridge.config import BridgeSettings, parse_bridges
+
+log = logging.getLogger("nautilus.bridge")
+PLACEMENT_INTERVAL = 1.0  # seconds between looks at the cluster's members
+PLACEMENT_SETTLE = 2.0  # seconds a starting node waits before running any bridge
 
 
 @dataclass(slots=True)
@@ -35,19 +44,52 @@ class BridgePlugin:
                 f"broker through it), got {config.local_address or 'none'}"
             )
         local = Endpoint(host if host not in ("", "0.0.0.0") else "127.0.0.1", int(port))
+        self.node = config.node_name
+        self.alive: Callable[[], list[str] | None] = lambda: None  # placement() sets it
+        self.held: set[str] = set()  # stopped at run time: not started again by placement
+        self._placing: asyncio.Task[None] | None = None
         self.by_name = {
             s.name: Bridge(s, local, config.node_name, _queue_dir(s, config.data_dir))
             for s in settings
         }
 
+    def placement(self, node: str, alive: Callable[[], list[str] | None]) -> None:
+        self.node, self.alive = node, alive
+
     def start(self) -> None:
-        for bridge in self.by_name.values():
-            bridge.start()
+        if self.alive() is None:  # not in a cluster: every bridge here
+            for bridge in self.by_name.values():
+                bridge.start()
+            return
+        self._placing = asyncio.get_running_loop().create_task(self._place_forever())
 
     async def stop(self) -> None:
+        if self._placing is not None:
+            self._placing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._placing
         for bridge in self.by_name.values():
             await bridge.stop()
             bridge.buffer.close()
+
+    async def _place_forever(self) -> None:
+        """In a cluster each bridge runs on one node at a time: the alive member its name
+        hashes to. Every node works it out from the same sorted list, each second; a
+        bridge moves when its node leaves or dies (and back when it returns). A node that
+        just started waits PLACEMENT_SETTLE first, to hear from the others."""
+        await asyncio.sleep(PLACEMENT_SETTLE)
+        while True:
+            alive = self.alive() or [self.node]
+            for name, bridge in self.by_name.items():
+                owner = alive[zlib.crc32(name.encode()) % len(alive)]
+                running = bridge.state != "stopped"
+                if owner == self.node and not running and name not in self.held:
+                    log.info("bridge %s runs on this node (%s)", name, self.node)
+                    bridge.start()
+                elif owner != self.node and running:
+                    log.info("bridge %s moves to node %s", name, owner)
+                    await bridge.stop()
+            await asyncio.sleep(PLACEMENT_INTERVAL)
 
     def metrics(self) -> list[Metric]:
         figures = []
@@ -105,8 +147,10 @@ class BridgePlugin:
         if bridge is None:
             raise LookupError(name)
         if running:
+            self.held.discard(name)
             bridge.start()
         else:
+            self.held.add(name)  # stopped by an operator: placement leaves it stopped
             await bridge.stop()
 
 

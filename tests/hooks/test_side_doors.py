@@ -77,6 +77,9 @@ class EveryDoor:
     async def run_bridge(self, name: str, running: bool) -> None:
         pass
 
+    def placement(self, node: str, alive) -> None:
+        pass
+
 
 def plugin(**attributes):
     """A plugin object with these attributes (functions become methods)."""
@@ -116,6 +119,7 @@ def test_the_declared_signatures():
         "invalidate": "[async] invalidate(client_id, username) -> int",
         "bridges": "bridges() -> list[dict]",
         "run_bridge": "[async] run_bridge(name, running) -> None",
+        "placement": "placement(node, alive) -> None",
         "recorder": "recorder: MessageRecorder",
     }
 

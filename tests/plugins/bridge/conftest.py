@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.conftest import redis_server, redis_url
 from tests.plugins.bridge.mosquitto import Mosquitto, free_port
+
+__all__ = ["redis_server", "redis_url"]  # fixtures, used by name (the cluster test)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import zlib
 from typing import Any
 
 import pytest
@@ -303,4 +304,84 @@ def test_a_persistent_queue_survives_a_restart_of_this_broker(
     assert [int(p) for p in got] == list(range(20))  # all, in order
     later = bridge_of(second)
     second.wait_for(lambda: len(later.buffer) == 0)  # acknowledged: gone from the disk
+    far.close()
+
+
+def test_in_a_cluster_a_bridge_runs_on_one_node_and_moves_when_it_leaves(
+    start_broker, redis_url, mosquitto
+):
+    table = {
+        "name": "b1",
+        "address": f"127.0.0.1:{mosquitto.port}",
+        "restart_timeout": 1,
+        "topics": [{"pattern": "x/#"}],
+    }
+
+    def node(name):
+        return start_broker(
+            broker={"node_name": name},
+            listeners=[{"type": "tcp", "address": f"127.0.0.1:{free_port()}"}],
+            cluster={
+                "address": "127.0.0.1:0",
+                "metadata": "redis",
+                "liveness_interval": 0.2,
+                "dead_after": 1.0,
+            },
+            plugins={"redis_subs": {"enabled": True, "url": redis_url}},
+            bridges=[table],
+        )
+
+    nodes = {"a": node("a"), "b": node("b")}
+    for server in nodes.values():
+        peers = server.broker.peers
+        server.wait_for(lambda peers=peers: peers.alive() == ["a", "b"])
+    owner = ["a", "b"][zlib.crc32(b"b1") % 2]  # the alive member the name hashes to
+    other = "b" if owner == "a" else "a"
+    ready(nodes[owner])
+    waiting = bridge_of(nodes[other])
+    nodes[other].wait_for(lambda: waiting.state == "stopped")
+    nodes[owner].stop()  # it leaves: declared dead after 1 s, the bridge moves
+    ready(nodes[other])
+
+
+def test_qos_2_crosses_both_ways(bridged, mosquitto):
+    rules = [
+        {"pattern": "o/#", "direction": "out", "qos": 2},
+        {"pattern": "i/#", "direction": "in", "qos": 2},
+    ]
+    server = bridged(mosquitto.port, rules)
+    ready(server)
+    near, far = client(server.port), client(mosquitto.port)
+    assert near.subscribe("i/#", 2) == [2]
+    assert far.subscribe("o/#", 2) == [2]
+    near.publish("o/1", b"out", qos=2)
+    far.publish("i/1", b"in", qos=2)
+    assert (far.expect_message().qos, near.expect_message().qos) == (2, 2)
+    bridge = bridge_of(server)
+    server.wait_for(lambda: bridge.counts["publish_out_2"] == bridge.counts["publish_in_2"] == 1)
+    near.close()
+    far.close()
+
+
+def test_an_acl_here_restricts_the_bridge_as_any_client(start_broker, mosquitto, tmp_path, caplog):
+    acl = tmp_path / "acl"
+    acl.write_text("topic allowed/#\n")  # for every client, the bridge's included
+    table = {
+        "name": "b1",
+        "address": f"127.0.0.1:{mosquitto.port}",
+        "topics": [{"pattern": "allowed/#", "qos": 1}, {"pattern": "secret/#", "qos": 1}],
+    }
+    server = start_broker(
+        listeners=[{"type": "tcp", "address": f"127.0.0.1:{free_port()}"}],
+        bridges=[table],
+        plugins={"acl": {"enabled": True, "acl_file": str(acl)}},
+    )
+    ready(server)
+    assert "refused its subscription to secret/#" in caplog.text  # logged, not a crash
+    far = client(mosquitto.port)
+    assert far.subscribe("#", 1) == [1]
+    near = client(server.port)
+    near.publish("allowed/x", b"crosses", qos=1)
+    assert far.expect_message().topic == "allowed/x"
+    near.close()
     far.close()
