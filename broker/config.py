@@ -139,6 +139,9 @@ class HttpSettings:
     request_timeout: float = 10.0
     keepalive_timeout: float = 75.0
     max_connections: int = 256
+    # Web pages of these origins ("https://dash.example.com", or "*") may read /status.json,
+    # /health, /metrics and the admin API (CORS); none by default.
+    cors_origins: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -224,6 +227,7 @@ _NON_NEGATIVE = {
     "outgoing_buffer_size",
 }
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_ORIGIN = re.compile(r"https?://[^/\s]+")  # scheme://host[:port], as a browser sends it
 _AT_LEAST_MINUS_ONE = {"max_online_messages", "max_offline_messages"}
 
 
@@ -423,6 +427,12 @@ def validate(config: Config) -> Config:
             f"http.prometheus_namespace: {namespace!r} cannot start a Prometheus metric name "
             "(letters, digits and _, not starting with a digit)"
         )
+    for i, origin in enumerate(config.http.cors_origins):
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"http.cors_origins[{i}]: {origin!r} is not an origin "
+                '("https://dash.example.com", "http://localhost:3000") or "*"'
+            )
     _validate_cluster(config)
     try:
         host_port(config.http.address)

@@ -38,6 +38,11 @@ log = logging.getLogger("nautilus.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN = "/api/v1/"
+CORS_PREFLIGHT = {
+    "Access-Control-Allow-Methods": "GET, POST",
+    "Access-Control-Allow-Headers": "Authorization, X-Api-Key, Content-Type",
+    "Access-Control-Max-Age": "600",
+}
 UNAUTHORIZED = (
     "an API key is needed: the basic-auth user name with an empty password (curl -u KEY:), "
     "or an x-api-key header"
@@ -54,7 +59,8 @@ class HttpServer:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self.connections: HttpConnections | None = None  # while started
-        self.app = web.Application(middlewares=[self._watch, self._authenticate])
+        self.app = web.Application(middlewares=[self._watch, self._cors, self._authenticate])
+        self.origins = frozenset(self.settings.cors_origins)
         routes: list[tuple[str, Handler]] = [
             ("/metrics", self.metrics),
             ("/health", self.health),
@@ -126,6 +132,24 @@ class HttpServer:
             return await handler(request)
         finally:
             connection.request_handled()
+
+    @web.middleware
+    async def _cors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Pages of `[http] cors_origins` may read the answers: a preflight (OPTIONS, which
+        carries no key) is answered here; other answers get the origin's header."""
+        origin = request.headers.get("Origin")
+        if origin is None or not (origin in self.origins or "*" in self.origins):
+            return await handler(request)
+        allowed = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return web.Response(status=204, headers={**allowed, **CORS_PREFLIGHT})
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # a refusal is readable by the page too
+            exc.headers.update(allowed)
+            raise
+        response.headers.update(allowed)
+        return response
 
     # -- open to anyone who can reach the port ------------------------------------------
 
