@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from broker.metrics_help import HELP
 from hooks import Metric, side_doors
 
 if TYPE_CHECKING:
@@ -19,9 +20,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def collect(broker: Managed) -> list[Metric]:
     """Every figure: the broker's, then the plugins' (a plugin that fails to report is
     left out, and the failure is reported as a metric of its own)."""
-    found = [Metric(name, value) for name, value in broker.metrics.snapshot().items()]
-    found += [Metric(name, value, "gauge") for name, value in broker.gauges().items()]
-    found.append(Metric("uptime_seconds", int(time.time() - broker.started_at), "gauge"))
+    found = [
+        Metric(name, value, help=HELP.get(name, ""))
+        for name, value in broker.metrics.snapshot().items()
+    ]
+    found += [
+        Metric(name, value, "gauge", help=HELP.get(name, ""))
+        for name, value in broker.gauges().items()
+    ]
+    uptime = int(time.time() - broker.started_at)
+    found.append(Metric("uptime_seconds", uptime, "gauge", help="seconds since the broker started"))
     found += [Metric(name, value, kind) for name, (value, kind) in broker.store.figures().items()]
     found += broker.peers.group_metrics()
     for name, plugin in broker.plugins:
