@@ -145,6 +145,18 @@ class HttpSettings:
 
 
 @dataclass(slots=True)
+class GraphiteSettings:
+    """[graphite]: the /metrics figures pushed to Graphite (VerneMQ's vmq_graphite)."""
+
+    enabled: bool = False
+    host: str = "localhost"
+    port: int = 2003
+    interval: float = 20.0  # seconds between rounds (VerneMQ's 20000 ms)
+    prefix: str = ""  # before the node's name in every path
+    api_key: str = ""  # hosted Graphite's key, before everything
+
+
+@dataclass(slots=True)
 class SwcSettings:
     """[cluster.swc]: the leaderless metadata's replication (metadata = "swc")."""
 
@@ -204,6 +216,7 @@ class Config:
     log: LogSettings = field(default_factory=LogSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    graphite: GraphiteSettings = field(default_factory=GraphiteSettings)
     # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     # [event_relay]: the relay validates its own keys (event_relay/config.py).
@@ -427,6 +440,10 @@ def validate(config: Config) -> Config:
             f"http.prometheus_namespace: {namespace!r} cannot start a Prometheus metric name "
             "(letters, digits and _, not starting with a digit)"
         )
+    if config.graphite.interval <= 0:
+        raise ConfigError("graphite.interval: must be more than 0 seconds")
+    if not 0 < config.graphite.port < 65536:
+        raise ConfigError(f"graphite.port: {config.graphite.port} is not a port")
     for i, origin in enumerate(config.http.cors_origins):
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             raise ConfigError(

@@ -22,6 +22,7 @@ from broker.connection import Connection
 from broker.descriptors import FileDescriptors
 from broker.episodes import Cap
 from broker.flow import FlowControl
+from broker.graphite import GraphiteReporter
 from broker.hook_callers import HookCallers
 from broker.message import Message
 from broker.metrics import Metrics
@@ -79,6 +80,7 @@ class Broker:
         self.stopping = False
         self.shutdown_requested = asyncio.Event()  # a signal, or the node left its cluster
         self.http = self._http() if config.http.enabled else None
+        self.graphite = self._graphite() if config.graphite.enabled else None
         self.connections: set[Connection] = set()
         self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
         # proxy_protocol listeners' connections before their header (then a Connection).
@@ -130,6 +132,12 @@ class Broker:
         skipped = [name for name, plugin in self.plugins if isinstance(plugin, Unavailable)]
         also = f" (skipped, a library missing: {', '.join(skipped)})" if skipped else ""
         raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}{also}")
+
+    def _graphite(self) -> GraphiteReporter:
+        from broker.http.prometheus import collect  # the figures of /metrics, all of them
+
+        node = self.settings.node_name
+        return GraphiteReporter(self.config.graphite, node, lambda: collect(self))
 
     def _http(self) -> HttpServer | None:
         """The HTTP side; None when a library it needs cannot be imported (logged once):
@@ -189,6 +197,8 @@ class Broker:
             log.info("listening for MQTT on %s:%s (%s)", *address, listener.type)
         if self.http is not None:
             await self.http.start()
+        if self.graphite is not None:
+            self.graphite.start()
         self.systree.start()
 
     def _protocols(
@@ -284,6 +294,8 @@ class Broker:
         await call_all(self.plugins, "stop")
         if self.http is not None:
             await self.http.stop()
+        if self.graphite is not None:
+            await self.graphite.stop()
         self.descriptors.stop()
         self.store.close()
 
