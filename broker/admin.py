@@ -172,6 +172,12 @@ def delete_retained(broker: Managed, topic: str) -> dict[str, str]:
     return {"deleted": topic}
 
 
+def delete_expired_retained(broker: Managed) -> dict[str, int]:
+    """Sweep the retained messages whose MQTT 5 expiry has passed (they go when matched
+    anyway; this frees them now)."""
+    return {"deleted": broker.retained.delete_expired(broker.loop.time())}
+
+
 def metrics(broker: Managed) -> dict[str, int]:
     values = broker.metrics.snapshot()
     values.update(broker.gauges())

@@ -23,6 +23,15 @@ class RetainedMessages:
         else:
             self._by_topic.pop(message.topic, None)
 
+    def delete_expired(self, now: float) -> int:
+        """Forget every retained message whose expiry has passed, `$` topics included
+        (the others go as they are matched); how many."""
+        expired = [topic for topic, message in self._by_topic.items() if message.expired(now)]
+        for topic in expired:
+            del self._by_topic[topic]
+            self._on_expired(topic)
+        return len(expired)
+
     def matching(self, topic_filter: str, now: float) -> list[Message]:
         if "+" not in topic_filter and "#" not in topic_filter:
             message = self._by_topic.get(topic_filter)

@@ -60,6 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     retained.add_argument("--topic", default="#", help="a topic filter (default #)")
     retained.add_argument("--limit", type=int, default=1000)
     commands.add_parser("retained-delete", help="clear a retained message").add_argument("topic")
+    retain = commands.add_parser("retain", help="retained messages: delete-expired")
+    retain.add_argument("action", choices=["delete-expired"], help="sweep the expired ones")
     metrics = commands.add_parser("metrics", help="counters and gauges")
     metrics.add_argument("--reset", action="store_true", help="counters back to 0")
     commands.add_parser("plugins", help="plugins and whether their hooks are called")
@@ -101,6 +103,8 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             return "retain/show", {"topic": args.topic, "limit": str(args.limit)}
         case "retained-delete":
             return "retain/delete", {"topic": args.topic}
+        case "retain":
+            return "retain/delete-expired", {}
         case "metrics":
             return ("metrics/reset" if args.reset else "metrics/show"), {}
         case "plugins":

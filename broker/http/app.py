@@ -209,6 +209,7 @@ class HttpServer:
                 broker, a.text("topic") or "#", a.number("limit", 1000)
             ),
             "retain/delete": lambda a: [admin.delete_retained(broker, a.required("topic"))],
+            "retain/delete-expired": lambda a: [admin.delete_expired_retained(broker)],
             "metrics/show": lambda a: [admin.metrics(broker)],
             "metrics/reset": lambda a: [admin.reset_metrics(broker)],
             "plugin/show": lambda a: admin.plugins(broker),
