@@ -72,7 +72,10 @@ class Bridge:
         self._remote: MqttClient | None = None
         self._wake = asyncio.Event()
         self._private = settings.try_private and settings.mqtt_version < MQTT5
-        self._sent: deque[tuple[float, str, bytes]] = deque()  # for the loop check
+        # The loop check: when each message went out, oldest first, and per (topic,
+        # payload) the times still unmatched by an echo (a lookup per incoming message).
+        self._sent: deque[tuple[float, tuple[str, bytes]]] = deque()
+        self._unechoed: dict[tuple[str, bytes], deque[float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._out_rules: dict[str, TopicRule] = {}  # topic -> its rule, as they come
 
@@ -309,16 +312,23 @@ class Bridge:
         if self._private or self.settings.mqtt_version == MQTT5 or not self.incoming:
             return  # the remote sends nothing back: no-local, or the bridge bit
         now = time.monotonic()
-        self._sent.append((now, message.topic, message.payload))
+        key = (message.topic, message.payload)
+        self._sent.append((now, key))
+        self._unechoed.setdefault(key, deque()).append(now)
         while self._sent and self._sent[0][0] < now - ECHO_SECONDS:
-            self._sent.popleft()
+            sent_at, old = self._sent.popleft()
+            times = self._unechoed.get(old)
+            if times and times[0] <= sent_at:  # not echoed: forgotten now
+                times.popleft()
+            if not times:
+                self._unechoed.pop(old, None)
 
     def _echo(self, message: Publish) -> bool:
-        for index, (_, topic, payload) in enumerate(self._sent):
-            if topic == message.topic and payload == message.payload:
-                del self._sent[index]
-                return True
-        return False
+        times = self._unechoed.get((message.topic, message.payload))
+        if not times:
+            return False
+        times.popleft()  # the oldest sending of it came back
+        return True
 
     # -- what it says ---------------------------------------------------------------------
 

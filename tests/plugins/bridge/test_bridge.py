@@ -130,7 +130,8 @@ def test_both_directions_without_an_echo_loop(bridged, mosquitto):
     # Each side: its own message once, the other side's once, the two ends; nothing twice.
     assert sorted(seen_near) == sorted([b"from near", b"from far", b"end", b"end"])
     assert sorted(seen_far) == sorted([b"from near", b"from far", b"end", b"end"])
-    assert bridge_of(server).counts["publish_out_1"] == 2  # chat/1 and near's chat/end
+    bridge = bridge_of(server)  # chat/1 and near's chat/end, as their PUBACKs come
+    server.wait_for(lambda: bridge.counts["publish_out_1"] == 2)
     near.close()
     far.close()
 
@@ -383,5 +384,26 @@ def test_an_acl_here_restricts_the_bridge_as_any_client(start_broker, mosquitto,
     near = client(server.port)
     near.publish("allowed/x", b"crosses", qos=1)
     assert far.expect_message().topic == "allowed/x"
+    near.close()
+    far.close()
+
+
+def test_a_remote_that_refuses_the_bridge_bit_gets_the_loop_check(bridged, start_broker):
+    far_broker = start_broker()  # Nautilus: CONNACK 1 to the bridge bit, then no bit
+    server = bridged(far_broker.port, [{"pattern": "chat/#", "direction": "both", "qos": 1}])
+    ready(server)
+    near, far = client(server.port), client(far_broker.port)
+    assert near.subscribe("chat/#", 1) == [1]
+    assert far.subscribe("chat/#", 1) == [1]
+    near.publish("chat/1", b"from near", qos=1)
+    assert far.expect_message().payload == b"from near"
+    far.publish("chat/2", b"from far", qos=1)
+    # near: its own once, then far's; its own echoed back by far would come between
+    assert [near.expect_message().payload for _ in range(2)] == [b"from near", b"from far"]
+    near.publish("chat/3", b"end", qos=1)
+    assert near.expect_message().payload == b"end"
+    assert far.expect_message().payload == b"from far"  # far's own, as its subscriber
+    assert far.expect_message().payload == b"end"
+    assert not bridge_of(server)._private  # it did fall back
     near.close()
     far.close()
