@@ -53,6 +53,7 @@ class ClientState:
         "keepalive",
         "max_message_rate",
         "max_packet_out",
+        "mountpoint",
         "peer",
         "pending_connect",
         "phase",
@@ -69,6 +70,9 @@ class ClientState:
         # Identity.
         self.peer = peer
         self.client_id = ""  # until CONNECT (or the one the broker assigned)
+        # The client's topic tree (its listener's, or a plugin's choice at CONNECT): "" is
+        # the default tree; the session is (mountpoint, client id) (docs/operations.md).
+        self.mountpoint = ""
         self.username: str | None = None
         self.attributes: dict[str, Any] = {}  # shared by the plugins for this client
         # TLS: the client's certificate (DER) and, with use_identity_as_username, its CN:

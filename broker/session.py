@@ -125,6 +125,7 @@ class Session:
         "max_offline",
         "max_online",
         "metrics",
+        "mountpoint",
         "outlet",
         "owner",
         "pending_will",
@@ -160,6 +161,7 @@ class Session:
         drain_step: int = 1000,
     ) -> None:
         self.client_id = client_id
+        self.mountpoint = ""  # the topic tree of the session (ClientState.mountpoint)
         self.outlet: Outlet | None = None
         # The last connection's session id and username: offline events report them.
         self.session_id = ""
