@@ -13,6 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.message import Message
+from broker.mountpoints import inside, outside, subscriber_id
+from broker.mountpoints import problem as mountpoint_problem
 from broker.protocol import ReasonCode
 from broker.topics import valid_topic_filter
 from hooks.side_doors import side_doors
@@ -60,7 +62,8 @@ class NotFound(LookupError):
 
 
 def _connections_by_client(broker: Managed) -> dict[str, Connection]:
-    return {c.client.client_id: c for c in broker.connections if c.session is not None}
+    """The connected clients by subscriber id (the registry's key)."""
+    return {c.client.subscriber_id: c for c in broker.connections if c.session is not None}
 
 
 def sessions(broker: Managed, client_id: str = "", online: bool | None = None) -> list[dict]:
@@ -85,7 +88,7 @@ def _session_row(session: Session, connection: Connection | None) -> dict[str, A
         "peer_host": client.peer[0] if client else None,
         "peer_port": client.peer[1] if client else None,
         "user": client.username if client else None,
-        "mountpoint": "",
+        "mountpoint": session.mountpoint,
         "protocol": client.protocol_level if client else None,
         "clean_session": session.expiry == 0,
         "session_expiry": session.expiry,
@@ -95,15 +98,16 @@ def _session_row(session: Session, connection: Connection | None) -> dict[str, A
     }
 
 
-def client(broker: Managed, client_id: str) -> dict[str, Any]:
+def client(broker: Managed, client_id: str, mountpoint: str = "") -> dict[str, Any]:
     """One client: its session row, subscriptions (filter and options) and queue."""
-    session = broker.registry.get(client_id)
+    key = subscriber_id(mountpoint, client_id)
+    session = broker.registry.get(key)
     if session is None:
-        raise NotFound(f"no session for client id {client_id!r}")
-    row = _session_row(session, _connections_by_client(broker).get(client_id))
+        raise NotFound(f"no session for client id {client_id!r}{_on(mountpoint)}")
+    row = _session_row(session, _connections_by_client(broker).get(key))
     row["subscriptions"] = [
         {
-            "topic": topic_filter,
+            "topic": outside(topic_filter),
             "qos": options.qos,
             "no_local": options.no_local,
             "retain_as_published": options.retain_as_published,
@@ -119,30 +123,37 @@ def client(broker: Managed, client_id: str) -> dict[str, Any]:
     return row
 
 
-def disconnect(broker: Managed, client_id: str, cleanup: bool = False) -> dict[str, bool]:
+def disconnect(
+    broker: Managed, client_id: str, cleanup: bool = False, mountpoint: str = ""
+) -> dict[str, bool]:
     """Close the client's connection (MQTT 5 clients get DISCONNECT 0x98, administrative
     action); with `cleanup`, its session is deleted too (subscriptions and queue)."""
+    key = subscriber_id(mountpoint, client_id)
     # Every connection of the client id (several with allow_multiple_sessions).
     connections = [
-        c for c in broker.connections if c.session is not None and c.client.client_id == client_id
+        c for c in broker.connections if c.session is not None and c.client.subscriber_id == key
     ]
-    had_session = client_id in broker.registry
+    had_session = key in broker.registry
     if not connections and not (cleanup and had_session):
-        raise NotFound(f"client id {client_id!r} is not connected")
+        raise NotFound(f"client id {client_id!r}{_on(mountpoint)} is not connected")
     for connection in connections:
         connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
-    session = broker.registry.get(client_id)  # closing may have ended it
+    session = broker.registry.get(key)  # closing may have ended it
     if cleanup and session is not None:
         broker.registry.end(session)
     return {"disconnected": bool(connections), "deleted": cleanup and had_session}
 
 
-def retained(broker: Managed, topic_filter: str = "#", limit: int = 1000) -> list[dict]:
-    """Retained messages whose topic matches `topic_filter`, at most `limit`, by topic
-    (as for a subscription, "#" leaves out `$` topics: ask for `$SYS/#` to see those)."""
+def retained(
+    broker: Managed, topic_filter: str = "#", limit: int = 1000, mountpoint: str = ""
+) -> list[dict]:
+    """Retained messages of `mountpoint`'s tree whose topic matches `topic_filter`, at
+    most `limit`, by topic (as for a subscription, "#" leaves out `$` topics: ask for
+    `$SYS/#` to see those)."""
     if not valid_topic_filter(topic_filter):
         raise ValueError(f"topic: {topic_filter!r} is not a topic filter")
-    found = broker.retained.matching(topic_filter, broker.loop.time())
+    _check_mountpoint(mountpoint)
+    found = broker.retained.matching(inside(mountpoint, topic_filter), broker.loop.time())
     return [_message_row(m) for m in sorted(found, key=lambda m: m.topic)[:limit]]
 
 
@@ -153,7 +164,7 @@ def _message_row(message: Message) -> dict[str, Any]:
     except UnicodeDecodeError:
         payload, encoding = base64.b64encode(message.payload).decode("ascii"), "base64"
     return {
-        "topic": message.topic,
+        "topic": outside(message.topic),
         "qos": message.qos,
         "payload": payload,
         "payload_encoding": encoding,
@@ -161,15 +172,29 @@ def _message_row(message: Message) -> dict[str, Any]:
     }
 
 
-def delete_retained(broker: Managed, topic: str) -> dict[str, str]:
-    """Clear the retained message of `topic` (a topic name, no wildcards)."""
+def delete_retained(broker: Managed, topic: str, mountpoint: str = "") -> dict[str, str]:
+    """Clear the retained message of `topic` (a topic name, no wildcards) in
+    `mountpoint`'s tree."""
     if "+" in topic or "#" in topic:
         raise ValueError("topic: a topic name, without wildcards")
-    if not broker.retained.matching(topic, broker.loop.time()):
-        raise NotFound(f"no retained message on {topic!r}")
-    broker.retained.update(Message(topic, b"", 0, retain=True))
-    broker.store.delete_retained(topic)
+    _check_mountpoint(mountpoint)
+    key = inside(mountpoint, topic)
+    if not broker.retained.matching(key, broker.loop.time()):
+        raise NotFound(f"no retained message on {topic!r}{_on(mountpoint)}")
+    broker.retained.update(Message(key, b"", 0, retain=True))
+    broker.store.delete_retained(key)
     return {"deleted": topic}
+
+
+def _check_mountpoint(mountpoint: str) -> None:
+    why = mountpoint_problem(mountpoint)
+    if why is not None:
+        raise ValueError(f"mountpoint: {why}")
+
+
+def _on(mountpoint: str) -> str:
+    """ " on mountpoint 'm'" for an error message; "" for the default tree."""
+    return f" on mountpoint {mountpoint!r}" if mountpoint else ""
 
 
 def delete_expired_retained(broker: Managed) -> dict[str, int]:

@@ -105,6 +105,14 @@ def granted_topics(
     return granted
 
 
+def subscriber_pair(value: Any) -> tuple[str, str]:
+    """(mountpoint, client id) of auth_on_register's `subscriber_id` modifier: VerneMQ's
+    {mountpoint, client_id}, as a mapping or a pair (hooks/spec.py checked its shape)."""
+    if isinstance(value, Mapping):
+        return value["mountpoint"], value["client_id"]
+    return value[0], value[1]
+
+
 def session_limits(modifiers: dict[str, Any]) -> dict[str, Any]:
     """The auth_on_register modifiers that change this session's settings."""
     names = (

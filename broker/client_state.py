@@ -60,6 +60,7 @@ class ClientState:
         "problem_info",
         "protocol_level",
         "session_id",
+        "subscriber_id",
         "username",
         "will",
         "will_delay",
@@ -73,6 +74,8 @@ class ClientState:
         # The client's topic tree (its listener's, or a plugin's choice at CONNECT): "" is
         # the default tree; the session is (mountpoint, client id) (docs/operations.md).
         self.mountpoint = ""
+        # The session's key, from both, once the client is accepted (broker/mountpoints.py).
+        self.subscriber_id = ""
         self.username: str | None = None
         self.attributes: dict[str, Any] = {}  # shared by the plugins for this client
         # TLS: the client's certificate (DER) and, with use_identity_as_username, its CN:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from broker.mountpoints import problem as mountpoint_problem
+
 ENV_PREFIX = "NAUTILUS_"
 _DURATION = re.compile(r"^(\d+)\s*([smhdw]?)$")
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -78,6 +80,8 @@ class ListenerSettings:
     # A PROXY protocol v1/v2 header comes first (a load balancer's): the peer it names is
     # the client's address for hooks, logs and ACLs.
     proxy_protocol: bool = False
+    # The topic tree of this listener's clients ("": the default; broker/mountpoints.py).
+    mountpoint: str = ""
     path: str = "/mqtt"  # ws / wss: where the WebSocket upgrade is accepted
     # ssl (VerneMQ's names): the server's certificate chain and key (PEM), the CA that
     # client certificates must chain to, and what the listener asks of clients.
@@ -430,6 +434,9 @@ def validate(config: Config) -> Config:
                     raise ConfigError(
                         f'listeners[{i}].{key}: TLS settings need type = "ssl" or "wss"'
                     )
+        why = mountpoint_problem(listener.mountpoint)
+        if why is not None:
+            raise ConfigError(f"listeners[{i}].mountpoint: {why}")
         if listener.type in ("ws", "wss") and not listener.path.startswith("/"):
             raise ConfigError(f'listeners[{i}].path: expected a path such as "/mqtt"')
     if not config.listeners:

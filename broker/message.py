@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from broker.mountpoints import outside
 from broker.protocol import Properties, Property, Publish, PublishTemplate
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Message:
         self.qos = qos
         self.retain = retain
         self.properties = {} if properties is None else properties
-        self.sender = sender  # client id of the publisher, for No Local
+        self.sender = sender  # subscriber id of the publisher, for No Local
         self.acl_name = ""  # the label of the ACL rule that let it in (events report it)
         self.wire: dict[tuple, PublishTemplate] = {}
         # The PUBLISH as the publisher sent it: for subscribers of the same protocol family
@@ -143,7 +144,7 @@ class Message:
                 properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(left, 1)
             if alias:
                 properties[Property.TOPIC_ALIAS] = alias
-        topic = "" if alias_known else self.topic
+        topic = "" if alias_known else outside(self.topic)  # as its tree's clients know it
         packet = Publish(topic, self.payload, qos, retain, False, None, properties)
         return PublishTemplate.encode(packet, level)
 

@@ -35,14 +35,14 @@ if TYPE_CHECKING:
 class MultiSession(Session):
     __slots__ = ("_member_options", "balance", "members")
 
-    def __init__(self, client_id: str, *, balance: bool, **options: Any) -> None:
-        super().__init__(client_id, **options)
+    def __init__(self, subscriber_id: str, *, balance: bool, **options: Any) -> None:
+        super().__init__(subscriber_id, **options)
         self.members: list[Session] = []
         self.balance = balance
         self._member_options = options  # each connection starts from the configured limits
 
     def __repr__(self) -> str:
-        return f"<MultiSession {self.client_id!r} members={len(self.members)}>"
+        return f"<MultiSession {self.subscriber_id!r} members={len(self.members)}>"
 
     @property
     def online(self) -> bool:
@@ -73,7 +73,7 @@ class MultiSession(Session):
 
     def new_member(self) -> Session:
         """A session for one more connection; it joins when the connection attaches."""
-        member = Session(self.client_id, **self._member_options)
+        member = Session(self.subscriber_id, **self._member_options)
         member.owner = self
         member.group = self
         member.subscriptions = self.subscriptions  # one set per client id

@@ -48,6 +48,9 @@ log = logging.getLogger("nautilus.registry")
 
 
 class Registry(Mapping[str, Session]):
+    """The sessions by subscriber id: the client id, on a mountpoint prefixed by it
+    (broker/mountpoints.py)."""
+
     def __init__(
         self,
         make_session: Callable[[str], Session],
@@ -120,7 +123,7 @@ class Registry(Mapping[str, Session]):
     def adopt(self, session: Session, expires_in: float | None) -> None:
         """Register an offline session (restored from the store, or taken from a node
         that died) that ends in `expires_in` seconds unless its client comes back."""
-        self._sessions[session.client_id] = session
+        self._sessions[session.subscriber_id] = session
         if expires_in is not None:
             session.expiry_timer = self.clock.call_later(expires_in, self.expire, session)
 
@@ -165,6 +168,7 @@ class Registry(Mapping[str, Session]):
         if chains.on_session_expired:
             context = ClientContext(
                 client_id=session.client_id,
+                mountpoint=session.mountpoint,
                 username=session.username,
                 session_id=session.session_id,
             )
@@ -210,16 +214,16 @@ class Registry(Mapping[str, Session]):
             # The session left the group above: another member gets it, if any remains.
             assert delivery.group is not None
             self.routing.deliver_shared(delivery.group, delivery.message)
-        self.store.delete_session(session.client_id)
+        self.store.delete_session(session.subscriber_id)
         if self.forget(session):
-            self.routing.peers.changed(session.client_id)
+            self.routing.peers.changed(session.subscriber_id)
 
     def forget(self, session: Session) -> bool:
         """Unregister the session, without ending it (it moved to another node); False
         when it is not the one registered for its client id."""
-        if self._sessions.get(session.client_id) is not session:
+        if self._sessions.get(session.subscriber_id) is not session:
             return False
-        del self._sessions[session.client_id]
+        del self._sessions[session.subscriber_id]
         return True
 
     def disconnect(self, session: Session) -> None:
@@ -236,7 +240,7 @@ class Registry(Mapping[str, Session]):
         if self.store.persistent and session.expiry != 0:
             offline_since = 0.0 if session.online else time.time()
             record = SessionRecord(
-                session.client_id, session.expiry, offline_since, dict(session.subscriptions)
+                session.subscriber_id, session.expiry, offline_since, dict(session.subscriptions)
             )
             self.store.put_session(record)
 
@@ -244,14 +248,14 @@ class Registry(Mapping[str, Session]):
         """Add (or replace) a subscription of the session; True if it is new."""
         session.subscriptions[topic_filter] = options
         self.save(session)
-        self.routing.peers.changed(session.client_id)
+        self.routing.peers.changed(session.subscriber_id)
         return self.routing.router.subscribe(session, topic_filter, options)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         """Remove a subscription of the session; True if it had it."""
         if session.subscriptions.pop(topic_filter, None) is not None:
             self.save(session)
-            self.routing.peers.changed(session.client_id)
+            self.routing.peers.changed(session.subscriber_id)
         return self.routing.router.unsubscribe(session, topic_filter)
 
     def restore(self) -> int:

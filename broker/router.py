@@ -27,6 +27,12 @@ MATCH_CACHE_SIZE = 65536
 SHARE_PREFIX = "$share/"
 
 
+def _wildcards_at_root(topic: str) -> bool:
+    """Wildcards at the first level never match topics starting with '$' [MQTT-4.7.2-1],
+    nor a mountpoint's topics ("\0<mountpoint>/...": broker/mountpoints.py)."""
+    return not topic.startswith(("$", "\0"))
+
+
 def parse_shared(topic_filter: str) -> tuple[str, str] | None:
     """(group, filter) of a `$share/<group>/<filter>` filter, None for any other filter.
     The parts are not validated here (see topics.valid_shared_filter)."""
@@ -263,7 +269,7 @@ class Router:
         if groups is None:
             found: dict[int, SharedGroup] = {}
             self._collect(
-                self._root, topic.split("/"), 0, not topic.startswith("$"), found, self._add_groups
+                self._root, topic.split("/"), 0, _wildcards_at_root(topic), found, self._add_groups
             )
             groups = list(found.values())
             if len(self._shared_cache) >= MATCH_CACHE_SIZE:
@@ -283,8 +289,7 @@ class Router:
     def _match(self, topic: str) -> list[Route]:
         by_subscriber: dict[Any, Route] = {}
         levels = topic.split("/")
-        # Wildcards at the first level never match topics starting with '$' [MQTT-4.7.2-1].
-        self._collect(self._root, levels, 0, not topic.startswith("$"), by_subscriber, self._add)
+        self._collect(self._root, levels, 0, _wildcards_at_root(topic), by_subscriber, self._add)
         return [route.fold() for route in by_subscriber.values()]
 
     def _collect(

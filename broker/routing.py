@@ -95,7 +95,7 @@ class Routing:
             if (
                 route.subscription_ids
                 or (upgrade and route.qos)
-                or (route.no_local and route.subscriber.client_id == publisher.client_id)
+                or (route.no_local and route.subscriber.subscriber_id == publisher.subscriber_id)
                 or not route.subscriber.takes_run(level, longest)
             ):
                 return None
@@ -128,7 +128,7 @@ class Routing:
             session = route.subscriber
             if local_only and not session.local:
                 continue
-            if route.no_local and session.client_id == sender:
+            if route.no_local and session.subscriber_id == sender:
                 own = route.without_no_local()  # [MQTT-3.8.3-3]
                 if own is None:
                     continue

@@ -194,7 +194,8 @@ class Broker:
             self._servers.append(server)
             address = server.sockets[0].getsockname()[:2]
             self.listening.append(address)
-            log.info("listening for MQTT on %s:%s (%s)", *address, listener.type)
+            tree = f", mountpoint {listener.mountpoint}" if listener.mountpoint else ""
+            log.info("listening for MQTT on %s:%s (%s%s)", *address, listener.type, tree)
         if self.http is not None:
             await self.http.start()
         if self.graphite is not None:
@@ -333,7 +334,7 @@ class Broker:
                 connected += 1
                 websocket += listeners[connection.listener].type in ("ws", "wss")
                 owner = session.owner  # (one of several: allow_multiple_sessions)
-                if sessions.get(owner.client_id) is owner and owner.online:
+                if sessions.get(owner.subscriber_id) is owner and owner.online:
                     online.add(owner)
         return {
             "active_mqtt_connections": connected - websocket,  # tcp and ssl listeners
@@ -367,7 +368,7 @@ class Broker:
         http = self.http.open_connections if self.http is not None else 0
         return f"connections open: {mqtt} MQTT, {http} HTTP"
 
-    def new_session(self, client_id: str) -> Session:
+    def new_session(self, subscriber_id: str) -> Session:
         s = self.settings
         options: dict[str, Any] = dict(
             max_inflight=s.max_inflight_messages,
@@ -384,8 +385,9 @@ class Broker:
             drain_step=s.max_msgs_per_drain_step,
         )
         if s.allow_multiple_sessions:
-            return MultiSession(client_id, balance=s.queue_deliver_mode == "balance", **options)
-        return Session(client_id, **options)
+            balance = s.queue_deliver_mode == "balance"
+            return MultiSession(subscriber_id, balance=balance, **options)
+        return Session(subscriber_id, **options)
 
 
 def _listener_name(index: int, listener: ListenerSettings) -> str:

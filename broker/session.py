@@ -35,6 +35,7 @@ from broker.inflight import (
     InflightWindow,
 )
 from broker.message import Delivery, Message
+from broker.mountpoints import outside, split_subscriber_id
 from broker.protocol import PubRel, ReasonCode, hot
 from broker.router import SubOptions
 from broker.session_queue import SessionQueue
@@ -136,6 +137,7 @@ class Session:
         "shared_policy",
         "store",
         "stuck",
+        "subscriber_id",
         "subscriptions",
         "username",
         "window",
@@ -145,7 +147,7 @@ class Session:
 
     def __init__(
         self,
-        client_id: str,
+        subscriber_id: str,
         *,
         max_inflight: int,
         max_online: int,
@@ -160,8 +162,10 @@ class Session:
         find_group: Callable[[str], SharedGroup | None] = lambda share: None,
         drain_step: int = 1000,
     ) -> None:
-        self.client_id = client_id
-        self.mountpoint = ""  # the topic tree of the session (ClientState.mountpoint)
+        # The registry's, the store's and the cluster's key: (mountpoint, client id) in
+        # one string (broker/mountpoints.py); the client id and tree as the client knows them.
+        self.subscriber_id = subscriber_id
+        self.mountpoint, self.client_id = split_subscriber_id(subscriber_id)
         self.outlet: Outlet | None = None
         # The last connection's session id and username: offline events report them.
         self.session_id = ""
@@ -173,7 +177,9 @@ class Session:
         self.subscriptions: dict[str, SubOptions] = {}
         # What waits to be sent (broker/session_queue.py), and what was sent and is not
         # acknowledged yet (broker/inflight.py).
-        self.queue = SessionQueue(client_id, store, metrics, clock, self._dropped, lifo, find_group)
+        self.queue = SessionQueue(
+            subscriber_id, store, metrics, clock, self._dropped, lifo, find_group
+        )
         self.window = InflightWindow(max_inflight)
         # The configured settings, which every CONNECT starts from (see apply_limits).
         configured = (max_inflight, max_online, max_offline, lifo, retry_interval)
@@ -209,7 +215,7 @@ class Session:
         self.drain_step = drain_step
 
     def __repr__(self) -> str:
-        return f"<Session {self.client_id!r} online={self.outlet is not None}>"
+        return f"<Session {self.subscriber_id!r} online={self.outlet is not None}>"
 
     @property
     def online(self) -> bool:
@@ -247,7 +253,7 @@ class Session:
     def _read_back_state(self) -> None:
         """The messages in flight and the inbound QoS 2 ids a previous run stored."""
         self._restored = False
-        store, client_id, queue = self.store, self.client_id, self.queue
+        store, client_id, queue = self.store, self.subscriber_id, self.queue
         found: list[tuple[int, Delivery, int]] = []
         for packet_id, seq, state, inline in store.load_inflight(client_id):
             if state == AWAITING_COMP:
@@ -296,7 +302,7 @@ class Session:
         """A chunk from `leaving_chunk` reached the other node: it is done with here."""
         sent = {id(delivery) for delivery in chunk}
         for packet_id in self.window.remove_sent(sent):
-            self.store.delete_inflight(self.client_id, packet_id)
+            self.store.delete_inflight(self.subscriber_id, packet_id)
         self.queue.forget_sent(sent)
         for delivery in chunk:
             self.queue.forget(delivery)
@@ -594,9 +600,11 @@ class Session:
                 self.window.entries[packet_id] = [delivery, AWAITING_ACK]
             if self.durable:
                 if delivery.seq < 0:  # sent at once: one record carries it
-                    self.store.put_inflight_entry(self.client_id, packet_id, delivery)
+                    self.store.put_inflight_entry(self.subscriber_id, packet_id, delivery)
                 else:
-                    self.store.put_inflight(self.client_id, packet_id, delivery.seq, AWAITING_ACK)
+                    self.store.put_inflight(
+                        self.subscriber_id, packet_id, delivery.seq, AWAITING_ACK
+                    )
             if raw is not None:
                 outlet.write(hot.publish_with_id(raw, packet_id, delivery.retain))
             else:
@@ -622,7 +630,7 @@ class Session:
             self.username,
             outlet.client.attributes if outlet is not None else {},
             self.session_id,
-            message.topic,
+            outside(message.topic) if self.mountpoint else message.topic,
             message.payload,
             delivery.qos,
             delivery.retain,
@@ -630,6 +638,7 @@ class Session:
             _matched(label) if label else None,
             delivery.seq >= 0,
             reason,
+            self.mountpoint,
         )
 
     # -- on_deliver served by an async plugin (e.g. a webhook) ---------------------------
@@ -676,7 +685,7 @@ class Session:
         self.chains.tasks.discard(task)
         self._deferred_task = None
         if not task.cancelled() and task.exception() is not None:
-            log.error("on_deliver failed for %s", self.client_id, exc_info=task.exception())
+            log.error("on_deliver failed for %r", self.subscriber_id, exc_info=task.exception())
 
     def drain(self) -> None:
         """Move queued messages to the connection while the window and the outlet allow,
@@ -747,14 +756,14 @@ class Session:
         """An inbound QoS 2 PUBLISH was routed: a resend of it must not be [MQTT-4.3.3]."""
         self.window.receive_qos2(packet_id)
         if self.durable:
-            self.store.put_received(self.client_id, packet_id)
+            self.store.put_received(self.subscriber_id, packet_id)
 
     def release_qos2(self, packet_id: int) -> bool:
         """PUBREL: False when the packet id was not awaiting one."""
         if not self.window.release_qos2(packet_id):
             return False
         if self.durable:
-            self.store.delete_received(self.client_id, packet_id)
+            self.store.delete_received(self.subscriber_id, packet_id)
         return True
 
     # -- acknowledgements from the client ----------------------------------------------
@@ -768,7 +777,7 @@ class Session:
             delivery = window.puback(packet_id)
             if delivery is not None:
                 if self.durable:
-                    self.store.delete_inflight(self.client_id, packet_id)
+                    self.store.delete_inflight(self.subscriber_id, packet_id)
                     self.queue.forget(delivery)
                 self._completed(delivery)
                 completed = True
@@ -786,18 +795,18 @@ class Session:
         if reason_code >= 0x80:  # the receiver refused the message: the exchange ends here
             self.window.remove(packet_id)
             if stored:
-                self.store.delete_inflight(self.client_id, packet_id)
+                self.store.delete_inflight(self.subscriber_id, packet_id)
             self.drain()
             return -1
         if stored:  # only the packet id is kept now, for the PUBREL
-            self.store.put_inflight(self.client_id, packet_id, 0, AWAITING_COMP)
+            self.store.put_inflight(self.subscriber_id, packet_id, 0, AWAITING_COMP)
         self._completed(delivery)  # Courier: on PUBREC for QoS 2
         return ReasonCode.SUCCESS
 
     def on_pubcomp(self, packet_id: int) -> None:
         if self.window.pubcomp(packet_id):
             if self.durable:
-                self.store.delete_inflight(self.client_id, packet_id)
+                self.store.delete_inflight(self.subscriber_id, packet_id)
             self.drain()
 
     # -- a connection of several (allow_multiple_sessions) -----------------------------

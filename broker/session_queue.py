@@ -41,7 +41,6 @@ class SessionQueue:
         "_next_seq",
         "_purge_due",
         "_read_after",
-        "client_id",
         "clock",
         "dropped",
         "durable",
@@ -51,11 +50,12 @@ class SessionQueue:
         "metrics",
         "on_disk",
         "store",
+        "subscriber_id",
     )
 
     def __init__(
         self,
-        client_id: str,
+        subscriber_id: str,
         store: MessageStore,
         metrics: Metrics,
         clock: Clock,
@@ -63,7 +63,7 @@ class SessionQueue:
         lifo: bool = False,
         find_group: Callable[[str], SharedGroup | None] = lambda share: None,
     ) -> None:
-        self.client_id = client_id
+        self.subscriber_id = subscriber_id
         self.store = store
         self.metrics = metrics
         self.clock = clock
@@ -107,12 +107,12 @@ class SessionQueue:
         seq = self._next_seq
         self._next_seq = seq + 1
         delivery.seq = seq
-        self.store.put_entry(self.client_id, seq, delivery)
+        self.store.put_entry(self.subscriber_id, seq, delivery)
 
     def forget(self, delivery: Delivery) -> None:
         """The delivery is done with (acknowledged, sent at QoS 0, or dropped)."""
         if delivery.seq >= 0:
-            self.store.delete_entry(self.client_id, delivery.seq)
+            self.store.delete_entry(self.subscriber_id, delivery.seq)
             delivery.seq = -1
 
     def restore(self, queued: int, next_seq: int) -> None:
@@ -134,10 +134,10 @@ class SessionQueue:
         """Move the next `step` entries of the stored backlog into memory (empty now)."""
         store = self.store
         if self.lifo:
-            entries = store.read_entries(self.client_id, step, skip, newest_first=True)
+            entries = store.read_entries(self.subscriber_id, step, skip, newest_first=True)
         else:
             # Everything up to the last entry read is in flight (skipped) or done with.
-            entries = store.read_entries(self.client_id, step, skip, after=self._read_after)
+            entries = store.read_entries(self.subscriber_id, step, skip, after=self._read_after)
             if entries:
                 self._read_after = entries[-1].seq
         if len(entries) < step:
@@ -147,7 +147,7 @@ class SessionQueue:
         memory = self._deque()
         for entry in reversed(entries) if self.lifo else entries:
             if entry.delivery is None:  # a record that no longer decodes: logged by the store
-                store.delete_entry(self.client_id, entry.seq)
+                store.delete_entry(self.subscriber_id, entry.seq)
                 self.metrics.queue_message_drop += 1
                 continue
             memory.append(self.rejoined(entry))
@@ -157,7 +157,7 @@ class SessionQueue:
         as on disk (the caller queues it, or lets it go)."""
         if not self.on_disk:
             return []
-        entries = self.store.read_entries(self.client_id, self.on_disk + len(skip) + 1, skip)
+        entries = self.store.read_entries(self.subscriber_id, self.on_disk + len(skip) + 1, skip)
         self.on_disk = 0
         return [self.rejoined(entry) for entry in entries if entry.delivery is not None]
 
@@ -171,7 +171,7 @@ class SessionQueue:
             return [memory[i] for i in range(min(count, len(memory)))]
         if not self.on_disk:
             return []
-        entries = self.store.read_entries(self.client_id, count, after=self._read_after)
+        entries = self.store.read_entries(self.subscriber_id, count, after=self._read_after)
         if entries:
             self._read_after = entries[-1].seq
         if len(entries) < count:
@@ -225,10 +225,10 @@ class SessionQueue:
             self._drop_stored_expired(skip())
         if 0 <= limit <= self.on_disk + len(self.memory):
             self.metrics.queue_message_drop += 1
-            oldest = self.store.read_entries(self.client_id, 1, skip()) if self.lifo else []
+            oldest = self.store.read_entries(self.subscriber_id, 1, skip()) if self.lifo else []
             if not oldest or oldest[0].delivery is None:
                 return self.dropped(delivery, "queue_full")
-            self.store.delete_entry(self.client_id, oldest[0].seq)
+            self.store.delete_entry(self.subscriber_id, oldest[0].seq)
             self.dropped(oldest[0].delivery, "queue_full")
         else:
             self.on_disk += 1

@@ -26,8 +26,9 @@ def valid_topic_filter(topic_filter: str) -> bool:
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether a topic name matches a filter, with the '$' rule [MQTT-4.7.2-1]."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+    """Whether a topic name matches a filter, with the '$' rule [MQTT-4.7.2-1] (which keeps
+    a mountpoint's topics, "\0<mountpoint>/...", from the default tree's wildcards too)."""
+    if topic.startswith(("$", "\0")) and topic_filter[:1] in ("+", "#"):
         return False
     filter_levels = topic_filter.split("/")
     topic_levels = topic.split("/")

@@ -84,14 +84,17 @@ typedef struct {
 static Field D_MESSAGE = {"message"}, D_QOS = {"qos"}, D_RETAIN = {"retain"}, D_SEQ = {"seq"},
              M_TOPIC = {"topic"}, M_PAYLOAD = {"payload"}, M_ACL = {"acl_name"},
              M_QOS = {"qos"}, M_RETAIN = {"retain"}, A_PATTERN = {"pattern"},
-             P_CLIENT_ID = {"client_id"}, P_USERNAME = {"username"},
-             P_SESSION_ID = {"session_id"}, R_CLIENT_ID = {"client_id"},
+             P_CLIENT_ID = {"client_id"}, P_MOUNTPOINT = {"mountpoint"},
+             P_USERNAME = {"username"}, P_SESSION_ID = {"session_id"},
+             R_CLIENT_ID = {"client_id"}, R_MOUNTPOINT = {"mountpoint"},
              R_USERNAME = {"username"}, R_SESSION_ID = {"session_id"};
-static Field *FIELDS[] = {&D_MESSAGE, &D_QOS, &D_RETAIN, &D_SEQ, &M_TOPIC, &M_PAYLOAD,
-                          &M_ACL, &M_QOS, &M_RETAIN, &A_PATTERN, &P_CLIENT_ID, &P_USERNAME,
-                          &P_SESSION_ID, &R_CLIENT_ID, &R_USERNAME, &R_SESSION_ID};
-static Field *PUBLISHER[] = {&P_CLIENT_ID, &P_USERNAME, &P_SESSION_ID};
-static Field *RECEIVER[] = {&R_CLIENT_ID, &R_USERNAME, &R_SESSION_ID};
+static Field *FIELDS[] = {&D_MESSAGE,    &D_QOS,        &D_RETAIN,     &D_SEQ,
+                          &M_TOPIC,      &M_PAYLOAD,    &M_ACL,        &M_QOS,
+                          &M_RETAIN,     &A_PATTERN,    &P_CLIENT_ID,  &P_MOUNTPOINT,
+                          &P_USERNAME,   &P_SESSION_ID, &R_CLIENT_ID,  &R_MOUNTPOINT,
+                          &R_USERNAME,   &R_SESSION_ID};
+static Field *PUBLISHER[] = {&P_CLIENT_ID, &P_MOUNTPOINT, &P_USERNAME, &P_SESSION_ID};
+static Field *RECEIVER[] = {&R_CLIENT_ID, &R_MOUNTPOINT, &R_USERNAME, &R_SESSION_ID};
 static PyObject *s_next_seq, *s_turn_ended;
 
 static int learn(Field *field, PyTypeObject *type) {
@@ -197,6 +200,22 @@ static int put_str(Buffer *b, PyObject *value) {
     return data == NULL ? -1 : put_raw(b, data, size, 0);
 }
 
+/* A topic as its tree's clients know it: a mountpoint's topics are kept as
+ * "\0<mountpoint>/<topic>" (broker/mountpoints.py); the mountpoint is a field of its own. */
+static int put_topic(Buffer *b, PyObject *value) {
+    Py_ssize_t size;
+    const char *data = PyUnicode_AsUTF8AndSize(value, &size);
+    if (data == NULL)
+        return -1;
+    if (size > 0 && data[0] == '\0') {
+        const char *slash = memchr(data, '/', (size_t)size);
+        Py_ssize_t skip = slash == NULL ? size : slash - data + 1;
+        data += skip;
+        size -= skip;
+    }
+    return put_raw(b, data, size, 0);
+}
+
 static int put_bool(Buffer *b, int value) { return put_byte(b, value ? 0xc3 : 0xc2); }
 
 static int put_int_object(Buffer *b, PyObject *value) {
@@ -242,13 +261,12 @@ static int put_attr(Buffer *b, PyObject *obj, Field *field, int (*put_fn)(Buffer
     return rc;
 }
 
-/* client_id, mountpoint (always ""), username, session_id: `fields` are who's. */
+/* client_id, mountpoint, username, session_id: `fields` are who's. */
 static int put_identity(Buffer *b, PyObject *who, Field **fields) {
-    if (put_attr(b, who, fields[0], put_str) < 0 || put_byte(b, 0xa0) < 0)
-        return -1;
-    if (put_attr(b, who, fields[1], put_str) < 0)
-        return -1;
-    return put_attr(b, who, fields[2], put_str);
+    for (int i = 0; i < 4; i++)
+        if (put_attr(b, who, fields[i], put_str) < 0)
+            return -1;
+    return 0;
 }
 
 static int put_truth(Buffer *b, PyObject *obj, Field *field) {
@@ -272,7 +290,7 @@ static int put_body(Recorder *self, Buffer *b, PyObject *message) {
 
 /* A publish's topic, qos, retain, payload_size, payload, acl_name. */
 static int put_message(Recorder *self, Buffer *b, PyObject *message) {
-    if (put_attr(b, message, &M_TOPIC, put_str) < 0 ||
+    if (put_attr(b, message, &M_TOPIC, put_topic) < 0 ||
         put_attr(b, message, &M_QOS, put_int_object) < 0 || put_truth(b, message, &M_RETAIN) < 0)
         return -1;
     return put_body(self, b, message);
@@ -419,7 +437,7 @@ static int seal_run(Recorder *self) { return end_run(self) < 0 ? -1 : hand_over(
 /* A client's or session's first four fields as a receiver has them (an array 7 header,
  * then client_id, mountpoint, username, session_id), encoded once per connection. */
 static PyObject *identity_of(Recorder *self, PyObject *who, Field **fields) {
-    PyObject *session_id = get(fields[2], who);
+    PyObject *session_id = get(fields[3], who);
     if (session_id == NULL)
         return NULL;
     PyObject *identity = PyDict_GetItemWithError(self->identities, session_id);
@@ -489,7 +507,7 @@ static int add_item(Recorder *self, int code, PyObject *delivery) {
     if (message == NULL)
         return -1;
     int rc = (put_byte(b, 0x98) < 0 || put_byte(b, (unsigned char)code) < 0 ||
-              put_attr(b, message, &M_TOPIC, put_str) < 0 || put_body(self, b, message) < 0 ||
+              put_attr(b, message, &M_TOPIC, put_topic) < 0 || put_body(self, b, message) < 0 ||
               put_flags(b, delivery) < 0)
                  ? -1
                  : 0;
@@ -616,7 +634,7 @@ static PyObject *Recorder_delivered(Recorder *self, PyObject *const *args, Py_ss
     if (end_run(self) < 0)
         goto fail;
     b->size = 0;
-    if (put_start(b, 9, DELIVERIES) < 0 || put_attr(b, message, &M_TOPIC, put_str) < 0 ||
+    if (put_start(b, 9, DELIVERIES) < 0 || put_attr(b, message, &M_TOPIC, put_topic) < 0 ||
         put_body(self, b, message) < 0 || open_run(self, message, DELIVERIES) < 0) {
         b->size = 0;
         Py_CLEAR(self->message);

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from broker.mountpoints import outside
 from event_relay.log import EventLog
 from event_relay.schema import CODES, DELIVERIES, PUBLISH_DELIVERIES, SESSION_EVENTS
 from hooks import MatchedAcl, RecordedClient, RecordedDelivery, RecordedMessage
@@ -99,10 +100,10 @@ class Recorder:
             _time_ns(),
             0,
             client.client_id,
-            "",
+            client.mountpoint,
             client.username,
             client.session_id,
-            message.topic,
+            outside(message.topic),
             message.qos,
             message.retain,
             len(payload) if self._sizes else None,
@@ -136,7 +137,7 @@ class Recorder:
             0,
             _time_ns(),
             0,
-            message.topic,
+            outside(message.topic),
             len(payload) if self._sizes else None,
             payload if self._full else None,
             message.acl_name,
@@ -231,7 +232,15 @@ class Recorder:
         self.log.append_record(code, _pack(head), count + (code == PUBLISH_DELIVERIES))
 
     def _session_head(self, session: RecordedClient, ts: int) -> list[Any]:
-        return [0, ts, 0, session.client_id, "", session.username, session.session_id]
+        return [
+            0,
+            ts,
+            0,
+            session.client_id,
+            session.mountpoint,
+            session.username,
+            session.session_id,
+        ]
 
     def _receiver(self, session: RecordedClient, delivery: RecordedDelivery) -> bytes:
         """A message run's receiver: its identity (encoded once per connection), then its
@@ -245,7 +254,7 @@ class Recorder:
         """A session run's item: the event's code, the message's fields, the flags."""
         payload = message.payload
         fields = (
-            message.topic,
+            outside(message.topic),
             len(payload) if self._sizes else None,
             payload if self._full else None,
             message.acl_name,
@@ -262,7 +271,7 @@ class Recorder:
             (
                 _RECEIVER,
                 _pack(session.client_id),
-                b"\xa0",
+                _pack(session.mountpoint),
                 _pack(session.username),
                 _pack(session.session_id),
             )

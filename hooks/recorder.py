@@ -34,6 +34,10 @@ class RecordedClient(Protocol):
     def client_id(self) -> str: ...
 
     @property
+    def mountpoint(self) -> str:
+        """Its topic tree ("": the default)."""
+
+    @property
     def username(self) -> str | None: ...
 
     @property
@@ -43,7 +47,9 @@ class RecordedClient(Protocol):
 
 class RecordedMessage(Protocol):
     @property
-    def topic(self) -> str: ...
+    def topic(self) -> str:
+        """As the broker keeps it: on a mountpoint "\\0<mountpoint>/<topic>"
+        (broker/mountpoints.py `outside` gives the client's topic)."""
 
     @property
     def payload(self) -> bytes: ...

@@ -124,13 +124,14 @@ def new_publish_context(
     matched_acl: MatchedAcl | None = None,
     persisted: bool = False,
     reason: str = "",
+    mountpoint: str = "",
 ) -> PublishContext:
     """A PublishContext for the broker's hot path (a publish, each delivery): the same
     object as PublishContext(...) builds, in a third of the time the dataclass's keyword
     __init__ takes. tests/hooks checks that it sets every field."""
     context = _new(PublishContext)
     context.client_id = client_id
-    context.mountpoint = ""
+    context.mountpoint = mountpoint
     context.username = username
     context.attributes = attributes
     context.session_id = session_id
@@ -234,6 +235,27 @@ def _topic_list(value: Any) -> bool:
     )
 
 
+def _mountpoint(value: Any) -> bool:
+    """A topic tree's name: one topic level, not a `$` one (broker/mountpoints.py says why)."""
+    return (
+        isinstance(value, str)
+        and not any(c in value for c in "/+#\0")
+        and not value.startswith("$")
+    )
+
+
+def _subscriber_id(value: Any) -> bool:
+    """VerneMQ's {mountpoint, client_id}: a mapping with both, or a (mountpoint, client id)
+    pair."""
+    if isinstance(value, Mapping):
+        pair = (value.get("mountpoint"), value.get("client_id"))
+    elif isinstance(value, tuple | list) and len(value) == 2:
+        pair = (value[0], value[1])
+    else:
+        return False
+    return _mountpoint(pair[0]) and isinstance(pair[1], str) and pair[1] != ""
+
+
 def _one_of(*choices: str) -> Callable[[Any], bool]:
     return lambda value: value in choices
 
@@ -245,8 +267,8 @@ def _never(value: Any) -> bool:
 @dataclass(frozen=True, slots=True)
 class Unsupported:
     """A VerneMQ modifier that Nautilus does not apply: returning it is an error, logged
-    with `why`. Values for which `harmless` is true ask for what Nautilus does anyway (a
-    `mountpoint` of "") and pass."""
+    with `why`. Values for which `harmless` is true ask for what Nautilus does anyway
+    (empty SUBACK properties) and pass."""
 
     why: str
     harmless: Callable[[Any], bool] = _never
@@ -254,7 +276,6 @@ class Unsupported:
 
 Validators = Mapping[str, Callable[[Any], bool] | Unsupported]
 
-_NO_MOUNTPOINTS = Unsupported('mountpoints are not implemented (only "" is accepted)', _one_of(""))
 _NO_NETSPLIT = Unsupported(
     "it is a per-client netsplit switch; a Nautilus cluster (over Redis) never refuses "
     "work because another node is away, and while Redis is away "
@@ -278,7 +299,8 @@ _REGISTER: Validators = {
     "max_connection_lifetime": Unsupported("connections have no lifetime limit"),
     "username": _str,
     "client_id": _str,
-    "mountpoint": _NO_MOUNTPOINTS,
+    "mountpoint": _mountpoint,
+    "subscriber_id": _subscriber_id,
     "clean_session": _bool,
     "clean_start": _bool,
     "upgrade_qos": Unsupported(
@@ -295,7 +317,7 @@ _PUBLISH: Validators = {
     "payload": _bytes,
     "qos": _qos,
     "retain": _bool,
-    "mountpoint": _NO_MOUNTPOINTS,
+    "mountpoint": _mountpoint,
     "throttle": Unsupported(
         "per-message throttling is not implemented (max_message_rate, an auth_on_register "
         "modifier, paces a client)"

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "broker.protocol": 0,
     "broker.topics": 1,
+    "broker.mountpoints": 1,  # the names of a topic tree's topics and sessions
     "broker.clock": 1,
     "broker.metrics": 1,
     "broker.config": 1,
@@ -221,7 +222,13 @@ def test_the_hook_contract_does_not_depend_on_the_broker(path):
 
 # What plugins may use; a metadata backend (plugins/redis_subs) implements the cluster's
 # interface, broker/cluster/metadata.py.
-PUBLIC = ("broker.config", "broker.protocol", "broker.topics", "broker.cluster.metadata")
+PUBLIC = (
+    "broker.config",
+    "broker.protocol",
+    "broker.topics",
+    "broker.mountpoints",
+    "broker.cluster.metadata",
+)
 
 
 @pytest.mark.parametrize(

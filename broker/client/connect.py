@@ -23,12 +23,14 @@ from broker.authorization import (
     refusal_reason,
     register_refusal,
     session_limits,
+    subscriber_pair,
 )
 from broker.client.publish import publish_context
 from broker.client_state import AUTHENTICATING, CONNECTED
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.episodes import Episode
 from broker.message import Message, TopicAliases
+from broker.mountpoints import inside, subscriber_id
 from broker.protocol import (
     V3_CONNACK_CODE,
     Auth,
@@ -86,6 +88,7 @@ def on_connect(engine: ClientEngine, packet: Connect) -> None:
     if packet.will is not None and not valid_topic_name(packet.will.topic):
         return refuse(engine, ReasonCode.TOPIC_NAME_INVALID)
     engine.client.client_id = client_id
+    engine.client.mountpoint = engine.host.config.listeners[engine.listener].mountpoint
     # use_identity_as_username: the certificate's CN, whatever CONNECT says; a certificate
     # without one is refused (as Mosquitto does), not let through to a password check.
     listener = engine.host.config.listeners[engine.listener]
@@ -129,6 +132,7 @@ def _authenticate(
         return _accept(engine, packet, assigned, {}, auth_props)
     context = RegisterContext(
         client_id=engine.client.client_id,
+        mountpoint=engine.client.mountpoint,
         username=engine.client.username,
         attributes=engine.client.attributes,
         session_id=engine.client.session_id,
@@ -208,6 +212,14 @@ def _apply_register_modifiers(
         engine.client.username = context.username = modifiers["username"]
     if "client_id" in modifiers:
         engine.client.client_id = context.client_id = modifiers["client_id"]
+    # A mountpoint alone moves the client to that tree (VerneMQ ignored it: its issues 332,
+    # 476, 559, 1212); `subscriber_id` is VerneMQ's pair of both.
+    if "subscriber_id" in modifiers:
+        mountpoint, client_id = subscriber_pair(modifiers["subscriber_id"])
+        engine.client.mountpoint = context.mountpoint = mountpoint
+        engine.client.client_id = context.client_id = client_id
+    if "mountpoint" in modifiers:
+        engine.client.mountpoint = context.mountpoint = modifiers["mountpoint"]
     for key in ("clean_start", "clean_session"):
         if key in modifiers:
             packet.clean_start = modifiers[key]
@@ -234,19 +246,21 @@ def _accept(
     engine: ClientEngine, packet: Connect, assigned: str | None, modifiers: dict, auth_props: dict
 ) -> None:
     """The client may connect: set up will, keepalive and session, send CONNACK."""
-    engine.client.advance(CONNECTED)
-    level = engine.client.protocol_level
+    client = engine.client
+    client.advance(CONNECTED)
+    level = client.protocol_level
     props = packet.properties
+    client.subscriber_id = subscriber_id(client.mountpoint, client.client_id)
     if packet.will is not None:
         will = packet.will
-        engine.client.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
-        engine.client.will = Message(
-            will.topic,
+        client.will_delay = will.properties.pop(Property.WILL_DELAY_INTERVAL, 0)
+        client.will = Message(
+            inside(client.mountpoint, will.topic),
             will.payload,
             will.qos,
             will.retain,
             will.properties,
-            engine.client.client_id,
+            client.subscriber_id,
             now=engine.clock(),
         )
     engine.client.keepalive = packet.keepalive
@@ -267,7 +281,7 @@ def _accept(
     else:
         expiry = engine.host.settings.persistent_client_expiration or None
     # In a cluster the client id is registered cluster-wide first (broker/peers.py).
-    registering = engine.host.peers.register(engine.client.client_id, expiry == 0)
+    registering = engine.host.peers.register(client.subscriber_id, expiry == 0)
     if registering is not None:
         return engine.spawn(
             _register_in_cluster(
@@ -340,9 +354,10 @@ def _attach(
     level = engine.client.protocol_level
     props = packet.properties
     registry = engine.host.registry
-    known = engine.client.client_id in registry
-    session, present = registry.connect(engine.client.client_id, packet.clean_start, expiry)
-    engine.host.peers.registered(engine.client.client_id, session, registration, fresh=not known)
+    key = engine.client.subscriber_id
+    known = key in registry
+    session, present = registry.connect(key, packet.clean_start, expiry)
+    engine.host.peers.registered(key, session, registration, fresh=not known)
     if registration is not None and registration.existed and not packet.clean_start:
         present = True  # the session lived on another node
     if engine.closing:  # the client left while the cluster registered it: offline now
@@ -386,6 +401,7 @@ def _server_keepalive(engine: ClientEngine) -> int | None:
 def _register_event(engine: ClientEngine, packet: Connect) -> RegisterContext:
     return RegisterContext(
         client_id=engine.client.client_id,
+        mountpoint=engine.client.mountpoint,
         username=engine.client.username,
         attributes=engine.client.attributes,
         session_id=engine.client.session_id,
@@ -428,6 +444,7 @@ def on_auth(engine: ClientEngine, packet: Auth) -> None:
 async def _auth_step(engine: ClientEngine, data: bytes | None) -> None:
     context = AuthContext(
         client_id=engine.client.client_id,
+        mountpoint=engine.client.mountpoint,
         username=engine.client.username,
         attributes=engine.client.attributes,
     )

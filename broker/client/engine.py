@@ -292,6 +292,7 @@ class ClientEngine:
         client = self.client
         return ClientContext(
             client_id=client.client_id,
+            mountpoint=client.mountpoint,
             username=client.username,
             attributes=client.attributes,
             session_id=client.session_id,

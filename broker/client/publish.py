@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from broker.authorization import apply_publish_modifiers, publish_refusal, refusal_properties
 from broker.message import Message
+from broker.mountpoints import inside
 from broker.protocol import (
     Property,
     PubAck,
@@ -190,35 +191,37 @@ def _route(
     assert session is not None
     if packet.qos == 2:
         session.receive_qos2(_packet_id(packet))
+    client = engine.client
     if not changed:
-        client = engine.client
+        if packet.topic.startswith("$SYS"):  # $SYS belongs to the broker
+            return _acknowledge(engine, packet)
         properties = packet.properties
         message = Message(
-            packet.topic,
+            inside(client.mountpoint, packet.topic) if client.mountpoint else packet.topic,
             packet.payload,
             packet.qos,
             packet.retain,
             properties,
-            client.client_id,
-            packet.raw,
+            client.subscriber_id,
+            packet.raw,  # its topic is the subscribers' too: they are on the same tree
             client.protocol_level,
             now=engine.clock() if properties else None,  # for an expiry interval only
         )
     else:
         assert context is not None
+        if context.topic.startswith("$SYS"):
+            return _acknowledge(engine, packet)
         message = Message(
-            context.topic,
+            inside(context.mountpoint, context.topic),  # a plugin may move it to another tree
             context.payload,
             context.qos,
             context.retain,
             context.properties,
-            engine.client.client_id,
+            client.subscriber_id,
             now=engine.clock(),
         )
     if context is not None and context.matched_acl is not None:
         message.acl_name = context.matched_acl.name  # deliveries report the publisher's
-    if message.topic.startswith("$SYS"):  # $SYS belongs to the broker
-        return _acknowledge(engine, packet)
     route_held(engine, packet, message, context)
 
 
@@ -233,8 +236,8 @@ def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
     and what is recorded, is the same."""
     broker = engine.host
     chains = broker.chains
-    topic = packets[0].topic
     client = engine.client
+    topic = inside(client.mountpoint, packets[0].topic)
     if not (
         _waits_for(broker, topic)
         or chains.on_publish[client.protocol_level == MQTT5]
@@ -247,7 +250,7 @@ def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
             recorder = chains.recorder
             if recorder is not None:
                 payloads = [packet.payload for packet in packets]
-                recorder.published_run(client, topic, payloads, receivers)
+                recorder.published_run(client, packets[0].topic, payloads, receivers)
             broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
             return None
     for i, packet in enumerate(packets):
@@ -328,6 +331,7 @@ def publish_context(engine: ClientEngine, packet: Publish | Will) -> PublishCont
         packet.qos,
         packet.retain,
         packet.properties,  # plugins change it by modifier, not in place
+        mountpoint=client.mountpoint,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.authorization import ack_properties, granted_topics, refusal_properties
+from broker.mountpoints import inside
 from broker.protocol import Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
 from broker.protocol import SubAck as SubAckPacket
 from broker.router import SHARE_PREFIX, SubOptions, parse_shared
@@ -54,6 +55,7 @@ def on_subscribe(engine: ClientEngine, packet: Subscribe) -> None:
         return _subscribe(engine, packet, codes, [(r, r.qos) for r in requests], ALLOWED)
     context = SubscribeContext(
         client_id=engine.client.client_id,
+        mountpoint=engine.client.mountpoint,
         username=engine.client.username,
         attributes=engine.client.attributes,
         session_id=engine.client.session_id,
@@ -97,10 +99,13 @@ def _filter_problem(
     limit = engine.host.settings.max_subscriptions_per_client
     assert engine.session is not None  # SUBSCRIBE comes after CONNECT (the decoder sees to it)
     subscriptions = engine.session.subscriptions
+    mountpoint = engine.client.mountpoint
     if (
         limit
-        and topic_filter not in subscriptions
-        and len(subscriptions) + sum(r.topic not in subscriptions for r in earlier) >= limit
+        and inside(mountpoint, topic_filter) not in subscriptions
+        and len(subscriptions)
+        + sum(inside(mountpoint, r.topic) not in subscriptions for r in earlier)
+        >= limit
     ):
         engine.host.metrics.subscription_limit_exceeded += 1
         return ReasonCode.QUOTA_EXCEEDED if v5 else 0x80
@@ -135,13 +140,14 @@ def _subscribe(
             request.retain_handling,
             sub_id,
         )
-        is_new = engine.host.registry.subscribe(session.owner, request.topic, options)
+        topic_filter = inside(engine.client.mountpoint, request.topic)
+        is_new = engine.host.registry.subscribe(session.owner, topic_filter, options)
         # Retain Handling 0: send retained; 1: only for a new subscription; 2: never.
         # A shared subscription gets no retained messages [MQTT-4.8.2].
         if request.topic.startswith(SHARE_PREFIX):
             continue
         if request.retain_handling == 0 or (request.retain_handling == 1 and is_new):
-            retained.append((request.topic, options))
+            retained.append((topic_filter, options))
     props = {}
     if (
         type(result) is Error
@@ -171,6 +177,7 @@ def _subscribe(
             on_subscribe,
             SubscribeContext(
                 client_id=engine.client.client_id,
+                mountpoint=engine.client.mountpoint,
                 username=engine.client.username,
                 attributes=engine.client.attributes,
                 session_id=engine.client.session_id,
@@ -197,6 +204,7 @@ def on_unsubscribe(engine: ClientEngine, packet: Unsubscribe) -> None:
         return _unsubscribe(engine, packet, packet.topic_filters, ALLOWED)
     context = UnsubscribeContext(
         client_id=engine.client.client_id,
+        mountpoint=engine.client.mountpoint,
         username=engine.client.username,
         attributes=engine.client.attributes,
         session_id=engine.client.session_id,
@@ -230,6 +238,7 @@ def _unsubscribe(
     session = engine.session
     assert session is not None
     for topic_filter in topic_filters:
+        topic_filter = inside(engine.client.mountpoint, topic_filter)
         found = engine.host.registry.unsubscribe(session.owner, topic_filter)
         codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
     if engine.client.protocol_level != MQTT5:

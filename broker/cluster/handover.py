@@ -241,7 +241,7 @@ class Handover:
         """Release a session `node` owns now: its connection closes (0x8E), it is
         forgotten here (then `released()`), and unless the new owner started clean its
         queue follows in the background."""
-        client_id = session.client_id
+        client_id = session.subscriber_id
         if client_id in self._moving:
             return released()
         self._moving.add(client_id)  # what releasing it changes is not written
@@ -281,14 +281,14 @@ class Handover:
         for topic_filter, options in list(owner.subscriptions.items()):
             host.router.unsubscribe(owner, topic_filter)
             if node and not clean and not topic_filter.startswith(SHARE_PREFIX):
-                forwarder = Forwarder(self.cluster, node, owner.client_id)
+                forwarder = Forwarder(self.cluster, node, owner.subscriber_id)
                 host.router.subscribe(forwarder, topic_filter, options)
                 lingering.append((forwarder, topic_filter))
         if lingering:
             self.loop.call_later(self.settings.dead_after, _unsubscribe, host.router, lingering)
         owner.subscriptions.clear()
         if leaving is None:
-            host.store.delete_session(owner.client_id)
+            host.store.delete_session(owner.subscriber_id)
         host.registry.forget(owner)
         return leaving
 
@@ -298,7 +298,7 @@ class Handover:
         time (a queue of millions neither blocks the loop nor fills memory). Each chunk
         leaves the store once acknowledged, so a crash or a link that stays down leaves
         the rest in this node's store, handed over again at its next start."""
-        client_id = session.client_id
+        client_id = session.subscriber_id
         step = self.host.settings.max_msgs_per_drain_step
         sent = 0
         while chunk := session.leaving_chunk(step):

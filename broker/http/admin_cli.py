@@ -6,7 +6,7 @@ talking to a running broker's HTTP server.
       client CLIENT_ID                       subscriptions and queue
       disconnect CLIENT_ID [--cleanup]       --cleanup: delete the session too
       retained [--topic FILTER] [--limit N]
-      retained-delete TOPIC
+      retained-delete TOPIC                  (these four: [--mountpoint M], the topic tree)
       metrics [--reset]
       plugins
       plugin-enable NAME | plugin-disable NAME
@@ -50,16 +50,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     online = sessions.add_mutually_exclusive_group()
     online.add_argument("--online", action="store_const", const="true", dest="online")
     online.add_argument("--offline", action="store_const", const="false", dest="online")
-    commands.add_parser("client", help="one client's subscriptions and queue").add_argument(
-        "client_id"
-    )
+    client = commands.add_parser("client", help="one client's subscriptions and queue")
+    client.add_argument("client_id")
     disconnect = commands.add_parser("disconnect", help="close a client's connection")
     disconnect.add_argument("client_id")
     disconnect.add_argument("--cleanup", action="store_true", help="delete its session too")
     retained = commands.add_parser("retained", help="retained messages")
     retained.add_argument("--topic", default="#", help="a topic filter (default #)")
     retained.add_argument("--limit", type=int, default=1000)
-    commands.add_parser("retained-delete", help="clear a retained message").add_argument("topic")
+    retained_delete = commands.add_parser("retained-delete", help="clear a retained message")
+    retained_delete.add_argument("topic")
+    for command in (client, disconnect, retained, retained_delete):
+        command.add_argument("--mountpoint", default="", help='the topic tree (default: "")')
     retain = commands.add_parser("retain", help="retained messages: delete-expired")
     retain.add_argument("action", choices=["delete-expired"], help="sweep the expired ones")
     metrics = commands.add_parser("metrics", help="counters and gauges")
@@ -84,6 +86,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _tree(args: argparse.Namespace) -> dict[str, str]:
+    """The --mountpoint argument, when one is given."""
+    return {"mountpoint": args.mountpoint} if args.mountpoint else {}
+
+
 def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     """The API path and query of a command."""
     match args.command:
@@ -93,16 +100,17 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
                 query["online"] = args.online
             return "session/show", query
         case "client":
-            return "session/client", {"client_id": args.client_id}
+            return "session/client", {"client_id": args.client_id, **_tree(args)}
         case "disconnect":
-            query = {"client_id": args.client_id}
+            query = {"client_id": args.client_id, **_tree(args)}
             if args.cleanup:
                 query["cleanup"] = "true"
             return "session/disconnect", query
         case "retained":
-            return "retain/show", {"topic": args.topic, "limit": str(args.limit)}
+            query = {"topic": args.topic, "limit": str(args.limit)}
+            return "retain/show", {**query, **_tree(args)}
         case "retained-delete":
-            return "retain/delete", {"topic": args.topic}
+            return "retain/delete", {"topic": args.topic, **_tree(args)}
         case "retain":
             return "retain/delete-expired", {}
         case "metrics":

@@ -201,14 +201,23 @@ class HttpServer:
             "session/show": lambda a: admin.sessions(
                 broker, a.text("client_id"), a.flag("online", default=None)
             ),
-            "session/client": lambda a: [admin.client(broker, a.required("client_id"))],
+            "session/client": lambda a: [
+                admin.client(broker, a.required("client_id"), a.text("mountpoint"))
+            ],
             "session/disconnect": lambda a: [
-                admin.disconnect(broker, a.required("client_id"), bool(a.flag("cleanup")))
+                admin.disconnect(
+                    broker,
+                    a.required("client_id"),
+                    bool(a.flag("cleanup")),
+                    a.text("mountpoint"),
+                )
             ],
             "retain/show": lambda a: admin.retained(
-                broker, a.text("topic") or "#", a.number("limit", 1000)
+                broker, a.text("topic") or "#", a.number("limit", 1000), a.text("mountpoint")
             ),
-            "retain/delete": lambda a: [admin.delete_retained(broker, a.required("topic"))],
+            "retain/delete": lambda a: [
+                admin.delete_retained(broker, a.required("topic"), a.text("mountpoint"))
+            ],
             "retain/delete-expired": lambda a: [admin.delete_expired_retained(broker)],
             "metrics/show": lambda a: [admin.metrics(broker)],
             "metrics/reset": lambda a: [admin.reset_metrics(broker)],

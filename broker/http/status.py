@@ -64,7 +64,7 @@ def nodes(broker: Managed) -> list[dict[str, Any]]:
                 else "stopped",
                 "ip": broker.listening[index][0] if index < len(broker.listening) else "",
                 "port": broker.listening[index][1] if index < len(broker.listening) else 0,
-                "mountpoint": "",
+                "mountpoint": listener.mountpoint,
                 "max_conns": listener.max_connections,
             }
             for index, listener in enumerate(broker.config.listeners)

@@ -8,7 +8,9 @@ Layout, one key space with prefixes (client ids cannot contain U+0000 [MQTT-1.5.
     s/<client id>                  session record (JSON: expiry, offline_since, subscriptions)
     n/<client id>                  its queue's counters: entries, next sequence number, floor
                                    (no entry below it), flags (f/ or i/ keys may exist)
-    q/<client id>\\0<seq:8>         a queue entry (broker/store/records.py)
+    q/<client id>\\0<seq:8>         a queue entry (broker/store/records.py); a session on a
+                                   mountpoint m: q/\\0m\\0<client id>\\0<seq:8>, and so
+                                   for f/ and i/
     f/<client id>\\0<packet id:2>   an entry in flight: seq:8, state:1 (seq INLINE: the
                                    queue entry follows, it has no q/ key of its own)
     i/<client id>\\0<packet id:2>   an inbound QoS 2 packet id awaiting PUBREL
@@ -81,6 +83,12 @@ ENTRIES, NEXT, FLOOR, FLAGS = range(4)
 
 
 def _id(client_id: str) -> bytes:
+    """A session's key as queue, in-flight and inbound keys start with it: no id's is the
+    beginning of another's, so a prefix scan reads one session's keys only. A mountpoint's
+    session, "<mountpoint>\\0<client id>" (broker/mountpoints.py), is \\0-framed: its
+    bare form would begin with the id of the default tree's client "<mountpoint>"."""
+    if "\0" in client_id:
+        return b"\0" + client_id.encode() + b"\0"
     return client_id.encode() + b"\0"
 
 
@@ -324,6 +332,9 @@ class LevelDBStore(MessageStore):
             if message.expired(now):
                 self._writes().delete(key)
                 continue
+            # The record holds the topic its clients know; the key, the broker's name of
+            # it, with its mountpoint (broker/mountpoints.py).
+            message.topic = key[len(RETAINED) :].decode()
             yield message
 
     # -- what is known of a client id -----------------------------------------------

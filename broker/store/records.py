@@ -22,6 +22,7 @@ import json
 import struct
 
 from broker.message import MQTT5, Delivery, Message
+from broker.mountpoints import outside
 from broker.protocol import Decoder, Publish, encode
 from broker.router import SubOptions
 from broker.store.base import SessionRecord
@@ -40,8 +41,10 @@ def encode_message(message: Message, wall_offset: float) -> bytes:
     expires = 0.0 if message.expires_at is None else message.expires_at + wall_offset
     if message.raw is not None:
         return _HEAD.pack(message.raw_level, expires) + message.raw
-    packet = Publish(message.topic, message.payload, message.qos, message.retain, False,
-                     1 if message.qos else None, message.properties)  # fmt: skip
+    # The topic its clients know (the raw PUBLISH above carries that one too): MQTT strings
+    # cannot hold the "\0" of a mountpoint's topic (broker/mountpoints.py).
+    packet = Publish(outside(message.topic), message.payload, message.qos, message.retain,
+                     False, 1 if message.qos else None, message.properties)  # fmt: skip
     return _HEAD.pack(MQTT5, expires) + encode(packet, MQTT5)
 
 

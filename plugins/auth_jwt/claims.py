@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 
+from broker.mountpoints import problem as mountpoint_problem
+
 if TYPE_CHECKING:
     from jwt.types import Options
 
@@ -37,6 +39,8 @@ KNOWN = frozenset(KEY_TYPE)
 INVALID_SIGNATURE = "invalid_signature"
 USERNAME_MISMATCH = "username_rid_mismatch"
 MISSING_USERNAME_CLAIM = "missing_rid"
+MISSING_MOUNTPOINT_CLAIM = "missing_mountpoint"
+INVALID_MOUNTPOINT = "invalid_mountpoint"
 
 
 class Refused(Exception):
@@ -58,6 +62,7 @@ class Rules:
     audience: str | None = None
     required: tuple[str, ...] = ()
     username_claim: str = "rid"  # "" turns the username rule off
+    mountpoint_claim: str = ""  # the claim naming the client's mountpoint; "": none
     # Prepared PyJWT arguments, so that a CONNECT builds no list or dict.
     _algorithms: list[str] = field(init=False, repr=False, compare=False)
     _options: Options = field(init=False, repr=False, compare=False)
@@ -129,3 +134,18 @@ def check_username(claims: Mapping[str, Any], rules: Rules, username: str | None
     value = claims[name]
     if not isinstance(value, str) or value != username:
         raise Refused(USERNAME_MISMATCH, f"the {name!r} claim does not match the username")
+
+
+def mountpoint_of(claims: Mapping[str, Any], rules: Rules) -> str | None:
+    """The client's topic tree, from the configured claim (None when none is configured).
+    A token without it is refused: with mountpoints per token, a missing claim must not
+    put its client on the default tree, among every tenant's neighbours."""
+    name = rules.mountpoint_claim
+    if not name:
+        return None
+    if name not in claims:
+        raise Refused(MISSING_MOUNTPOINT_CLAIM, f"the token has no {name!r} claim")
+    value = claims[name]
+    if not isinstance(value, str) or mountpoint_problem(value) is not None:
+        raise Refused(INVALID_MOUNTPOINT, f"the {name!r} claim is not a mountpoint: {value!r}")
+    return value

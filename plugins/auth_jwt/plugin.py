@@ -34,6 +34,7 @@ from plugins.auth_jwt.claims import (
     check_algorithm,
     check_username,
     header,
+    mountpoint_of,
     verify,
 )
 from plugins.auth_jwt.keys import ASYMMETRIC, JwksKeys, StaticKeys, key_algorithms, load_public_key
@@ -62,6 +63,7 @@ class AuthJwtConfig:
     issuer: str = ""  # when set, "iss" must equal it
     audience: str = ""  # when set, "aud" must contain it
     username_claim: str = "rid"  # must equal the MQTT username; "" turns the rule off
+    mountpoint_claim: str = ""  # its value is the client's mountpoint; "": no mountpoints
     required_claims: list[str] = field(default_factory=list)  # e.g. ["exp"]
     jwks_refresh_interval: Duration = Duration(900)  # 0: never periodically
     jwks_min_refresh_interval: Duration = Duration(30)  # for unknown kids
@@ -118,6 +120,7 @@ class AuthJwtPlugin:
             audience=config.audience or None,
             required=tuple(config.required_claims),
             username_claim=config.username_claim,
+            mountpoint_claim=config.mountpoint_claim,
         )
 
     async def start(self) -> None:
@@ -137,9 +140,7 @@ class AuthJwtPlugin:
             claims = self._verify(ctx.password, ctx.username)
         except Refused as refused:
             return self._refuse(ctx, refused)
-        ctx.attributes["jwt_claims"] = claims
-        self.accepted += 1
-        return OK
+        return self._accepted(ctx, claims)
 
     async def _auth_on_register_jwks(self, ctx: RegisterContext) -> Result:
         if not ctx.password:
@@ -158,9 +159,16 @@ class AuthJwtPlugin:
                 claims = self._verify(ctx.password, ctx.username)  # NeedKeys is final now
         except Refused as refused:
             return self._refuse(ctx, refused)
+        return self._accepted(ctx, claims)
+
+    def _accepted(self, ctx: RegisterContext, claims: dict[str, Any]) -> Result:
+        try:
+            mountpoint = mountpoint_of(claims, self.rules)
+        except Refused as refused:
+            return self._refuse(ctx, refused)
         ctx.attributes["jwt_claims"] = claims
         self.accepted += 1
-        return OK
+        return OK if mountpoint is None else Ok({"mountpoint": mountpoint})
 
     def _verify(self, token: bytes, username: str | None) -> dict[str, Any]:
         alg, kid = header(token)

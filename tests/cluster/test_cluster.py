@@ -128,6 +128,8 @@ def eventually(check: Callable[[], T | None], timeout: float = TIMEOUT, what: st
 class Trio:
     """Nodes a, b, c (and any restarted later), and the clients of a test."""
 
+    node: type[Node] = Node  # what each node is (a subclass adds to its config)
+
     def __init__(self, tmp_path: Path, redis_url: str, metadata: str = "redis") -> None:
         self.tmp_path = tmp_path
         self.redis_url = redis_url
@@ -143,7 +145,7 @@ class Trio:
         if self.metadata == "swc":
             nodes = self._swc_nodes(names, broker)
         else:
-            nodes = [Node(self.tmp_path / n, n, self.redis_url, broker=broker) for n in names]
+            nodes = [self.node(self.tmp_path / n, n, self.redis_url, broker=broker) for n in names]
             self.started.extend(nodes)
             with ThreadPoolExecutor(len(nodes)) as pool:
                 list(pool.map(lambda node: node.start(), nodes))
@@ -155,12 +157,12 @@ class Trio:
     def _swc_nodes(self, names: tuple[str, ...], broker: str) -> list[Node]:
         """The first node alone, then the others joining through it."""
         first, *others = names
-        seed = Node(self.tmp_path / first, first, "", metadata="swc", broker=broker)
+        seed = self.node(self.tmp_path / first, first, "", metadata="swc", broker=broker)
         self.started.append(seed)
         seed.start()
         nodes = [seed]
         for name in others:
-            node = Node(
+            node = self.node(
                 self.tmp_path / name,
                 name,
                 "",
@@ -175,7 +177,7 @@ class Trio:
     def restart(self, name: str) -> Node:
         """A new process for node `name`, in the old one's directory and cluster port."""
         old = self.nodes[name]
-        node = Node(
+        node = self.node(
             old.directory, name, self.redis_url, cluster_port=old.cluster_port, broker=old.broker
         )
         self.started.append(node)

@@ -34,10 +34,11 @@ MESSAGE_HOOKS = {"on_publish", "on_deliver", "on_delivery_complete"}
 
 
 class Who:
-    __slots__ = ("client_id", "session_id", "username")
+    __slots__ = ("client_id", "mountpoint", "session_id", "username")
 
-    def __init__(self, number: int, username: str | None = "user") -> None:
+    def __init__(self, number: int, username: str | None = "user", mountpoint: str = "") -> None:
         self.client_id = f"client-{number}"
+        self.mountpoint = mountpoint
         self.username = username
         self.session_id = f"session-{number}"
 
@@ -45,6 +46,7 @@ class Who:
 class LooseWho:  # no __slots__: read by getattr
     def __init__(self, number: int) -> None:
         self.client_id = f"loose-{number}"
+        self.mountpoint = ""
         self.username = None
         self.session_id = f"loose-session-{number}"
 
@@ -107,6 +109,19 @@ def test_a_publish_and_its_deliveries_make_one_record(cls):
     assert first == [2, 6, *receiver, "a/b", 1, True, 5, b"hello", "fleet", False]
     assert second[2:7] == ["client-2", "", None, "session-2", "a/b"]
     assert second[7:] == [0, False, 5, b"hello", "fleet", True]  # qos 0, persisted
+
+
+@pytest.mark.parametrize("cls", RECORDERS)
+def test_a_mountpoints_events_carry_it_and_the_topic_as_its_clients_know_it(cls):
+    h = Harness(cls)
+    message = Message("\0tenant-a/a/b", b"hi", 1)  # as the broker keeps tenant-a's topics
+    h.recorder.published(Who(0, mountpoint="tenant-a"), message, None)
+    h.recorder.delivered(Who(1, mountpoint="tenant-a"), Delivery(message, 1, False, ()))
+    h.recorder.completed(Who(1, mountpoint="tenant-a"), Delivery(message, 1, False, ()))
+    on_publish, on_deliver, complete = (without_ts(e) for e in h.events())
+    assert on_publish[2:8] == ["client-0", "tenant-a", "user", "session-0", "a/b", 1]
+    assert on_deliver[2:7] == ["client-1", "tenant-a", "user", "session-1", "a/b"]
+    assert complete[2:7] == ["client-1", "tenant-a", "user", "session-1", "a/b"]
 
 
 @pytest.mark.parametrize("cls", RECORDERS)

@@ -179,7 +179,8 @@ GOOD = {
         "clean_start": False,
         "queue_type": "lifo",
         "shared_subscription_policy": "random",
-        "mountpoint": "",  # no mountpoint: what Nautilus does anyway
+        "mountpoint": "tenant-a",
+        "subscriber_id": {"mountpoint": "tenant-b", "client_id": "c3"},
         "properties": {},
     },
     "auth_on_publish": {
@@ -187,7 +188,7 @@ GOOD = {
         "payload": b"x",
         "qos": 2,
         "retain": True,
-        "mountpoint": "",
+        "mountpoint": "tenant-a",
         "properties": {},
     },
     "auth_on_subscribe": {"topics": [("a/#", 1), ["b", 128]], "properties": {}},
@@ -214,6 +215,12 @@ INVALID = {
         {"clean_start": 1},
         {"username": b"u"},
         {"shared_subscription_policy": "everyone"},
+        {"mountpoint": "a/b"},  # one tree inside another
+        {"mountpoint": "$sys"},
+        {"mountpoint": 1},
+        {"subscriber_id": {"mountpoint": "m"}},  # VerneMQ's pair needs both
+        {"subscriber_id": ("m", "")},
+        {"subscriber_id": "m"},
     ],
     "auth_on_publish": [
         {"topic": "a/+"},
@@ -225,6 +232,7 @@ INVALID = {
         {"qos": True},
         {"retain": 1},
         {"properties": [1]},
+        {"mountpoint": "+"},
     ],
     "auth_on_subscribe": [
         {"topics": "a/#"},
@@ -252,10 +260,8 @@ UNSUPPORTED = {
         ("max_msgs_per_drain_step", 100, "queue migration"),
         ("upgrade_qos", True, "broker.upgrade_outgoing_qos"),
         ("upgrade_qos", False, "broker.upgrade_outgoing_qos"),
-        ("mountpoint", "tenant-a", "mountpoints are not implemented"),
     ],
     "auth_on_publish": [
-        ("mountpoint", "tenant-a", "mountpoints are not implemented"),
         ("throttle", 10, "max_message_rate"),
     ],
     "auth_on_subscribe": [("properties", {0x26: [("k", "v")]}, "a refusal's does")],

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from broker import admin
 from tests.broker.helpers import V5, V311, VERSIONS, unique_id
 from tests.plugins.auth_jwt.helpers import (
     ALLOW_ALL,
@@ -216,3 +217,30 @@ def test_hs_algorithms_can_be_narrowed(start_broker):
     server = start_broker(**jwt_sections(secret=SECRET, algorithms=["HS512"]))
     assert raw_connect(server, V311, "alice", hs_sign(claims("alice"), alg="HS512"))[1] == 0
     assert raw_connect(server, V311, "alice", hs_sign(claims("alice"), alg="HS256"))[1] == 4
+
+
+# -- the mountpoint claim ---------------------------------------------------------------
+
+
+def test_the_mountpoint_claim_puts_each_token_on_its_tree(start_broker, jwt_paho):
+    server = start_broker(**jwt_sections(secret=SECRET, mountpoint_claim="tenant"))
+    acme = jwt_paho(server, V5, "alice", hs_sign(claims("alice", tenant="acme")))
+    other = jwt_paho(server, V5, "bob", hs_sign(claims("bob", tenant="globex")))
+    acme.subscribe("#", 1)
+    other.publish("t", b"globex's", 1)
+    acme.publish("t", b"acme's", 1)
+    assert acme.expect_message().payload == b"acme's"
+    acme.expect_no_message()
+    row = server.call(admin.client, server.broker, acme.client_id, "acme")
+    assert (row["mountpoint"], row["user"]) == ("acme", "alice")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "reason"), [(DELETE, "missing_mountpoint"), ("a/b", "invalid_mountpoint")]
+)
+def test_a_token_without_a_usable_mountpoint_claim_is_refused(start_broker, tenant, reason):
+    server = start_broker(**jwt_sections(secret=SECRET, mountpoint_claim="tenant"))
+    token = hs_sign(claims("alice", tenant=tenant))
+    client_id, code = raw_connect(server, V5, "alice", token)
+    assert code == NOT_AUTHORIZED[V5]
+    assert recorder_of(server).expect(client_id).reason == reason

@@ -273,7 +273,6 @@ def test_invalid_answers(data, reason):
     [
         ("auth_on_register", {"upgrade_qos": True}),
         ("auth_on_register_m5", {"allow_publish": False}),
-        ("auth_on_register", {"client_id": "c2", "mountpoint": "tenant-a"}),
         ("auth_on_publish", {"throttle": 100}),
     ],
 )
@@ -284,9 +283,20 @@ def test_a_modifier_nautilus_does_not_apply_is_refused_saying_so(hook, modifiers
     assert f"of {hook} is not supported by Nautilus: " in caught.value.detail
 
 
-def test_an_empty_mountpoint_goes_with_client_id_as_vernemq_wants():
-    mods = {"client_id": "c2", "mountpoint": ""}
+@pytest.mark.parametrize(
+    "mods",
+    [{"client_id": "c2", "mountpoint": ""}, {"client_id": "c2", "mountpoint": "tenant-a"}],
+)
+def test_a_mountpoint_goes_with_client_id_as_vernemq_wants(mods):
     assert answer("auth_on_register", {"result": "ok", "modifiers": mods}) == Ok(mods)
+
+
+def test_a_mountpoint_alone_is_a_modifier_too():
+    # VerneMQ ignored it (its issues 332, 476, 559, 1212); the broker moves the client.
+    mods = {"mountpoint": "tenant-a"}
+    assert answer("auth_on_register", {"result": "ok", "modifiers": mods}) == Ok(mods)
+    with pytest.raises(InvalidResponse, match="invalid value"):
+        answer("auth_on_register", {"result": "ok", "modifiers": {"mountpoint": "a/b"}})
 
 
 def test_register_modifiers():
