@@ -19,6 +19,7 @@ from broker.http.access import PUBLISH
 from broker.http.api_keys import ApiKeys
 from plugins.passwd.hashes import make_hash
 from tests.broker.helpers import TIMEOUT, V5
+from tests.cluster.nodes import cluster_of
 
 from .conftest import Reply, base_url, basic, error, table
 
@@ -30,6 +31,7 @@ topic read sensors/#
 topic read $share/g/sensors/#
 """
 BINARY = bytes(range(256))
+SWC = {"sync_interval": 0.3}  # a joining node's first exchange within a test's time
 
 
 @pytest.fixture
@@ -159,3 +161,30 @@ def test_a_bad_request_is_400_saying_what(secured):
     not_json = post(server, key, b"{nope", "application/json")
     assert error(not_json, 400) == "the body is not JSON"
     assert error(post(server, key, b"", "text/plain"), 400) == "topic is required"
+
+
+def test_a_publish_to_one_node_reaches_a_subscriber_on_another(
+    start_broker, keys_file, tmp_path, paho_client
+):
+    """Two nodes of a leaderless (swc) cluster in this process: the message goes where
+    the subscription is, as an MQTT publish on node a would."""
+    key = ApiKeys(str(keys_file)).add(scope=PUBLISH)
+
+    def node(name: str, seeds: list[str]):
+        return start_broker(
+            broker={"node_name": name, "systree_enabled": False},
+            http={"address": "127.0.0.1:0", "api_keys_file": str(keys_file)},
+            store={"path": str(tmp_path / name)},
+            cluster={"address": "127.0.0.1:0", "metadata": "swc", "seeds": seeds, "swc": SWC},
+        )
+
+    a = node("a", [])
+    host, port = cluster_of(a).address
+    b = node("b", [f"{host}:{port}"])
+    sub = paho_client(b)
+    assert sub.subscribe("far/#", 1) == [1]
+    a.wait_for(lambda: a.broker.routing.has_subscribers("far/x"))  # replicated to a
+
+    assert table(post_json(a, key, {"topic": "far/x", "payload": "over there", "qos": 1}))
+    got = sub.expect_message()
+    assert (got.topic, got.payload, got.qos) == ("far/x", b"over there", 1)
