@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -94,9 +94,7 @@ async def publish(host: PublishHost, request: OnBehalf) -> PublishContext:
         result = await chain.run(register) if chain else NO_HOOK
         if type(result) is not Ok:
             _register_failed(host, register, result)
-        modifiers = result.modifiers
-        register.username = modifiers.get("username", register.username)
-        register.client_id = modifiers.get("client_id", register.client_id)
+        _apply_register_modifiers(register, result.modifiers, request)
     context = new_publish_context(
         register.client_id,
         register.username,
@@ -151,6 +149,18 @@ def _register_context(request: OnBehalf) -> RegisterContext:
         listener_addr=request.listener[0],
         listener_port=request.listener[1],
     )
+
+
+def _apply_register_modifiers(
+    context: RegisterContext, modifiers: Mapping[str, Any], request: OnBehalf
+) -> None:
+    """Those of auth_on_register's modifiers that concern one message: who sends it, and
+    how large it may be (the session's settings have no session to go to)."""
+    context.username = modifiers.get("username", context.username)
+    context.client_id = modifiers.get("client_id", context.client_id)
+    limit = modifiers.get("max_message_size")
+    if limit and len(request.payload) > limit:
+        raise Refused(Kind.INVALID, f"the payload is larger than this client's limit ({limit})")
 
 
 def _register_failed(host: PublishHost, context: RegisterContext, result: Result) -> NoReturn:

@@ -149,14 +149,14 @@ def _user_properties(value: Any) -> dict[int, Any]:
             value = json.loads(value)
         except ValueError:
             raise ValueError("user_properties: not JSON") from None
-    pairs: list[tuple[str, str]] = []
-    for item in value if isinstance(value, list) else [None]:
-        if not isinstance(item, dict) or not all(
-            isinstance(v, str) for v in (*item, *item.values())
-        ):
-            raise ValueError('user_properties: expected [{"name": "value"}, ...]')
-        pairs.extend(item.items())
+    if not isinstance(value, list) or not all(map(_text_pairs, value)):
+        raise ValueError('user_properties: expected [{"name": "value"}, ...]')
+    pairs = [pair for item in value for pair in item.items()]
     return {Property.USER_PROPERTY: pairs} if pairs else {}
+
+
+def _text_pairs(item: Any) -> bool:
+    return isinstance(item, dict) and all(isinstance(t, str) for t in (*item, *item.values()))
 
 
 def _address(address: Any) -> tuple[str, int]:

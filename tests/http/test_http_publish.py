@@ -20,6 +20,7 @@ from broker.http.api_keys import ApiKeys
 from plugins.passwd.hashes import make_hash
 from tests.broker.helpers import TIMEOUT, V5
 from tests.cluster.nodes import cluster_of
+from tests.hooks.test_call_sites import RECORDER
 
 from .conftest import Reply, base_url, basic, error, table
 
@@ -188,3 +189,47 @@ def test_a_publish_to_one_node_reaches_a_subscriber_on_another(
     assert table(post_json(a, key, {"topic": "far/x", "payload": "over there", "qos": 1}))
     got = sub.expect_message()
     assert (got.topic, got.payload, got.qos) == ("far/x", b"over there", 1)
+
+
+def test_the_hooks_see_a_client_and_their_modifiers_apply(keyed_broker, paho_client):
+    """tests/hooks/sample.py's Recorder as the one plugin (its auth_on_register async):
+    the MQTT 5 hooks are called with what the request said, and what they change is what
+    is published."""
+    answers = {  # for the request's client only (the subscriber is let in as it is)
+        "auth_on_register": {
+            "client_id": "gw-1",
+            "modifiers": {"client_id": "renamed", "max_message_size": 8},
+        },
+        "auth_on_publish": {"topic": "asked/t", "modifiers": {"topic": "rewritten/t", "qos": 0}},
+    }
+    recorder = {"async_hooks": ["auth_on_register_m5"], "answers": answers}
+    server, key = keyed_broker(
+        broker={"allow_anonymous": False, "systree_enabled": False},
+        plugins={"rec": {"enabled": True, "module": RECORDER, **recorder}},
+    )
+    plugin = dict(server.broker.plugins)["rec"]
+    sub = paho_client(server, V5)
+    assert sub.subscribe("rewritten/#", 1) == [1]
+
+    fields = gateway(topic="asked/t", payload="12345678", qos=1)
+    assert table(post_json(server, key, fields))[0] == {
+        "topic": "rewritten/t",
+        "qos": 0,
+        "retain": False,
+        "client_id": "renamed",
+        "username": "gateway",
+    }
+    got = sub.expect_message()
+    assert (got.topic, got.payload, got.qos) == ("rewritten/t", b"12345678", 0)
+    register = plugin.wait("auth_on_register_m5", client_id="gw-1")
+    assert (register.username, register.password) == ("gateway", b"g-pass")
+    assert (register.protocol_level, register.listener_type) == (5, "http")
+    assert register.peer[0] == register.listener_addr == "127.0.0.1"
+    assert register.listener_port == server.broker.http.address[1]
+    asked = plugin.wait("auth_on_publish_m5", client_id="renamed")
+    assert (asked.topic, asked.qos, asked.session_id) == ("asked/t", 1, register.session_id)
+    assert plugin.wait("on_publish_m5", client_id="renamed").topic == "rewritten/t"
+    assert "on_register_m5" not in plugin.names(client_id="renamed")  # no session made
+
+    too_large = post_json(server, key, gateway(topic="asked/t", payload="123456789"))
+    assert error(too_large, 400) == "the payload is larger than this client's limit (8)"
