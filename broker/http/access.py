@@ -1,11 +1,12 @@
 """Who may call what under /api/v1/: API key scopes, as VerneMQ's api-key scopes.
 
-    read-only   the commands that only read (`.../show`, `.../status`, `sessions`, ...)
+    read-only   the commands that only read (`session/show`, `show/settings`, `sessions`, ...)
     publish     /api/v1/publish only: a gateway's key, which cannot manage the broker
     admin       everything (a record written before scopes existed is an admin key)
 
-A command is reading only if it says so: its path ends in `show` or `status`, or it is
-listed in READING. Any other command, a new one included, changes the broker and needs
+A command is reading only if it says so: a level of its path is `show` or `status`
+(vmq-admin's verbs for reading: `session/show`, `cluster/status`, `show/settings`), or it
+is listed in READING. Any other command, a new one included, changes the broker and needs
 an admin key, so a command added later is never open to a read-only key by omission.
 """
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 READ_ONLY, PUBLISH, ADMIN = "read-only", "publish", "admin"
 SCOPES = (READ_ONLY, PUBLISH, ADMIN)
 PUBLISH_COMMAND = "publish"
-READING = frozenset({"sessions", "plugins", "session/client"})  # besides .../show, .../status
+READING = frozenset({"sessions", "plugins", "session/client"})  # besides show and status
+_SHOWING = frozenset({"show", "status"})  # a level of a command's path that says "reads"
 _DOES = {READ_ONLY: "reads", PUBLISH: "publishes a message", ADMIN: "changes the broker"}
 
 
@@ -31,8 +33,7 @@ def needed_scope(command: str) -> str:
     """The scope a key needs (besides admin, which has them all) to call `command`."""
     if command == PUBLISH_COMMAND:
         return PUBLISH
-    last = command.rsplit("/", 1)[-1]
-    if command in READING or last in ("show", "status"):
+    if command in READING or not _SHOWING.isdisjoint(command.split("/")):
         return READ_ONLY
     return ADMIN
 

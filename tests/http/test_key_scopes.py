@@ -48,6 +48,7 @@ def test_each_command_needs_the_scope_of_what_it_does():
     assert {needed_scope(c) for c in CHANGING} == {ADMIN}
     assert needed_scope("session/client") == READ_ONLY
     assert needed_scope("publish") == PUBLISH
+    assert needed_scope("show/settings") == READ_ONLY  # vmq-admin's `show settings`
     assert needed_scope("some/new-command") == ADMIN  # not open to read-only by omission
 
 
