@@ -78,7 +78,9 @@ class HttpServer:
             self.app.router.add_get(path, handler)
         for command, handler in self._admin_commands().items():
             self.app.router.add_route("*", ADMIN + command, handler)
-        self.app.router.add_post(ADMIN + PUBLISH_COMMAND, publish.handler(broker))
+        publishing = publish.handler(broker)
+        for method in ("POST", "PUT"):  # both, as VerneMQ's
+            self.app.router.add_route(method, ADMIN + PUBLISH_COMMAND, publishing)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)

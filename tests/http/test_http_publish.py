@@ -52,12 +52,14 @@ def secured(keyed_broker, keys_file, tmp_path):
     return server, ApiKeys(str(keys_file)).add(scope=PUBLISH)
 
 
-def post(server, key: str, body: bytes, content_type: str, **query: str) -> Reply:
+def post(
+    server, key: str, body: bytes, content_type: str, method: str = "POST", **query: str
+) -> Reply:
     url = f"{base_url(server)}/api/v1/publish"
     if query:
         url += "?" + urllib.parse.urlencode(query)
     headers = {"Content-Type": content_type, **basic(key)}
-    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return Reply(response.status, dict(response.headers), response.read())
@@ -110,12 +112,13 @@ def test_an_allowed_publish_reaches_subscribers_as_an_mqtt_one_would(secured, pa
     kept = late.expect_message()
     assert (kept.topic, kept.payload, kept.retain) == ("sensors/t1", BINARY, True)
 
-    # The other shape: the parameters in the query, the body as the payload.
+    # The other shape: the parameters in the query, the body as the payload (and PUT).
     raw = post(
         server,
         key,
         b"\x00raw body\xff",
         "application/octet-stream",
+        method="PUT",
         topic="sensors/t2",
         client_id="gw-2",
         user="gateway",
