@@ -45,11 +45,12 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 system-packages:
-	# Java for Spark's tests, Chromium for the status page's, Redis for the cluster's and
-	# auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the bridge's (the
-	# tests start servers of their own)
+	# Java for Spark's tests, Chromium for the status page's and CORS's, Redis for the
+	# cluster's and auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the
+	# bridge's, graphite-carbon (carbon-cache) for Graphite's (the tests start servers of
+	# their own)
 	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server \
-		postgresql mariadb-server mosquitto
+		postgresql mariadb-server mosquitto graphite-carbon
 
 test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
 	$(BIN)/python -m pytest -q

@@ -3,7 +3,7 @@
 # As root it uses apt-get; otherwise it prints one line saying what to install and fails.
 set -euo pipefail
 declare -A command_of=([mosquitto]=mosquitto [redis-server]=redis-server [openjdk-17-jre-headless]=java
-  [mariadb-server]=mariadbd)
+  [mariadb-server]=mariadbd [graphite-carbon]=carbon-cache)
 PATH="$PATH:/usr/sbin:/sbin"  # mariadbd is there, off a user's PATH
 
 # postgresql's server is off PATH too, in /usr/lib/postgresql/NN/bin (where the tests look).

@@ -4,7 +4,9 @@ Handlers only translate: the figures come from broker/http/prometheus.py and
 broker/http/status.py, the operations from broker/admin.py. The admin API follows
 VerneMQ's `/api/v1/<command path>?<arguments>`, answering `{"type": "table", "table":
 [...]}`; its API key travels as the HTTP basic-auth username (empty password, as
-VerneMQ's) or in an `x-api-key` header, and a request without a valid key gets 401.
+VerneMQ's) or in an `x-api-key` header, and a request without a valid key gets 401; a
+key's scope decides what it may call (broker/http/access.py). `/api/v1/publish`
+publishes on behalf of a client (broker/http/publish.py).
 
 Connections are held to `[http]`'s limits (max_connections, request_timeout,
 keepalive_timeout) by broker/http/connections.py, the protocol of the asyncio server
@@ -16,23 +18,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import datetime
 import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from broker import admin
 from broker.config import host_port
-from broker.http import prometheus, status
+from broker.http import prometheus, publish, status
+from broker.http.access import PUBLISH_COMMAND, Refusal, refusal
 from broker.http.api_keys import ApiKeys, KeysFileError
 from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
-
-if TYPE_CHECKING:
-    from broker.admin import Managed
+from broker.on_behalf import PublishHost
 
 log = logging.getLogger("nautilus.http")
 
@@ -49,8 +51,12 @@ UNAUTHORIZED = (
 )
 
 
+class HttpHost(admin.Managed, PublishHost, Protocol):
+    """What the HTTP side uses of the broker: the admin operations' and the publishes'."""
+
+
 class HttpServer:
-    def __init__(self, broker: Managed) -> None:
+    def __init__(self, broker: HttpHost) -> None:
         self.broker = broker
         self.settings = broker.config.http
         self.keys = ApiKeys(self.settings.api_keys_file)
@@ -72,6 +78,9 @@ class HttpServer:
             self.app.router.add_get(path, handler)
         for command, handler in self._admin_commands().items():
             self.app.router.add_route("*", ADMIN + command, handler)
+        publishing = publish.handler(broker)
+        for method in ("POST", "PUT"):  # both, as VerneMQ's
+            self.app.router.add_route(method, ADMIN + PUBLISH_COMMAND, publishing)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
@@ -183,15 +192,22 @@ class HttpServer:
         if not request.path.startswith(ADMIN):
             return await handler(request)
         try:
-            allowed = self.keys.check(_api_key(request))
+            key = self.keys.find(_api_key(request))
         except KeysFileError as exc:  # refused, and said once per request in the log
             log.error("admin API refused: %s", exc)
             return web.json_response({"type": "error", "error": str(exc)}, status=503)
-        if not allowed:
+        if key is None:
+            refused: Refusal | None = Refusal(401, UNAUTHORIZED)
+        else:  # expired, or its scope does not reach the command (broker/http/access.py)
+            now = datetime.datetime.now(datetime.UTC)
+            command = request.path.removeprefix(ADMIN)
+            refused = refusal(key.id, key.scope, key.expires, command, now)
+        if refused is not None:
+            challenge = {"WWW-Authenticate": 'Basic realm="nautilus"'}
             return web.json_response(
-                {"type": "error", "error": UNAUTHORIZED},
-                status=401,
-                headers={"WWW-Authenticate": 'Basic realm="nautilus"'},
+                {"type": "error", "error": refused.error},
+                status=refused.status,
+                headers=challenge if refused.status == 401 else None,
             )
         return await handler(request)
 

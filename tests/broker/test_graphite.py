@@ -1,14 +1,19 @@
 """[graphite]: every /metrics figure in Graphite's plaintext protocol, to a real TCP
-receiver on 127.0.0.1, and sent again after the receiver went away and came back."""
+receiver on 127.0.0.1, and sent again after the receiver went away and came back; and
+to a real carbon-cache (tests/broker/carbon.py), which writes them to whisper files."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from broker.graphite import lines
 from hooks import Metric
+from tests.broker.carbon import CARBON, CarbonCache
 
 TIMEOUT = 10.0
 
@@ -96,3 +101,28 @@ def test_the_figures_go_to_graphite_and_again_after_it_was_away(start_broker):
     again.wait_for(b"k.mqtt.nautilus.mqtt_publish_received ")
     assert server.call(lambda: reporter.sent_rounds) > rounds
     again.close()
+
+
+@pytest.fixture
+def carbon(tmp_path) -> Iterator[CarbonCache]:
+    cache = CarbonCache(tmp_path).start()
+    try:
+        yield cache
+    finally:
+        assert cache.stop() is not None  # the process is gone, not left running
+
+
+@pytest.mark.skipif(CARBON is None, reason="needs graphite-carbon (make test installs it)")
+def test_a_real_carbon_cache_receives_the_figures(carbon, start_broker, raw_client):
+    graphite = {"enabled": True, "host": "127.0.0.1", "port": carbon.port, "interval": 0.2}
+    server = start_broker(graphite={**graphite, "prefix": "mqtt", "api_key": "k"})
+    client = raw_client(server)
+    client.connect("to-graphite")
+    for _ in range(3):
+        client.publish("t", b"m", qos=1)
+    server.wait_for(lambda: server.broker.metrics.mqtt_publish_received == 3)
+
+    points = carbon.written("k.mqtt.nautilus.mqtt_publish_received", 3)
+    assert abs(points[-1][0] - time.time()) < 60
+    assert carbon.values("k.mqtt.nautilus.total_active_connections")[-1][1] == 1
+    assert carbon.whisper_file("k.mqtt.nautilus.uptime_seconds").exists()

@@ -98,7 +98,7 @@ def test_api_key_refusals(keyed_config, tmp_path):
     )
     assert missing.returncode == 1
     assert one_line(missing.stderr).startswith("nautilus api-key: no key")
-    assert ApiKeys(str(keys)).check(key)  # the failed commands left the file alone
+    assert ApiKeys(str(keys)).find(key) is not None  # the failed commands left the file alone
 
 
 def test_api_key_with_a_bad_config_is_one_line_exit_2(tmp_path):
