@@ -632,13 +632,14 @@ class Cluster:
     async def ask_others(
         self, command: str, arguments: dict[str, Any], nodes: Iterable[str] | None = None
     ) -> list[Answer]:
-        """(Peers) An admin command on the other nodes alive (of `nodes`), at once."""
-        others = [node for node in self.alive() if node != self.node]
-        if nodes is not None:
-            wanted = set(nodes)
-            others = [node for node in others if node in wanted]
-        asked = (self._ask(node, command, arguments) for node in others)
-        return list(await asyncio.gather(*asked))
+        """(Peers) An admin command on the other nodes alive (of `nodes`), at once; a
+        dead one is said, not asked (what it would change, it does not)."""
+        wanted = set(nodes) if nodes is not None else None
+        others = [n for n in self.alive() if n != self.node and (wanted is None or n in wanted)]
+        # (Those `cluster status` lists: a node forgotten after its reaping is not.)
+        dead = [n for n in sorted(self.nodes) if n in self.dead and (wanted is None or n in wanted)]
+        answers = await asyncio.gather(*(self._ask(node, command, arguments) for node in others))
+        return [*answers, *(Answer(node, "declared dead: not asked", None) for node in dead)]
 
     async def _ask(self, node: str, command: str, arguments: dict[str, Any]) -> Answer:
         link = self.links.get(node)

@@ -3,7 +3,8 @@ session's Redis, each asked through its own admin API. A session query, an unsub
 and a disconnect asked of one node act on both nodes' sessions and say which node each
 row is from; `set` changes a limit on both (a client then sees it on either), a bad key
 changes nothing anywhere; a node that does not answer (stopped with SIGSTOP) is an error
-beside the other node's rows, not a hung command (the ADMIN frame, docs/clustering.md).
+beside the other node's rows, not a hung command, and once declared dead it is not asked
+but said (the ADMIN frame, docs/clustering.md).
 """
 
 from __future__ import annotations
@@ -95,12 +96,15 @@ def test_admin_commands_act_on_every_node(tmp_path: Path, redis_url: str) -> Non
             started = time.monotonic()
             status, answer = ask(a, "session/show")
             assert time.monotonic() - started < ADMIN_TIMEOUT + 1
+            assert status == 200 and answer["table"] == []
+            # Declared dead first (dead_after is shorter here), or the time is up.
+            (error,) = answer["errors"]
+            said = ("the link to b went down", f"no answer within {ADMIN_TIMEOUT:g} s")
+            assert error["node"] == "b" and error["error"] in said, error
+            a.wait_line(r"cluster: node b .*: dead")  # then it is not asked, and said so
+            _, answer = ask(a, "set", max_client_id_size="6")
+            assert answer["errors"] == [{"node": "b", "error": "declared dead: not asked"}]
         finally:
             b.process.proc.send_signal(signal.SIGCONT)
-        assert status == 200 and answer["table"] == []
-        # Declared dead first (dead_after is shorter here), or the time is up.
-        (error,) = answer["errors"]
-        said = ("the link to b went down", f"no answer within {ADMIN_TIMEOUT:g} s")
-        assert error["node"] == "b" and error["error"] in said, error
     finally:
         duo.close()
