@@ -164,3 +164,28 @@ def test_the_command_prints_verneMQs_columns_or_the_asked_ones_or_json(fleet, tm
     assert bad.returncode == 1 and "qos: expected a number" in bad.stderr
     word = admin(server, "session", "show", "client_id", key=key, cwd=tmp_path)
     assert word.returncode == 2 and "--FIELD" in word.stderr
+
+
+def test_the_command_disconnects_and_unsubscribes(fleet, tmp_path):
+    server, key, _ = fleet
+    removed = admin(server, "session", "unsubscribe", "--topic=~^a/", key=key, cwd=tmp_path)
+    assert removed.returncode == 0, removed.stderr
+    # node, mountpoint (the default one: blank), client_id, topic
+    assert [line.split() for line in removed.stdout.splitlines()[1:]] == [
+        ["nautilus", "alpha", "a/#"],
+        ["nautilus", "beta", "a/x"],
+    ]
+    gone = admin(
+        server, "session", "disconnect", "--client_id=gone", "--cleanup", key=key, cwd=tmp_path
+    )
+    assert gone.returncode == 0, gone.stderr
+
+    def listed(*args: str) -> list[str]:
+        shown = admin(server, "--json", "sessions", *args, key=key, cwd=tmp_path)
+        return ids(json.loads(shown.stdout)["table"])
+
+    assert listed() == ["alpha", "beta"]  # gone is gone
+    # `sessions --client-id TEXT` still finds the ids containing TEXT, taken as it is
+    # (not as a regular expression).
+    assert listed("--client-id", "lph") == ["alpha"]
+    assert listed("--client-id", ".") == []
