@@ -67,7 +67,7 @@ class Managed(Protocol):
 
     async def start_listener(self, index: int) -> None: ...
 
-    def stop_listener(self, index: int) -> None: ...
+    def stop_listener(self, index: int, kill_sessions: bool = False) -> None: ...
 
 
 class NotFound(LookupError):
@@ -289,9 +289,9 @@ async def start_listener(broker: Managed, which: str) -> list[dict[str, Any]]:
     return listeners(broker)
 
 
-def stop_listener(broker: Managed, which: str) -> list[dict[str, Any]]:
-    """Accept no new connections; those open stay."""
-    broker.stop_listener(_listener(broker, which))
+def stop_listener(broker: Managed, which: str, kill_sessions: bool) -> list[dict[str, Any]]:
+    """Accept no new connections; those open stay, or are closed (`kill_sessions`)."""
+    broker.stop_listener(_listener(broker, which), kill_sessions)
     return listeners(broker)
 
 

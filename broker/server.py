@@ -218,16 +218,20 @@ class Broker:
             raise ValueError(f"listeners[{index}] cannot start: {exc}") from None
         self.listeners_down.pop(index, None)
 
-    def stop_listener(self, index: int) -> None:
+    def stop_listener(self, index: int, kill_sessions: bool = False) -> None:
         """`nautilus admin listener stop`: accept no new connections (until `start`); the
-        connections open stay. /health says so while it lasts."""
+        connections open stay, unless `kill_sessions` (VerneMQ's flag): those are closed
+        (MQTT 5: 0x98), their sessions go offline. /health says so while it lasts."""
         name = _listener_name(index, self.config.listeners[index])
         server = self._servers.pop(index, None)
         if server is None:
             raise ValueError(f"{name} is not running")
         server.close()  # the listening socket only: accepted connections are not its
         self.listeners_down[index] = f"{name} stopped (nautilus admin listener start)"
-        log.warning("%s stopped by an operator: no new connections", name)
+        closed = [c for c in self.connections if c.listener == index] if kill_sessions else []
+        for connection in closed:
+            connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
+        log.warning("%s stopped by an operator: no new connections, %d closed", name, len(closed))
 
     def admin_request(self, command: str, arguments: dict[str, Any]) -> Any:
         """(cluster Host) Another node's part of a cluster-wide admin command."""

@@ -9,7 +9,7 @@ talking to a running broker's HTTP server.
       session unsubscribe CONDITIONS         the subscriptions matched (--topic=F, ...)
       set KEY=VALUE ...                      on every node, until the next start
       show settings                          what `set` may change, each node's value
-      listener show | start ADDRESS | stop ADDRESS
+      listener show | start ADDRESS | stop ADDRESS [--kill-sessions]
       sessions [--client-id TEXT] [--online | --offline]
       client CLIENT_ID                       subscriptions and queue
       disconnect CLIENT_ID [--cleanup]       --cleanup: delete the session too
@@ -104,6 +104,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     listener = commands.add_parser("listener", help="this node's MQTT listeners")
     listener.add_argument("action", choices=["show", "start", "stop"])
     listener.add_argument("address", nargs="?", default="", help="start, stop: which one")
+    listener.add_argument(
+        "--kill-sessions", action="store_true", help="stop: close its connections too"
+    )
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     commands.add_parser("cluster-show", help="the cluster's members")
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
@@ -167,7 +170,10 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str] | Query]:
         case "show":
             return "settings/show", {}
         case "listener":
-            return f"listener/{args.action}", ({"address": args.address} if args.address else {})
+            query = {"address": args.address} if args.address else {}
+            if args.kill_sessions:
+                query["kill_sessions"] = "true"
+            return f"listener/{args.action}", query
         case "sessions":  # every field; --client-id: ids containing TEXT, as ever
             query = {"client_id": "~" + re.escape(args.client_id)} if args.client_id else {}
             if args.online is not None:

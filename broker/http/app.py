@@ -209,7 +209,9 @@ class HttpServer:
             "settings/show": lambda a: admin.show_settings(broker),
             "listener/show": lambda a: admin.listeners(broker),
             "listener/start": lambda a: admin.start_listener(broker, a.required("address")),
-            "listener/stop": lambda a: admin.stop_listener(broker, a.required("address")),
+            "listener/stop": lambda a: admin.stop_listener(
+                broker, a.required("address"), bool(a.flag("kill_sessions"))
+            ),
             "retain/show": lambda a: admin.retained(
                 broker, a.text("topic") or "#", a.number("limit", 1000)
             ),

@@ -10,12 +10,13 @@ import socket
 
 import pytest
 
-from tests.broker.helpers import PINGREQ_BYTES, PINGRESP
+from tests.broker.helpers import DISCONNECT, PINGREQ_BYTES, PINGRESP, V5
 
 from .conftest import api, error, get, table
 from .test_commands import admin
 
 IDENTIFIER_REJECTED = 2  # MQTT 3.1.1 CONNACK
+ADMINISTRATIVE_ACTION = 0x98
 
 
 def setting(server, key: str, name: str) -> dict:
@@ -116,11 +117,15 @@ def test_a_stopped_listener_refuses_connections_and_keeps_the_open_ones(keyed_br
     assert "address" in error(api(server, "listener/stop", key), 400)
 
 
-def test_listener_from_the_command_line(keyed_broker, tmp_path):
+def test_listener_from_the_command_line(keyed_broker, raw_client, tmp_path):
     server, key = keyed_broker()
-    stop = admin(server, "listener", "stop", "0", key=key, cwd=tmp_path)
+    dropped = raw_client(server, V5)
+    dropped.connect("dropped")
+    stop = admin(server, "listener", "stop", "0", "--kill-sessions", key=key, cwd=tmp_path)
     assert stop.returncode == 0, stop.stderr
     assert "stopped" in stop.stdout
+    (packet,) = dropped.expect_closed()  # --kill-sessions: its connections go too
+    assert (packet.type, packet.reason_code) == (DISCONNECT, ADMINISTRATIVE_ACTION)
     start = admin(server, "listener", "start", "0", key=key, cwd=tmp_path)
     assert "running" in start.stdout
     which = admin(server, "listener", "stop", key=key, cwd=tmp_path)
