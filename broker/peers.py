@@ -96,7 +96,7 @@ class Peers(Protocol):
     ) -> list[Answer]:
         """Run an admin command (broker/admin.py's `HERE`) on every other node alive
         (or on those of `nodes` that are), at once; a node that does not answer within
-        ADMIN_TIMEOUT is one Answer with that error, not a wait. None alone."""
+        ADMIN_TIMEOUT is one Answer with that error, not a wait. Alone: nobody to ask."""
         ...
 
 
