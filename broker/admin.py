@@ -1,7 +1,13 @@
 """What an operator can ask of a running broker, whatever carries the request (the HTTP
 admin API, `nautilus admin`): sessions, one client's subscriptions and queue, disconnects,
-retained messages, metrics and plugins. Plain functions over the broker (as `Managed`) returning
-plain data (JSON-ready), so the API stays a thin translation and the operations are testable.
+retained messages, metrics, plugins, run-time settings and listeners. Plain functions over
+the broker (as `Managed`) returning plain data (JSON-ready), so the API stays a thin
+translation and the operations are testable.
+
+Session queries, disconnects and unsubscribes by query, and settings run on every node of
+a cluster (`everywhere`): this node runs its part (`HERE`), the others theirs, asked in an
+ADMIN frame (broker/peers.py's `ask_others`), and the rows come back tagged with `node`;
+a node that does not answer is an error beside the rows, not a hung command.
 """
 
 from __future__ import annotations
@@ -10,12 +16,16 @@ import asyncio
 import base64
 import inspect
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker import runtime_settings, session_query
 from broker.message import Message
 from broker.mountpoints import inside, outside, subscriber_id
 from broker.mountpoints import problem as mountpoint_problem
 from broker.protocol import ReasonCode
+from broker.session_query import Query
 from broker.topics import valid_topic_filter
 from hooks.side_doors import side_doors
 
@@ -49,6 +59,7 @@ class Managed(Protocol):
     stopping: bool
     listening: list[tuple[str, int]]  # each listener's address; ("", 0): not started
     listeners_down: dict[int, str]  # listener index -> why it is not started
+    listener_connections: list[int]  # connections open, per listener
 
     def gauges(self) -> dict[str, int]: ...
 
@@ -56,46 +67,19 @@ class Managed(Protocol):
 
     def set_plugin_enabled(self, name: str, enabled: bool) -> None: ...
 
+    async def start_listener(self, index: int) -> None: ...
+
+    def stop_listener(self, index: int, kill_sessions: bool = False) -> None: ...
+
 
 class NotFound(LookupError):
     """No such client, topic or plugin."""
 
 
-def _connections_by_client(broker: Managed) -> dict[str, Connection]:
-    """The connected clients by subscriber id (the registry's key)."""
-    return {c.client.subscriber_id: c for c in broker.connections if c.session is not None}
-
-
-def sessions(broker: Managed, client_id: str = "", online: bool | None = None) -> list[dict]:
-    """Every session (online and offline), optionally those whose client id contains
-    `client_id`, or only the online / offline ones; VerneMQ's `session show` columns."""
-    connected = _connections_by_client(broker)
-    rows = []
-    for cid, session in sorted(broker.registry.items()):
-        if client_id and client_id not in cid:
-            continue
-        if online is not None and session.online != online:
-            continue
-        rows.append(_session_row(session, connected.get(cid)))
-    return rows
-
-
-def _session_row(session: Session, connection: Connection | None) -> dict[str, Any]:
-    client = connection.client if connection is not None else None
-    return {
-        "client_id": session.client_id,
-        "is_online": session.online,
-        "peer_host": client.peer[0] if client else None,
-        "peer_port": client.peer[1] if client else None,
-        "user": client.username if client else None,
-        "mountpoint": session.mountpoint,
-        "protocol": client.protocol_level if client else None,
-        "clean_session": session.expiry == 0,
-        "session_expiry": session.expiry,
-        "queue_size": len(session.queue) + session.on_disk,
-        "waiting_acks": len(session.inflight),
-        "num_subscriptions": len(session.subscriptions),
-    }
+def _connections_of(broker: Managed, session: Session) -> list[Connection]:
+    """The connections attached to a registered session (several with
+    allow_multiple_sessions: each attached to a member, whose owner it is)."""
+    return [c for c in broker.connections if c.session is not None and c.session.owner is session]
 
 
 def client(broker: Managed, client_id: str, mountpoint: str = "") -> dict[str, Any]:
@@ -104,7 +88,8 @@ def client(broker: Managed, client_id: str, mountpoint: str = "") -> dict[str, A
     session = broker.registry.get(key)
     if session is None:
         raise NotFound(f"no session for client id {client_id!r}{_on(mountpoint)}")
-    row = _session_row(session, _connections_by_client(broker).get(key))
+    node = broker.settings.node_name
+    row = session_query.session_row(node, session, _connections_of(broker, session))
     row["subscriptions"] = [
         {
             "topic": outside(topic_filter),
@@ -123,25 +108,195 @@ def client(broker: Managed, client_id: str, mountpoint: str = "") -> dict[str, A
     return row
 
 
-def disconnect(
-    broker: Managed, client_id: str, cleanup: bool = False, mountpoint: str = ""
-) -> dict[str, bool]:
-    """Close the client's connection (MQTT 5 clients get DISCONNECT 0x98, administrative
-    action); with `cleanup`, its session is deleted too (subscriptions and queue)."""
-    key = subscriber_id(mountpoint, client_id)
-    # Every connection of the client id (several with allow_multiple_sessions).
-    connections = [
-        c for c in broker.connections if c.session is not None and c.client.subscriber_id == key
-    ]
-    had_session = key in broker.registry
-    if not connections and not (cleanup and had_session):
-        raise NotFound(f"client id {client_id!r}{_on(mountpoint)} is not connected")
-    for connection in connections:
-        connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
-    session = broker.registry.get(key)  # closing may have ended it
-    if cleanup and session is not None:
-        broker.registry.end(session)
-    return {"disconnected": bool(connections), "deleted": cleanup and had_session}
+# -- on every node of the cluster -------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Gathered:
+    """A command's rows from every node that answered, and those that did not."""
+
+    rows: list[dict[str, Any]]
+    errors: list[dict[str, str]] = field(default_factory=list)  # {"node", "error"}
+    truncated: bool = False  # more rows matched than the limit let through
+
+
+async def everywhere(
+    broker: Managed, command: str, arguments: dict[str, Any], nodes: set[str] | None = None
+) -> Gathered:
+    """Run `command` (one of HERE) on this node and on every other one alive (those of
+    `nodes` only, if given); each row says its node."""
+    here = broker.settings.node_name
+    rows = run_here(broker, command, arguments) if nodes is None or here in nodes else []
+    gathered = Gathered(list(rows))
+    for answer in await broker.peers.ask_others(command, arguments, nodes):
+        if answer.error is not None:
+            gathered.errors.append({"node": answer.node, "error": answer.error})
+        else:
+            gathered.rows += answer.result
+    return gathered
+
+
+def run_here(broker: Managed, command: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """One node's part of a cluster-wide command (also what another node's ADMIN frame
+    asks of this one): ValueError for arguments it cannot take."""
+    operation = HERE.get(command)
+    if operation is None:
+        raise LookupError(f"no admin command {command!r} on this node")
+    return operation(broker, arguments)
+
+
+async def session_show(broker: Managed, query: Query) -> Gathered:
+    """`session show`: the rows of every node, at most `limit` (one more asked of each
+    node, so that a cut is known)."""
+    arguments = query.wire(limit=query.limit + 1)
+    gathered = await everywhere(broker, "session/show", arguments, query.nodes())
+    gathered.truncated = len(gathered.rows) > query.limit
+    del gathered.rows[query.limit :]
+    return gathered
+
+
+async def session_disconnect(broker: Managed, query: Query, cleanup: bool) -> Gathered:
+    """Close the connections of the sessions the query matches (MQTT 5: DISCONNECT 0x98,
+    administrative action); with `cleanup`, delete those sessions too."""
+    _filtered(query, "disconnect")
+    arguments = {"query": query.wire(), "cleanup": cleanup}
+    gathered = await everywhere(broker, "session/disconnect", arguments, query.nodes())
+    if not gathered.rows and not gathered.errors:
+        raise NotFound("no session matches" if cleanup else "no connected session matches")
+    return gathered
+
+
+async def session_unsubscribe(broker: Managed, query: Query) -> Gathered:
+    """Remove the subscriptions the query matches (--topic=F: that filter; no topic
+    condition: all of the matched sessions')."""
+    _filtered(query, "unsubscribe")
+    gathered = await everywhere(broker, "session/unsubscribe", query.wire(), query.nodes())
+    if not gathered.rows and not gathered.errors:
+        raise NotFound("no subscription matches")
+    return gathered
+
+
+def _filtered(query: Query, command: str) -> None:
+    if not query.filtered:
+        raise ValueError(
+            f"session {command}: give a condition (--client_id=ID, --user=~^test-, ...); "
+            "without one it would act on every session"
+        )
+
+
+async def set_settings(broker: Managed, pairs: list[tuple[str, str]]) -> Gathered:
+    """`set KEY=VALUE ...` on every node; checked here first, so that a bad key or value
+    changes nothing anywhere (ValueError)."""
+    return await everywhere(broker, "settings/set", runtime_settings.parse(pairs))
+
+
+async def show_settings(broker: Managed) -> Gathered:
+    return await everywhere(broker, "settings/show", {})
+
+
+def _show_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    query = Query.from_wire(arguments)
+    node = broker.settings.node_name
+    return session_query.select(query, node, broker.registry.values(), broker.connections)
+
+
+def _disconnect_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    query, cleanup = Query.from_wire(arguments["query"]), bool(arguments["cleanup"])
+    node = broker.settings.node_name
+    found = session_query.matching(query, node, broker.registry.values(), broker.connections)
+    rows = []
+    for session in dict.fromkeys(session for session, _ in found):  # once each, in order
+        connections = _connections_of(broker, session)
+        if not connections and not cleanup:
+            continue
+        for connection in connections:
+            connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
+        if cleanup and broker.registry.get(session.subscriber_id) is session:  # (closing may
+            broker.registry.end(session)  # have ended it)
+        rows.append(
+            {
+                "node": node,
+                "mountpoint": session.mountpoint,
+                "client_id": session.client_id,
+                "disconnected": bool(connections),
+                "deleted": cleanup,
+            }
+        )
+    return rows
+
+
+def _unsubscribe_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    query = Query.from_wire(arguments)
+    node = broker.settings.node_name
+    sessions, connections = broker.registry.values(), broker.connections
+    rows = []
+    for session, row in list(session_query.matching(query, node, sessions, connections, True)):
+        broker.registry.unsubscribe(session, inside(session.mountpoint, row["topic"]))
+        rows.append({key: row[key] for key in ("node", "mountpoint", "client_id", "topic")})
+    return rows
+
+
+HERE: dict[str, Callable[[Managed, dict[str, Any]], list[dict[str, Any]]]] = {
+    "session/show": _show_here,
+    "session/disconnect": _disconnect_here,
+    "session/unsubscribe": _unsubscribe_here,
+    "settings/set": lambda broker, values: runtime_settings.apply(
+        broker.config, values, broker.settings.node_name
+    ),
+    "settings/show": lambda broker, _: runtime_settings.show(
+        broker.config, broker.settings.node_name
+    ),
+}
+
+
+# -- listeners (this node's) ------------------------------------------------------------
+
+
+def listeners(broker: Managed) -> list[dict[str, Any]]:
+    """Each MQTT listener: kind, address (the one bound, once it was), whether it
+    accepts connections, and how many it holds."""
+    rows = []
+    for index, settings in enumerate(broker.config.listeners):
+        bound = broker.listening[index] if index < len(broker.listening) else ("", 0)
+        rows.append(
+            {
+                "listener": index,
+                "type": settings.type,
+                "address": _address(*bound) if bound[1] else settings.address,
+                "mountpoint": settings.mountpoint,
+                "state": "stopped" if index in broker.listeners_down else "running",
+                "connections": broker.listener_connections[index],
+                "max_connections": settings.max_connections,
+            }
+        )
+    return rows
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listener(broker: Managed, which: str) -> int:
+    """The index of the listener `which` names: its index, or its address (as bound, or
+    as configured)."""
+    for row in listeners(broker):
+        index = row["listener"]
+        if which in (str(index), row["address"], broker.config.listeners[index].address):
+            return index
+    known = ", ".join(row["address"] for row in listeners(broker))
+    raise NotFound(f"no listener {which!r} (listeners: {known})")
+
+
+async def start_listener(broker: Managed, which: str) -> list[dict[str, Any]]:
+    """Accept connections again (on the address it had; ValueError: it cannot)."""
+    await broker.start_listener(_listener(broker, which))
+    return listeners(broker)
+
+
+def stop_listener(broker: Managed, which: str, kill_sessions: bool) -> list[dict[str, Any]]:
+    """Accept no new connections; those open stay, or are closed (`kill_sessions`)."""
+    broker.stop_listener(_listener(broker, which), kill_sessions)
+    return listeners(broker)
 
 
 def retained(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +56,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_reading",
         "_timer",
+        "connected_at",
         "engine",
         "host",
         "last_seen",
@@ -72,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.engine = ClientEngine(host, self, self.writer, self.loop.time, listener)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.last_seen = 0.0
+        self.connected_at = int(time.time())  # unix seconds: session show's session_started_at
         self._reading = True  # the transport is read (not paused for the engine)
         self._timer: asyncio.TimerHandle | None = None
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from broker.authorization import apply_publish_modifiers, refusal_reason
+from broker.authorization import apply_publish_modifiers, refusal_reason, subscriber_pair
 from broker.message import Message
+from broker.mountpoints import inside, subscriber_id
 from broker.topics import valid_topic_name
 from hooks import Ok, PublishContext, RegisterContext, Result
 from hooks.results import NO_HOOK
@@ -78,6 +79,7 @@ class OnBehalf:
     retain: bool = False
     properties: dict[int, Any] = field(default_factory=dict)  # MQTT 5 (User Properties)
     client_id: str = ""  # "": one is made up, as for an MQTT 5 CONNECT without one
+    mountpoint: str = ""  # the topic tree it publishes in (broker/mountpoints.py)
     username: str | None = None
     password: bytes | None = None
     peer: tuple[str, int] = ("", 0)  # who sent the request
@@ -105,6 +107,7 @@ async def publish(host: PublishHost, request: OnBehalf) -> PublishContext:
         request.qos,
         request.retain,
         request.properties,
+        mountpoint=register.mountpoint,
     )
     chain = host.chains.auth_on_publish[True]
     if chain:
@@ -140,6 +143,7 @@ def _check(host: PublishHost, request: OnBehalf) -> None:
 def _register_context(request: OnBehalf) -> RegisterContext:
     return RegisterContext(
         client_id=request.client_id or f"auto-{uuid.uuid4().hex}",
+        mountpoint=request.mountpoint,
         username=request.username,
         session_id=str(uuid.uuid4()),
         peer=request.peer,
@@ -158,6 +162,9 @@ def _apply_register_modifiers(
     how large it may be (the session's settings have no session to go to)."""
     context.username = modifiers.get("username", context.username)
     context.client_id = modifiers.get("client_id", context.client_id)
+    if "subscriber_id" in modifiers:
+        context.mountpoint, context.client_id = subscriber_pair(modifiers["subscriber_id"])
+    context.mountpoint = modifiers.get("mountpoint", context.mountpoint)
     limit = modifiers.get("max_message_size")
     if limit and len(request.payload) > limit:
         raise Refused(Kind.INVALID, f"the payload is larger than this client's limit ({limit})")
@@ -176,16 +183,17 @@ def _register_failed(host: PublishHost, context: RegisterContext, result: Result
 def _route(host: PublishHost, context: PublishContext) -> None:
     """The allowed message on the path of any publish (broker/client/publish.py)."""
     routing = host.routing
-    if host.flow.congested and routing.full_subscribers(context.topic):
+    topic = inside(context.mountpoint, context.topic)
+    if host.flow.congested and routing.full_subscribers(topic):
         # An MQTT publisher would be held until they catch up; a request is not held.
         raise Refused(Kind.UNAVAILABLE, "subscribers of this topic are behind; try again")
     message = Message(
-        context.topic,
+        topic,
         context.payload,
         context.qos,
         context.retain,
         context.properties,
-        context.client_id,
+        subscriber_id(context.mountpoint, context.client_id),
         now=host.loop.time(),
     )
     matched = context.matched_acl

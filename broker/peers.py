@@ -7,14 +7,23 @@ core never asks whether there is a cluster, it tells its Peers and goes on.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from broker.cluster.metadata import Registration
     from broker.message import Message
     from broker.session import Session
     from hooks import Metric
+
+
+class Answer(NamedTuple):
+    """One node's answer to an operator's request (`ask_others`): its result, or why
+    there is none."""
+
+    node: str
+    error: str | None
+    result: Any
 
 
 class Peers(Protocol):
@@ -82,6 +91,14 @@ class Peers(Protocol):
         sessions, one that cannot be reached is removed (ValueError: cannot)."""
         ...
 
+    async def ask_others(
+        self, command: str, arguments: dict[str, Any], nodes: Iterable[str] | None = None
+    ) -> list[Answer]:
+        """Run an admin command (broker/admin.py's `HERE`) on every other node alive
+        (or on those of `nodes` that are), at once; a node that does not answer within
+        ADMIN_TIMEOUT is one Answer with that error, not a wait. Alone: nobody to ask."""
+        ...
+
 
 class Alone:
     """The Peers of a node that is not in a cluster."""
@@ -131,6 +148,11 @@ class Alone:
 
     async def leave(self, node: str) -> str:
         raise ValueError("this node is not in a cluster ([cluster] address is empty)")
+
+    async def ask_others(
+        self, command: str, arguments: dict[str, Any], nodes: Iterable[str] | None = None
+    ) -> list[Answer]:
+        return []
 
 
 ALONE: Peers = Alone()

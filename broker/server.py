@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker import optional
+from broker import admin, optional
 from broker.client.flows import FLOWS
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
@@ -96,7 +96,7 @@ class Broker:
             for i, c in enumerate(config.listeners)
         ]
         self.descriptors = FileDescriptors(self.loop, self._connections_open)
-        self._servers: list[asyncio.Server] = []
+        self._servers: dict[int, asyncio.Server] = {}  # the listeners accepting, by index
         # TLS listeners' contexts, by listener index (a file that will not load: ConfigError).
         self.tls = {
             index: TlsListener(listener, f"listeners[{index}]")
@@ -173,34 +173,71 @@ class Broker:
         await self.peers.start()  # before clients: registrations need it
         self.descriptors.start()
         for index, listener in enumerate(self.config.listeners):
-            host, port = listener.host_port
+            self.listening.append(("", 0))  # keeps the list indexed by listener
             try:
-                factory, tls = self._protocols(index)
+                await self._open_listener(index, *listener.host_port)
             except optional.MissingLibrary as exc:  # this listener only: the others serve
                 log.error("%s", exc)
                 self.listeners_down[index] = str(exc)
-                self.listening.append(("", 0))  # keeps the list indexed by listener
-                continue
-            server = await self.loop.create_server(
-                factory,
-                host,
-                port,
-                reuse_address=True,
-                backlog=4096,
-                ssl=tls,
-                # A handshake that does not finish in time is dropped like a silent client.
-                ssl_handshake_timeout=self.settings.connect_timeout if tls else None,
-            )
-            self._servers.append(server)
-            address = server.sockets[0].getsockname()[:2]
-            self.listening.append(address)
-            tree = f", mountpoint {listener.mountpoint}" if listener.mountpoint else ""
-            log.info("listening for MQTT on %s:%s (%s%s)", *address, listener.type, tree)
         if self.http is not None:
             await self.http.start()
         if self.graphite is not None:
             self.graphite.start()
         self.systree.start()
+
+    async def _open_listener(self, index: int, host: str, port: int) -> None:
+        """Listen on `host`:`port` for listener `index` (MissingLibrary: a library its
+        layers need is not there; OSError: the address cannot be bound)."""
+        factory, tls = self._protocols(index)
+        server = await self.loop.create_server(
+            factory,
+            host,
+            port,
+            reuse_address=True,
+            backlog=4096,
+            ssl=tls,
+            # A handshake that does not finish in time is dropped like a silent client.
+            ssl_handshake_timeout=self.settings.connect_timeout if tls else None,
+        )
+        self._servers[index] = server
+        address = server.sockets[0].getsockname()[:2]
+        self.listening[index] = address
+        listener = self.config.listeners[index]
+        tree = f", mountpoint {listener.mountpoint}" if listener.mountpoint else ""
+        log.info("listening for MQTT on %s:%s (%s%s)", *address, listener.type, tree)
+
+    async def start_listener(self, index: int) -> None:
+        """`nautilus admin listener start`: accept connections again, on the address the
+        listener had (its port, when the config says 0); ValueError: it cannot."""
+        if index in self._servers:
+            raise ValueError(f"{_listener_name(index, self.config.listeners[index])} is running")
+        host, port = self.listening[index]
+        if not port:  # never started
+            host, port = self.config.listeners[index].host_port
+        try:
+            await self._open_listener(index, host, port)
+        except (optional.MissingLibrary, OSError) as exc:
+            raise ValueError(f"listeners[{index}] cannot start: {exc}") from None
+        self.listeners_down.pop(index, None)
+
+    def stop_listener(self, index: int, kill_sessions: bool = False) -> None:
+        """`nautilus admin listener stop`: accept no new connections (until `start`); the
+        connections open stay, unless `kill_sessions` (VerneMQ's flag): those are closed
+        (MQTT 5: 0x98), their sessions go offline. /health says so while it lasts."""
+        name = _listener_name(index, self.config.listeners[index])
+        server = self._servers.pop(index, None)
+        if server is None:
+            raise ValueError(f"{name} is not running")
+        server.close()  # the listening socket only: accepted connections are not its
+        self.listeners_down[index] = f"{name} stopped (nautilus admin listener start)"
+        closed = [c for c in self.connections if c.listener == index] if kill_sessions else []
+        for connection in closed:
+            connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
+        log.warning("%s stopped by an operator: no new connections, %d closed", name, len(closed))
+
+    def admin_request(self, command: str, arguments: dict[str, Any]) -> Any:
+        """(cluster Host) Another node's part of a cluster-wide admin command."""
+        return admin.run_here(self, command, arguments)
 
     def _protocols(
         self, index: int
@@ -273,7 +310,7 @@ class Broker:
     def send_clients_away(self) -> None:
         """The listeners close and every client is disconnected (MQTT 5: 0x8B); their
         sessions go offline (clean ones end)."""
-        for server in self._servers:
+        for server in self._servers.values():
             server.close()
         for reader in list(self.awaiting_header):
             reader.refuse("the broker is shutting down")
@@ -286,7 +323,7 @@ class Broker:
         self.stopping = True  # /health says 503 from now on, while connections close
         self.systree.stop()
         self.send_clients_away()
-        for server in self._servers:
+        for server in self._servers.values():
             await server.wait_closed()
         self._servers.clear()
         for task in list(self.tasks):

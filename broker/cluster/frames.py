@@ -42,6 +42,9 @@ SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[[key, object]]
 LEAVE = 25  # [LEAVE, ref] -> ANSWER [error or None, what it says]: leave, with your sessions
 TAKE = 26  # [TAKE, ref, client id, expiry] -> ACK: take this session (I am leaving)
 LEFT = 27  # [LEFT, ref, remove] -> ACK: pull my replicas (then remove me, if remove)
+# An operator's request run on every node (broker/admin.py: `nautilus admin session show`,
+# `set`, ...):
+ADMIN = 30  # [ADMIN, ref, command, arguments] -> ANSWER [error or None, result]
 
 _LENGTH = struct.Struct(">I")
 

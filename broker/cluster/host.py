@@ -4,7 +4,7 @@ cluster names it only through this protocol (it never imports broker/server.py).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings
@@ -32,3 +32,7 @@ class Host(Protocol):
 
     def send_clients_away(self) -> None:
         """No new clients, and the connected ones are disconnected (their sessions stay)."""
+
+    def admin_request(self, command: str, arguments: dict[str, Any]) -> Any:
+        """Another node's ADMIN request, run here: its result (ValueError or LookupError:
+        refused, the message says why)."""

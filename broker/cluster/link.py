@@ -172,6 +172,8 @@ class PeerLink(asyncio.Protocol):
         if not self.send(frames.encode(frame[0], ref, *frame[1:])):
             del self._requests[ref]
             future.set_exception(ConnectionError(f"the link to {self.node} is full"))
+        # A caller that gave up (a timeout cancels the future) leaves no entry behind.
+        future.add_done_callback(lambda _: self._requests.pop(ref, None))
         return future
 
     def _flush(self) -> None:

@@ -25,13 +25,14 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
 from broker.cluster.departure import Departure
 from broker.cluster.frames import (
     ACK,
+    ADMIN,
     ANSWER,
     DRAINED,
     ENQUEUE,
@@ -68,6 +69,7 @@ from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
 from broker.episodes import Episode
 from broker.message import Message
+from broker.peers import Answer
 from hooks import Metric
 
 if TYPE_CHECKING:
@@ -80,6 +82,9 @@ REAP_BATCH = 100  # sessions taken from a dead node per call
 DRAIN_TIMEOUT = 2.0  # seconds a stopping node waits for a peer that does not answer
 DRAIN_LIMIT = 30.0  # seconds a stopping node waits at most for its peers' DRAINED
 LEAVE_TIMEOUT = 10.0  # seconds a member asked to leave has to say whether it does
+# Seconds a node has to answer an admin request: one hung node is an error in the answer,
+# not an operator's command that hangs (VerneMQ's RPC timeouts, vernemq issue 2167).
+ADMIN_TIMEOUT = 3.0
 
 
 class Cluster:
@@ -608,8 +613,47 @@ class Cluster:
                 inbound.reply(DRAINED)
         elif kind == DRAINED:
             self.drained(inbound.node)
+        elif kind == ADMIN:
+            inbound.reply(ANSWER, frame[1], self._admin_answer(inbound.node, frame[2], frame[3]))
         else:
             raise ValueError(f"unknown frame kind {kind}")
+
+    def _admin_answer(self, node: str, command: str, arguments: dict[str, Any]) -> list[Any]:
+        """[error or None, result] of an ADMIN request from `node`. Any failure is an
+        answer: the asking operator is told, never left to time out."""
+        try:
+            return [None, self.host.admin_request(command, arguments)]
+        except (ValueError, LookupError) as exc:
+            return [str(exc), None]
+        except Exception as exc:
+            log.exception("cluster: admin request %r from %s failed", command, node)
+            return [f"{type(exc).__name__}: {exc}", None]
+
+    async def ask_others(
+        self, command: str, arguments: dict[str, Any], nodes: Iterable[str] | None = None
+    ) -> list[Answer]:
+        """(Peers) An admin command on the other nodes alive (of `nodes`), at once; a
+        dead one is said, not asked (what it would change, it does not)."""
+        wanted = set(nodes) if nodes is not None else None
+        others = [n for n in self.alive() if n != self.node and (wanted is None or n in wanted)]
+        # (Those `cluster status` lists: a node forgotten after its reaping is not.)
+        dead = [n for n in sorted(self.nodes) if n in self.dead and (wanted is None or n in wanted)]
+        answers = await asyncio.gather(*(self._ask(node, command, arguments) for node in others))
+        return [*answers, *(Answer(node, "declared dead: not asked", None) for node in dead)]
+
+    async def _ask(self, node: str, command: str, arguments: dict[str, Any]) -> Answer:
+        link = self.links.get(node)
+        if link is None or not link.up:
+            return Answer(node, f"no link to {node}", None)
+        try:
+            error, result = await asyncio.wait_for(
+                link.request(ADMIN, command, arguments), ADMIN_TIMEOUT
+            )
+        except TimeoutError:
+            return Answer(node, f"no answer within {ADMIN_TIMEOUT:g} s", None)
+        except ConnectionError as exc:
+            return Answer(node, str(exc), None)
+        return Answer(node, error, result)
 
     def join(self, address: str) -> str:
         """`nautilus cluster join ADDRESS` (metadata = "swc")."""

@@ -2,6 +2,14 @@
 talking to a running broker's HTTP server.
 
     nautilus admin [--url URL] [--key KEY] [--json] COMMAND ...
+      session show [--FIELD ...] [--FIELD=VALUE | --FIELD=~REGEX ...] [--limit N]
+                                             sessions across the cluster, VerneMQ's
+                                             vmq_ql (fields: docs/operations.md)
+      session disconnect CONDITIONS [--cleanup]
+      session unsubscribe CONDITIONS         the subscriptions matched (--topic=F, ...)
+      set KEY=VALUE ...                      on every node, until the next start
+      show settings                          what `set` may change, each node's value
+      listener show | start ADDRESS | stop ADDRESS [--kill-sessions]
       sessions [--client-id TEXT] [--online | --offline]
       client CLIENT_ID                       subscriptions and queue
       disconnect CLIENT_ID [--cleanup]       --cleanup: delete the session too
@@ -28,11 +36,16 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
+
+from broker.session_query import DEFAULT_FIELDS
+
+Query = list[tuple[str, str]]  # an API request's arguments, in order
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 
@@ -78,12 +91,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bridge = commands.add_parser("bridge", help="the bridges to other brokers")
     bridge.add_argument("action", choices=["show", "start", "stop"])
     bridge.add_argument("name", nargs="?", default="", help="start, stop: the bridge")
+    session = commands.add_parser(
+        "session",
+        help="query sessions across the cluster, disconnect them, remove subscriptions",
+        description="Terms: --FIELD (show it), --FIELD=VALUE, --FIELD=~REGEX (conditions), "
+        "--limit N; disconnect: --cleanup; --json.",
+    )
+    session.add_argument("action", choices=["show", "disconnect", "unsubscribe"])
+    session.add_argument("terms", nargs=argparse.REMAINDER, help="--FIELD[=[~]VALUE] ...")
+    setting = commands.add_parser("set", help="change settings on every node (not persisted)")
+    setting.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    show = commands.add_parser("show", help="show settings: what `set` may change")
+    show.add_argument("what", choices=["settings"])
+    listener = commands.add_parser("listener", help="this node's MQTT listeners")
+    listener.add_argument("action", choices=["show", "start", "stop"])
+    listener.add_argument("address", nargs="?", default="", help="start, stop: which one")
+    listener.add_argument(
+        "--kill-sessions", action="store_true", help="stop: close its connections too"
+    )
     commands.add_parser("cluster", help="the cluster's nodes, links and routing score")
     commands.add_parser("cluster-show", help="the cluster's members")
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
     leave = commands.add_parser("cluster-leave", help="a member leaves the cluster (swc)")
     leave.add_argument("node", nargs="?", default="", help="default: this node")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        _check(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
 
 
 def _tree(args: argparse.Namespace) -> dict[str, str]:
@@ -91,11 +127,62 @@ def _tree(args: argparse.Namespace) -> dict[str, str]:
     return {"mountpoint": args.mountpoint} if args.mountpoint else {}
 
 
-def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+def _check(args: argparse.Namespace) -> None:
+    """What argparse cannot see (ValueError): a session command's terms, set's pairs."""
+    if args.command == "session":
+        if "--json" in args.terms:  # VerneMQ puts it after the terms
+            args.terms = [term for term in args.terms if term != "--json"]
+            args.json = True
+        args.query = session_terms(args.terms)
+    elif args.command == "set":
+        args.query = [_pair(text) for text in args.settings]
+    elif args.command == "listener" and args.action != "show" and not args.address:
+        raise ValueError(f"listener {args.action}: which listener (its ADDRESS or index)")
+
+
+def _pair(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise ValueError(f"set: expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def session_terms(terms: list[str]) -> Query:
+    """`--FIELD`, `--FIELD=VALUE`, `--limit N` -> the API's arguments (the server checks
+    the names and values)."""
+    query: Query = []
+    words = iter(terms)
+    for term in words:
+        if not term.startswith("--") or term == "--":
+            raise ValueError(f"session: expected --FIELD or --FIELD=VALUE, got {term!r}")
+        name, equals, value = term[2:].partition("=")
+        if name == "limit" and not equals:
+            value = next(words, "")
+        elif name == "cleanup":
+            value = "true"
+        query.append((name, value))
+    return query
+
+
+def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str] | Query]:
     """The API path and query of a command."""
     match args.command:
-        case "sessions":
-            query = {"client_id": args.client_id} if args.client_id else {}
+        case "session":
+            query = args.query
+            if args.action == "show" and not any(value == "" for _, value in query):
+                query = [(name, "") for name in DEFAULT_FIELDS] + query  # VerneMQ's columns
+            return f"session/{args.action}", query
+        case "set":
+            return "set", args.query
+        case "show":
+            return "settings/show", {}
+        case "listener":
+            query = {"address": args.address} if args.address else {}
+            if args.kill_sessions:
+                query["kill_sessions"] = "true"
+            return f"listener/{args.action}", query
+        case "sessions":  # every field; --client-id: ids containing TEXT, as ever
+            query = {"client_id": "~" + re.escape(args.client_id)} if args.client_id else {}
             if args.online is not None:
                 query["online"] = args.online
             return "session/show", query
@@ -171,6 +258,10 @@ def main(argv: list[str]) -> int:
         print(f"nautilus admin: cannot reach {args.url}: {reason}", file=sys.stderr)
         return 1
     rows = answer.get("table", [])
+    for failed in answer.get("errors", []):  # a cluster-wide command: nodes without answer
+        print(f"nautilus admin: node {failed['node']}: {failed['error']}", file=sys.stderr)
+    if answer.get("truncated"):
+        print("nautilus admin: more rows matched (--limit N shows more)", file=sys.stderr)
     if args.json:
         print(json.dumps(answer, indent=2, ensure_ascii=False))
     elif args.command == "cluster" and rows:
@@ -179,7 +270,7 @@ def main(argv: list[str]) -> int:
         print_record(rows[0])
     else:
         print_table(rows)
-    return 0
+    return 1 if answer.get("errors") else 0
 
 
 def print_cluster(status: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from broker import admin
+from broker import admin, session_query
 from broker.config import host_port
 from broker.http import prometheus, publish, status
 from broker.http.access import PUBLISH_COMMAND, Refusal, refusal
@@ -35,6 +35,7 @@ from broker.http.api_keys import ApiKeys, KeysFileError
 from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
 from broker.on_behalf import PublishHost
+from broker.session_query import Query
 
 log = logging.getLogger("nautilus.http")
 
@@ -214,20 +215,21 @@ class HttpServer:
     def _admin_commands(self) -> dict[str, Handler]:
         broker = self.broker
         commands: dict[str, Callable[[Arguments], Any]] = {
-            "session/show": lambda a: admin.sessions(
-                broker, a.text("client_id"), a.flag("online", default=None)
-            ),
+            "session/show": lambda a: admin.session_show(broker, _query(a)),
             "session/client": lambda a: [
                 admin.client(broker, a.required("client_id"), a.text("mountpoint"))
             ],
-            "session/disconnect": lambda a: [
-                admin.disconnect(
-                    broker,
-                    a.required("client_id"),
-                    bool(a.flag("cleanup")),
-                    a.text("mountpoint"),
-                )
-            ],
+            "session/disconnect": lambda a: admin.session_disconnect(
+                broker, _query(a, "cleanup"), bool(a.flag("cleanup"))
+            ),
+            "session/unsubscribe": lambda a: admin.session_unsubscribe(broker, _query(a)),
+            "set": lambda a: admin.set_settings(broker, a.pairs),
+            "settings/show": lambda a: admin.show_settings(broker),
+            "listener/show": lambda a: admin.listeners(broker),
+            "listener/start": lambda a: admin.start_listener(broker, a.required("address")),
+            "listener/stop": lambda a: admin.stop_listener(
+                broker, a.required("address"), bool(a.flag("kill_sessions"))
+            ),
             "retain/show": lambda a: admin.retained(
                 broker, a.text("topic") or "#", a.number("limit", 1000), a.text("mountpoint")
             ),
@@ -259,9 +261,11 @@ class Arguments:
     alike) and VerneMQ's flags (`--cleanup`, or `cleanup=true`)."""
 
     def __init__(self, request: web.Request) -> None:
-        self.values = {
-            key.lstrip("-").replace("-", "_"): value for key, value in request.query.items()
-        }
+        # In order, repeats kept (a session query may name a field twice).
+        self.pairs = [
+            (key.lstrip("-").replace("-", "_"), value) for key, value in request.query.items()
+        ]
+        self.values = dict(self.pairs)
 
     def text(self, name: str) -> str:
         return self.values.get(name, "")
@@ -303,9 +307,23 @@ def _table(command: Callable[[Arguments], Any]) -> Handler:
             return web.json_response({"type": "error", "error": str(exc)}, status=404)
         except ValueError as exc:
             return web.json_response({"type": "error", "error": str(exc)}, status=400)
+        if isinstance(rows, admin.Gathered):  # a cluster-wide command: who did not answer
+            return web.json_response(_gathered(rows), dumps=_dumps)
         return web.json_response({"type": "table", "table": rows}, dumps=_dumps)
 
     return handle
+
+
+def _gathered(gathered: admin.Gathered) -> dict[str, Any]:
+    answer: dict[str, Any] = {"type": "table", "table": gathered.rows, "errors": gathered.errors}
+    if gathered.truncated:
+        answer["truncated"] = True
+    return answer
+
+
+def _query(arguments: Arguments, *options: str) -> Query:
+    """A session query from the arguments, but for the command's own `options`."""
+    return session_query.parse([(k, v) for k, v in arguments.pairs if k not in options])
 
 
 def _whose(arguments: Arguments) -> tuple[str | None, str | None]:

@@ -4,7 +4,7 @@ authentication, authorization and routing are broker/on_behalf.py's.
 
 A request comes in one of two shapes:
 - JSON (`Content-Type: application/json`): `{"topic", "payload", "qos", "retain",
-  "client_id", "user" (or "username"), "password", "user_properties": [{"name":
+  "client_id", "mountpoint", "user" (or "username"), "password", "user_properties": [{"name":
   "value"}, ...]}`;
 - anything else: the same fields as query parameters, and the body as the payload, byte
   for byte (unless a `payload` parameter is given).
@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.mountpoints import problem as mountpoint_problem
 from broker.on_behalf import Kind, OnBehalf, PublishHost, Refused, publish
 from broker.protocol import Property
 
@@ -52,6 +53,7 @@ def handler(host: PublishHost) -> Callable[[web.Request], Awaitable[web.Response
             "qos": published.qos,
             "retain": published.retain,
             "client_id": published.client_id,
+            "mountpoint": published.mountpoint,
             "username": published.username,
         }
         return web.json_response({"type": "table", "table": [row]})
@@ -88,6 +90,7 @@ async def read(request: web.Request) -> OnBehalf:
         retain=_flag(fields.get("retain", False), "retain"),
         properties=_user_properties(fields.get("user_properties")),
         client_id=_text(fields, "client_id") or "",
+        mountpoint=_mountpoint(_text(fields, "mountpoint") or ""),
         username=_text(fields, "user") or _text(fields, "username"),  # user: VerneMQ's
         password=None if password is None else password.encode("utf-8"),
         peer=_address(transport.get_extra_info("peername") if transport else None),
@@ -100,6 +103,13 @@ def _text(fields: Mapping[str, Any], name: str) -> str | None:
     value = fields.get(name)
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name}: expected text, got {json.dumps(value)}")
+    return value
+
+
+def _mountpoint(value: str) -> str:
+    why = mountpoint_problem(value)
+    if why is not None:
+        raise ValueError(f"mountpoint: {why}")
     return value
 
 

@@ -16,6 +16,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from broker import admin
 from broker.config import ConfigError, config_from_dict
 from broker.mountpoints import inside, outside, split_subscriber_id, subscriber_id
+from broker.session_query import parse
 from hooks import Ok, RegisterContext
 from tests.broker.helpers import V5, V311, WillSpec, unique_id
 
@@ -94,15 +95,21 @@ def test_the_same_client_id_on_two_mountpoints_is_two_sessions(trees, paho_clien
     b.subscribe("y", 1)
     paho_client(at["a"]).publish("x", b"for a", 1)
     assert a.expect_message().payload == b"for a"  # still connected: b took nothing over
-    rows = server.call(admin.sessions, server.broker)
-    online = {(row["mountpoint"], row["client_id"]) for row in rows if row["is_online"]}
-    assert {("tenant-a", "dev-1"), ("tenant-b", "dev-1")} <= online
+    for mountpoint in ("tenant-a", "tenant-b"):
+        row = server.call(admin.client, server.broker, "dev-1", mountpoint)
+        assert (row["mountpoint"], row["client_id"], row["is_online"]) == (
+            mountpoint,
+            "dev-1",
+            True,
+        )
     client_a = server.call(admin.client, server.broker, "dev-1", "tenant-a")
     assert [s["topic"] for s in client_a["subscriptions"]] == ["x"]
     assert client_a["mountpoint"] == "tenant-a"
     with pytest.raises(admin.NotFound, match="on mountpoint 'tenant-c'"):
         server.call(admin.client, server.broker, "dev-1", "tenant-c")
-    assert server.call(admin.disconnect, server.broker, "dev-1", False, "tenant-b")["disconnected"]
+    query = parse([("client_id", "dev-1"), ("mountpoint", "tenant-b")])
+    gone = server.call(admin.session_disconnect, server.broker, query, False).rows
+    assert [(row["mountpoint"], row["disconnected"]) for row in gone] == [("tenant-b", True)]
     b.expect_disconnected()
     a.publish("x", b"still here", 1)
     assert a.expect_message().payload == b"still here"
@@ -246,3 +253,20 @@ def test_sessions_and_retained_messages_of_a_tree_survive_a_restart(trees, paho_
     other = paho_client(at["default"])
     other.subscribe("#", 1)
     other.expect_no_message()
+
+
+def test_session_queries_show_and_unsubscribe_a_trees_subscriptions(trees, paho_client):
+    server, at = trees()
+    client = paho_client(at["a"], client_id="q-1")
+    client.subscribe("$share/g/jobs/#", 1)
+    client.subscribe("x", 1)
+    conditions = [("mountpoint", "tenant-a"), ("client_id", "q-1"), ("topic", "x")]
+    shown_fields = [("mountpoint", ""), ("topic", "")]  # a name alone: show that field
+    shown = server.call(admin.session_show, server.broker, parse(conditions + shown_fields)).rows
+    assert [(row["mountpoint"], row["topic"]) for row in shown] == [("tenant-a", "x")]
+    server.call(admin.session_unsubscribe, server.broker, parse(conditions))
+    paho_client(at["a"]).publish("x", b"after", 1)
+    client.expect_no_message()
+    every = parse([("mountpoint", "tenant-a"), ("topic", "")])  # the topic field, of tenant-a's
+    topics = [row["topic"] for row in server.call(admin.session_show, server.broker, every).rows]
+    assert topics == ["$share/g/jobs/#"]

@@ -105,9 +105,9 @@ class Node(ClusterNode):
         return process.lines
 
 
-def admin(node: ClusterNode, command: str, **query: str) -> list[dict[str, Any]]:
-    """One admin API command (`/api/v1/<command>`), its table."""
-    url = f"http://{HOST}:{node.http_port}/api/v1/{command}"
+def admin(at: ClusterNode, command: str, **query: str) -> list[dict[str, Any]]:
+    """One admin API command (`/api/v1/<command>`) of node `at`, its table."""
+    url = f"http://{HOST}:{at.http_port}/api/v1/{command}"
     if query:
         url += "?" + urllib.parse.urlencode(query)
     request = urllib.request.Request(url, method="POST", headers={"x-api-key": API_KEY})
@@ -336,7 +336,9 @@ def retained_seen(client: PahoClient, topic: str) -> Received | None:
 
 
 def session_rows(node: ClusterNode, client_id: str) -> list[dict[str, Any]]:
-    return [row for row in admin(node, "session/show") if row["client_id"] == client_id]
+    """The sessions of `client_id` on `node` (session/show asks every node but for
+    node=...)."""
+    return admin(node, "session/show", node=node.name, client_id=client_id)
 
 
 def settled(client: PahoClient, node: ClusterNode) -> None:

@@ -40,6 +40,11 @@ ADMINISTRATIVE_ACTION = 0x98
 REFUSED_V3 = 0x80
 
 
+def done(client_id: str, **what: bool) -> dict:
+    """A session/disconnect row (one node, the default mountpoint)."""
+    return {"node": "nautilus", "mountpoint": "", "client_id": client_id, **what}
+
+
 # --------------------------------------------------------------------------- keys
 
 
@@ -131,6 +136,8 @@ def test_sessions_online_and_offline_with_filters(keyed_broker, raw_client, paho
     assert offline == {
         "client_id": "fleet-offline",
         "is_online": False,
+        "is_offline": True,
+        "node": "nautilus",
         "peer_host": None,
         "peer_port": None,
         "user": None,
@@ -138,8 +145,12 @@ def test_sessions_online_and_offline_with_filters(keyed_broker, raw_client, paho
         "protocol": None,
         "clean_session": False,
         "session_expiry": offline["session_expiry"],
+        "session_started_at": None,
         "queue_size": 0,
+        "online_messages": 0,
+        "offline_messages": 0,
         "waiting_acks": 0,
+        "num_sessions": 0,
         "num_subscriptions": 1,
     }
     assert online["is_online"] is True
@@ -149,13 +160,16 @@ def test_sessions_online_and_offline_with_filters(keyed_broker, raw_client, paho
     assert online["num_subscriptions"] == 0
 
     assert table(api(server, "sessions", key)) == rows  # VerneMQ's alias
-    names = [r["client_id"] for r in table(api(server, "session/show", key, client_id="leet"))]
+    # client_id=TEXT is VerneMQ's equality; ~TEXT searches (what client_id=TEXT did once).
+    names = [r["client_id"] for r in table(api(server, "session/show", key, client_id="~leet"))]
     assert names == ["fleet-offline", "fleet-online"]
+    names = [r["client_id"] for r in table(api(server, "session/show", key, client_id="other"))]
+    assert names == ["other"]
     names = [r["client_id"] for r in table(api(server, "sessions", key, online="true"))]
     assert names == ["fleet-online", "other"]
     names = [r["client_id"] for r in table(api(server, "sessions", key, online="false"))]
     assert names == ["fleet-offline"]
-    both = api(server, "sessions", key, **{"client-id": "fleet", "online": "false"})
+    both = api(server, "sessions", key, **{"client-id": "~fleet", "online": "false"})
     assert [r["client_id"] for r in table(both)] == ["fleet-offline"]
     assert table(api(server, "sessions", key, client_id="nobody")) == []
     assert "online" in error(api(server, "sessions", key, online="maybe"), 400)
@@ -223,7 +237,7 @@ def test_disconnect_v5_gets_0x98_and_keeps_the_session_then_cleanup_deletes_it(
     client.subscribe(("kept/#", 1))
 
     reply = api(server, "session/disconnect", key, method="POST", client_id=client_id)
-    assert table(reply) == [{"disconnected": True, "deleted": False}]
+    assert table(reply) == [done(client_id, disconnected=True, deleted=False)]
     (packet,) = client.expect_closed()
     assert (packet.type, packet.reason_code) == (DISCONNECT, ADMINISTRATIVE_ACTION)
     (row,) = table(api(server, "session/client", key, client_id=client_id))
@@ -233,7 +247,7 @@ def test_disconnect_v5_gets_0x98_and_keeps_the_session_then_cleanup_deletes_it(
     # Not connected any more: only a cleanup has something to do.
     assert error(api(server, "session/disconnect", key, client_id=client_id), 404)
     reply = api(server, "session/disconnect", key, client_id=client_id, cleanup="true")
-    assert table(reply) == [{"disconnected": False, "deleted": True}]
+    assert table(reply) == [done(client_id, disconnected=False, deleted=True)]
     assert error(api(server, "session/client", key, client_id=client_id), 404)
     again = raw_client(server, V5)
     connack = again.connect(client_id, clean=False, properties={SESSION_EXPIRY_INTERVAL: 300})
@@ -250,7 +264,7 @@ def test_disconnect_with_the_cleanup_flag_of_an_online_client(keyed_broker, raw_
     reply = get(
         server, f"/api/v1/session/disconnect?client_id={client_id}&--cleanup", headers=basic(key)
     )
-    assert table(reply) == [{"disconnected": True, "deleted": True}]
+    assert table(reply) == [done(client_id, disconnected=True, deleted=True)]
     assert client.expect_closed() == []  # MQTT 3.1.1 has no DISCONNECT from the server
     assert error(api(server, "session/client", key, client_id=client_id), 404)
     assert table(api(server, "sessions", key)) == []
@@ -414,7 +428,7 @@ def test_disconnect_closes_every_connection_of_a_multi_session_client(keyed_brok
     for member in members:
         member.connect("shared-id", clean=False)
     reply = api(server, "session/disconnect", key, client_id="shared-id", cleanup="true")
-    assert table(reply) == [{"disconnected": True, "deleted": True}]
+    assert table(reply) == [done("shared-id", disconnected=True, deleted=True)]
     # The session is gone from the registry, so no connection may stay attached to it.
     assert table(api(server, "sessions", key)) == []
     assert [member.is_open(1.0) for member in members] == [False, False, False]

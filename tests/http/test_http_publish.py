@@ -18,7 +18,7 @@ import pytest
 from broker.http.access import PUBLISH
 from broker.http.api_keys import ApiKeys
 from plugins.passwd.hashes import make_hash
-from tests.broker.helpers import TIMEOUT, V5
+from tests.broker.helpers import TIMEOUT, V5, PahoClient
 from tests.cluster.nodes import cluster_of
 from tests.hooks.test_call_sites import RECORDER
 
@@ -100,6 +100,7 @@ def test_an_allowed_publish_reaches_subscribers_as_an_mqtt_one_would(secured, pa
         "qos": 1,
         "retain": True,
         "client_id": "gw-1",
+        "mountpoint": "",
         "username": "gateway",
     }
     got = sub.expect_message()
@@ -220,6 +221,7 @@ def test_the_hooks_see_a_client_and_their_modifiers_apply(keyed_broker, paho_cli
         "qos": 0,
         "retain": False,
         "client_id": "renamed",
+        "mountpoint": "",
         "username": "gateway",
     }
     got = sub.expect_message()
@@ -236,3 +238,25 @@ def test_the_hooks_see_a_client_and_their_modifiers_apply(keyed_broker, paho_cli
 
     too_large = post_json(server, key, gateway(topic="asked/t", payload="123456789"))
     assert error(too_large, 400) == "the payload is larger than this client's limit (8)"
+
+
+def test_a_publish_goes_to_the_mountpoint_it_names(keyed_broker, paho_client):
+    """The request's `mountpoint` is the tree it publishes in (docs/operations.md,
+    Mountpoints): a subscriber on that listener's tree gets it, the default tree's not."""
+    listeners = [{"address": "127.0.0.1:0"}, {"address": "127.0.0.1:0", "mountpoint": "t-a"}]
+    server, key = keyed_broker(listeners=listeners)
+    default = paho_client(server, V5)
+    default.subscribe("#", 1)
+    tenant = PahoClient(*server.broker.listening[1], V5)
+    try:
+        tenant.connect()
+        tenant.subscribe("#", 1)
+        reply = post_json(server, key, {"topic": "x/y", "payload": "hi", "mountpoint": "t-a"})
+        assert table(reply)[0]["mountpoint"] == "t-a"
+        got = tenant.expect_message()
+        assert (got.topic, got.payload) == ("x/y", b"hi")
+        default.expect_no_message()
+        bad = post_json(server, key, {"topic": "x", "payload": "", "mountpoint": "a/b"})
+        assert "mountpoint" in error(bad, 400)
+    finally:
+        tenant.close()
