@@ -58,12 +58,13 @@ def get(
     method: str = "GET",
     headers: dict[str, str] | None = None,
     query: dict[str, str] | None = None,
+    data: bytes | None = None,
 ) -> Reply:
     """One HTTP request to the broker's HTTP server (or to a base URL)."""
     url = (server if isinstance(server, str) else base_url(server)) + path
     if query:
         url += "?" + urllib.parse.urlencode(query)
-    request = urllib.request.Request(url, method=method, headers=headers or {})
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return Reply(response.status, dict(response.headers), response.read())

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
 
 import pytest
@@ -18,11 +15,11 @@ import pytest
 from broker.http.access import PUBLISH
 from broker.http.api_keys import ApiKeys
 from plugins.passwd.hashes import make_hash
-from tests.broker.helpers import TIMEOUT, V5, PahoClient
+from tests.broker.helpers import V5, PahoClient
 from tests.cluster.nodes import cluster_of
 from tests.hooks.test_call_sites import RECORDER
 
-from .conftest import Reply, base_url, basic, error, table
+from .conftest import Reply, basic, error, get, table
 
 ACL = """\
 user gateway
@@ -55,17 +52,8 @@ def secured(keyed_broker, keys_file, tmp_path):
 def post(
     server, key: str, body: bytes, content_type: str, method: str = "POST", **query: str
 ) -> Reply:
-    url = f"{base_url(server)}/api/v1/publish"
-    if query:
-        url += "?" + urllib.parse.urlencode(query)
     headers = {"Content-Type": content_type, **basic(key)}
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return Reply(response.status, dict(response.headers), response.read())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return Reply(exc.code, dict(exc.headers), exc.read())
+    return get(server, "/api/v1/publish", method=method, headers=headers, query=query, data=body)
 
 
 def post_json(server, key: str, fields: dict[str, Any], **query: str) -> Reply:
