@@ -88,12 +88,16 @@ def configured_plugins(config: Config) -> list[tuple[str, Any]]:
     """The plugins a whole config enables: [plugins.*], the event relay and the bridges."""
     sections = dict(config.plugins)
     if config.bridges:
-        tcp = [listener.address for listener in config.listeners if listener.type == "tcp"]
+        # The first tcp listener of each mountpoint: a bridge acts on its tree through it.
+        tcp: dict[str, str] = {}
+        for listener in config.listeners:
+            if listener.type == "tcp":
+                tcp.setdefault(listener.mountpoint, listener.address)
         sections["bridge"] = {
             "enabled": True,
             "module": BRIDGES,
             "tables": config.bridges,
-            "local_address": tcp[0] if tcp else "",
+            "local_addresses": tcp,
             "node_name": config.broker.node_name,
             "data_dir": config.store.path,
         }

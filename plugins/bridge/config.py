@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.config import ConfigError, Duration, build_section
+from broker.mountpoints import problem as mountpoint_problem
 from broker.topics import valid_topic_filter
 
 
@@ -65,8 +66,9 @@ def parse_bridges(tables: list[dict[str, object]]) -> list[BridgeSettings]:
             raise ConfigError(f"{where}.address: expected host:port, got {bridge.address!r}")
         if bridge.max_outgoing_buffered_messages < 0:
             raise ConfigError(f"{where}.max_outgoing_buffered_messages: must be 0 or more")
-        if bridge.mountpoint:
-            raise ConfigError(f"{where}.mountpoint: not available yet (no mountpoints)")
+        why = mountpoint_problem(bridge.mountpoint)
+        if why is not None:
+            raise ConfigError(f"{where}.mountpoint: {why}")
         if not bridge.topics:
             raise ConfigError(f"{where}.topics: at least one [[bridges.topics]] table")
         for j, rule in enumerate(bridge.topics):

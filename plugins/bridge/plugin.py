@@ -27,7 +27,9 @@ PLACEMENT_SETTLE = 2.0  # seconds a starting node waits before running any bridg
 @dataclass(slots=True)
 class BridgesConfig:
     tables: list[dict[str, Any]] = field(default_factory=list)
-    local_address: str = ""  # host:port of a TCP listener of this broker
+    # host:port of a TCP listener of this broker, per mountpoint: each bridge connects
+    # to this broker through its mountpoint's
+    local_addresses: dict[str, str] = field(default_factory=dict)
     data_dir: str = "./data"  # [store] path: persistent queues go under bridges/<name>
     node_name: str = "nautilus"
 
@@ -37,20 +39,18 @@ class BridgePlugin:
 
     def __init__(self, config: BridgesConfig) -> None:
         settings = parse_bridges(config.tables)
-        host, _, port = config.local_address.rpartition(":")
-        if not port.isdigit() or int(port) == 0:
-            raise ConfigError(
-                "bridges: need a tcp listener with a fixed port (the bridges connect to this "
-                f"broker through it), got {config.local_address or 'none'}"
-            )
-        local = Endpoint(host if host not in ("", "0.0.0.0") else "127.0.0.1", int(port))
         self.node = config.node_name
         self.alive: Callable[[], list[str] | None] = lambda: None  # placement() sets it
         self.held: set[str] = set()  # stopped at run time: not started again by placement
         self._placing: asyncio.Task[None] | None = None
         self.by_name = {
-            s.name: Bridge(s, local, config.node_name, _queue_dir(s, config.data_dir))
-            for s in settings
+            s.name: Bridge(
+                s,
+                _local_endpoint(s, i, config.local_addresses),
+                config.node_name,
+                _queue_dir(s, config.data_dir),
+            )
+            for i, s in enumerate(settings)
         }
 
     def placement(self, node: str, alive: Callable[[], list[str] | None]) -> None:
@@ -152,6 +152,19 @@ class BridgePlugin:
         else:
             self.held.add(name)  # stopped by an operator: placement leaves it stopped
             await bridge.stop()
+
+
+def _local_endpoint(settings: BridgeSettings, index: int, addresses: dict[str, str]) -> Endpoint:
+    """Where the bridge connects to this broker: the tcp listener of its mountpoint."""
+    address = addresses.get(settings.mountpoint, "")
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        tree = f'mountpoint "{settings.mountpoint}"' if settings.mountpoint else "no mountpoint"
+        raise ConfigError(
+            f"bridges[{index}]: needs a tcp listener with {tree} and a fixed port (the "
+            f"bridge connects to this broker through it), got {address or 'none'}"
+        )
+    return Endpoint(host if host not in ("", "0.0.0.0") else "127.0.0.1", int(port))
 
 
 def _queue_dir(settings: BridgeSettings, data_dir: str) -> str:

@@ -407,3 +407,37 @@ def test_a_remote_that_refuses_the_bridge_bit_gets_the_loop_check(bridged, start
     assert not bridge_of(server)._private  # it did fall back
     near.close()
     far.close()
+
+
+def test_a_bridge_with_a_mountpoint_acts_on_that_tree_only(start_broker, mosquitto):
+    bridge = {
+        "name": "b1",
+        "address": f"127.0.0.1:{mosquitto.port}",
+        "restart_timeout": 1,
+        "mountpoint": "t-a",
+        "topics": [
+            {"pattern": "up/#", "direction": "out"},
+            {"pattern": "down/#", "direction": "in"},
+        ],
+    }
+    listeners = [
+        {"type": "tcp", "address": f"127.0.0.1:{free_port()}"},
+        {"type": "tcp", "address": f"127.0.0.1:{free_port()}", "mountpoint": "t-a"},
+    ]
+    server = start_broker(listeners=listeners, bridges=[bridge])
+    ready(server)
+    default, tenant = (client(port) for _, port in server.broker.listening)
+    far = client(mosquitto.port)
+    assert far.subscribe("up/#", 1) == [1]
+    for near in (default, tenant):
+        assert near.subscribe("down/#", 1) == [1]
+    default.publish("up/x", b"default's", 1)  # another tree: not bridged
+    tenant.publish("up/x", b"t-a's", 1)
+    assert far.expect_message().payload == b"t-a's"
+    far.expect_no_message()
+    far.publish("down/y", b"in", 1)
+    got = tenant.expect_message()
+    assert (got.topic, got.payload) == ("down/y", b"in")
+    default.expect_no_message()
+    for made in (default, tenant, far):
+        made.close()

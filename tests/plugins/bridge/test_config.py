@@ -39,6 +39,7 @@ def test_vernemqs_settings_and_their_defaults():
         ({"topics": []}, r"bridges\[0\].topics: at least one"),
         ({"address": "example.com"}, r"bridges\[0\].address: expected host:port"),
         ({"mqtt_version": 6}, r"bridges\[0\].mqtt_version"),
+        ({"mountpoint": "a/b"}, r"bridges\[0\].mountpoint: a mountpoint cannot contain '/'"),
         ({"colour": "red"}, r"unknown config key 'bridges\[0\].colour'"),
     ],
 )
@@ -52,7 +53,12 @@ def test_two_bridges_of_one_name_are_refused():
         parse_bridges([GOOD, GOOD])
 
 
-def test_bridges_need_a_tcp_listener_with_a_fixed_port():
+def test_bridges_need_a_tcp_listener_of_their_mountpoint_with_a_fixed_port():
     section = {"enabled": True, "module": "plugins.bridge:BridgePlugin", "tables": [GOOD]}
-    with pytest.raises(ConfigError, match="need a tcp listener with a fixed port"):
-        load_plugins({"bridge": {**section, "local_address": "127.0.0.1:0"}})
+    with pytest.raises(ConfigError, match="needs a tcp listener with no mountpoint and a fixed"):
+        load_plugins({"bridge": {**section, "local_addresses": {"": "127.0.0.1:0"}}})
+    tenant = {**section, "tables": [{**GOOD, "mountpoint": "t-a"}]}
+    with pytest.raises(
+        ConfigError, match=r'bridges\[0\]: needs a tcp listener with mountpoint "t-a"'
+    ):
+        load_plugins({"bridge": {**tenant, "local_addresses": {"": "127.0.0.1:1883"}}})
