@@ -70,6 +70,7 @@ class BrokerSettings:
     systree_interval: Duration = 20  # type: ignore[assignment]
     systree_qos: int = 0
     systree_retain: bool = False
+    systree_mountpoint: str = ""  # the topic tree $SYS is published in ("": the default)
 
 
 @dataclass(slots=True)
@@ -441,6 +442,9 @@ def validate(config: Config) -> Config:
             raise ConfigError(f'listeners[{i}].path: expected a path such as "/mqtt"')
     if not config.listeners:
         raise ConfigError("listeners: at least one listener is needed")
+    why = mountpoint_problem(config.broker.systree_mountpoint)
+    if why is not None:
+        raise ConfigError(f"broker.systree_mountpoint: {why}")
     namespace = config.http.prometheus_namespace
     if namespace and not _METRIC_NAME.fullmatch(namespace):
         raise ConfigError(

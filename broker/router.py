@@ -33,6 +33,12 @@ def _wildcards_at_root(topic: str) -> bool:
     return not topic.startswith(("$", "\0"))
 
 
+def _wildcards_below_root(levels: list[str]) -> bool:
+    """A mountpoint's first level is its name: the '$' rule applies to the level after
+    it, the first of the tree's own topic."""
+    return not (levels[0][:1] == "\0" and len(levels) > 1 and levels[1][:1] == "$")
+
+
 def parse_shared(topic_filter: str) -> tuple[str, str] | None:
     """(group, filter) of a `$share/<group>/<filter>` filter, None for any other filter.
     The parts are not validated here (see topics.valid_shared_filter)."""
@@ -305,7 +311,8 @@ class Router:
             return
         exact = children.get(levels[depth])
         if exact is not None:
-            self._collect(exact, levels, depth + 1, True, out, add)
+            below = True if depth else _wildcards_below_root(levels)
+            self._collect(exact, levels, depth + 1, below, out, add)
         if wildcards:
             plus = children.get("+")
             if plus is not None:

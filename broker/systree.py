@@ -20,6 +20,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.message import Message
+from broker.mountpoints import inside
 from hooks.side_doors import side_doors
 
 if TYPE_CHECKING:
@@ -81,7 +82,9 @@ class SysTree:
         node = getattr(settings, "node_name", DEFAULT_NODE) if node is None else node
         self.broker = broker
         self.interval = interval
-        self.prefix = f"$SYS/{check_node_name(node)}/"
+        # In the tree of `systree_mountpoint` (VerneMQ's), "" the default one.
+        tree = getattr(settings, "systree_mountpoint", "")
+        self.prefix = inside(tree, f"$SYS/{check_node_name(node)}/")
         self.qos = getattr(settings, "systree_qos", 0) if qos is None else qos
         self.retain = getattr(settings, "systree_retain", False) if retain is None else retain
         self._topics: dict[str, str] = {}

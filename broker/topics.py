@@ -30,6 +30,12 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     a mountpoint's topics, "\0<mountpoint>/...", from the default tree's wildcards too)."""
     if topic.startswith(("$", "\0")) and topic_filter[:1] in ("+", "#"):
         return False
+    if topic[:1] == "\0":  # a mountpoint's: the rule again, for its own first level
+        tree, _, rest = topic.partition("/")
+        inner = topic_filter.removeprefix(tree + "/")
+        if inner == topic_filter:
+            return False
+        return topic_matches(inner, rest)
     filter_levels = topic_filter.split("/")
     topic_levels = topic.split("/")
     for i, level in enumerate(filter_levels):

@@ -270,3 +270,28 @@ def test_session_queries_show_and_unsubscribe_a_trees_subscriptions(trees, paho_
     every = parse([("mountpoint", "tenant-a"), ("topic", "")])  # the topic field, of tenant-a's
     topics = [row["topic"] for row in server.call(admin.session_show, server.broker, every).rows]
     assert topics == ["$share/g/jobs/#"]
+
+
+def test_the_dollar_rule_holds_inside_a_tree(trees, paho_client):
+    # [MQTT-4.7.2-1] for the tree's own first level: '#' and '+' skip its '$' topics.
+    _, at = trees()
+    wild = paho_client(at["a"], V5)
+    wild.subscribe([("#", 1), ("+/x", 1)])
+    dollar = paho_client(at["a"], V5)
+    dollar.subscribe("$app/#", 1)
+    publisher = paho_client(at["a"], V5)
+    publisher.publish("$app/x", b"dollar", 1)
+    assert dollar.expect_message().topic == "$app/x"
+    publisher.publish("plain/x", b"sentinel", 1)
+    assert [m.topic for m in wild.collect_until(b"sentinel")] == ["plain/x"]
+
+
+def test_sys_goes_to_the_systree_mountpoint(trees, paho_client):
+    server, at = trees(broker={"systree_mountpoint": "tenant-a", "node_name": "n1"})
+    watchers = {name: paho_client(at[name]) for name in ("a", "default")}
+    for watcher in watchers.values():
+        watcher.subscribe("$SYS/n1/mqtt/connect/received", 0)
+    server.call(server.broker.systree.publish)
+    got = watchers["a"].expect_message()
+    assert got.topic == "$SYS/n1/mqtt/connect/received"
+    watchers["default"].expect_no_message()

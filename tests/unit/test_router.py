@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.mountpoints import inside
 from broker.router import Route, Router, SharedGroup, SubOptions
 from broker.topics import topic_matches
 
@@ -16,18 +17,22 @@ from .fakes import FakeSubscriber
 # Few distinct words, so that random filters and topics often meet; "" is a legal level.
 WORDS = ["a", "b", "c", ""]
 topic_level = st.sampled_from(WORDS)
+# Some in a mountpoint's tree (broker/mountpoints.py): the trees must stay apart.
+trees = st.sampled_from(["", "", "m", "n"])
 topics = st.builds(
-    lambda first, rest: "/".join([first, *rest]),
+    lambda tree, first, rest: inside(tree, "/".join([first, *rest])),
+    trees,
     st.sampled_from([*WORDS, "$SYS", "$x"]),
     st.lists(topic_level, max_size=3),
 )
 filter_level = st.sampled_from([*WORDS, "+"])
 filters = st.builds(
-    lambda first, rest, hash_: "/".join([first, *rest] + (["#"] if hash_ else [])),
+    lambda tree, first, rest, hash_: inside(tree, "/".join([first, *rest] + (["#"] * hash_))),
+    trees,
     st.sampled_from([*WORDS, "+", "$SYS"]),
     st.lists(filter_level, max_size=3),
     st.booleans(),
-) | st.just("#")
+) | st.sampled_from(["#", inside("m", "#")])
 qos = st.integers(0, 2)
 
 
@@ -145,6 +150,22 @@ def test_dollar_topics_are_not_matched_by_leading_wildcards():
     router.subscribe(s["sys"], "$SYS/#", SubOptions(0))
     assert [r.subscriber for r in router.match("$SYS/broker/uptime")] == [s["sys"]]
     assert {r.subscriber for r in router.match("x/broker/uptime")} == {s["hash"], s["plus"]}
+
+
+def test_a_trees_topics_are_its_own_and_the_dollar_rule_holds_in_it():
+    router = Router()
+    s = {name: FakeSubscriber(name) for name in ("root", "tree", "dollar")}
+    router.subscribe(s["root"], "#", SubOptions(0))
+    router.subscribe(s["tree"], inside("m", "#"), SubOptions(0))
+    router.subscribe(s["dollar"], inside("m", "$app/#"), SubOptions(0))
+    assert [r.subscriber for r in router.match(inside("m", "a/b"))] == [s["tree"]]
+    assert [r.subscriber for r in router.match(inside("m", "$app/x"))] == [s["dollar"]]
+    assert [r.subscriber for r in router.match("a/b")] == [s["root"]]
+    assert router.match(inside("n", "a/b")) == []
+    assert topic_matches(inside("m", "#"), inside("m", "a")) and not topic_matches(
+        inside("m", "#"), inside("m", "$app/x")
+    )
+    assert not topic_matches("#", inside("m", "a")) and not topic_matches("+/a", inside("m", "a"))
 
 
 def test_overlapping_subscriptions_are_one_route():
