@@ -79,6 +79,9 @@ LAYERS = {
     "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O) and its flows
     "broker.plugins": 6,
     "broker.systree": 6,
+    "broker.trace": 1,  # one trace (options, rate limit, lines), and how lines show things
+    "broker.trace.tap": 7,  # a traced connection: what it reads and writes
+    "broker.trace.tracer": 8,  # the node's traces, switched on while there is one
     "broker.writer": 7,  # a connection's outgoing bytes, batched per loop turn
     "broker.connection": 7,
     "broker.proxy_protocol": 7,

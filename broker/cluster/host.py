@@ -7,6 +7,8 @@ import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.config import BrokerSettings
     from broker.flow import FlowControl
     from broker.metrics import Metrics
@@ -15,6 +17,28 @@ if TYPE_CHECKING:
     from broker.router import Router
     from broker.routing import Routing
     from broker.store import MessageStore
+    from broker.trace.trace import Sink, Trace, TraceLine, TraceSpec
+
+
+class Tracing(Protocol):
+    """What the cluster uses of the node's tracer (broker/trace/tracer.py): tracing.py's
+    parts of other nodes' traces, and the sessions moving (handover.py)."""
+
+    def follow(
+        self,
+        trace_id: int,
+        spec: TraceSpec,
+        sink: Sink,
+        ended: Callable[[Trace], None] | None = None,
+    ) -> Trace: ...
+
+    def relay(self, trace_id: int, line: TraceLine) -> bool: ...
+
+    def part_ended(self, node: str, trace_id: int, reason: str) -> None: ...
+
+    def stop_here(self, reason: str) -> int: ...
+
+    def session_event(self, key: str, what: str) -> None: ...
 
 
 class Host(Protocol):
@@ -32,3 +56,8 @@ class Host(Protocol):
 
     def send_clients_away(self) -> None:
         """No new clients, and the connected ones are disconnected (their sessions stay)."""
+
+    @property
+    def tracer(self) -> Tracing:
+        """Traces follow their clients on every node (tracing.py)."""
+        ...

@@ -30,6 +30,8 @@ from broker.http import prometheus, status
 from broker.http.api_keys import ApiKeys, KeysFileError
 from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
+from broker.http.trace_stream import stream
+from broker.trace.trace import TraceSpec
 
 if TYPE_CHECKING:
     from broker.admin import Managed
@@ -72,6 +74,7 @@ class HttpServer:
             self.app.router.add_get(path, handler)
         for command, handler in self._admin_commands().items():
             self.app.router.add_route("*", ADMIN + command, handler)
+        self.app.router.add_route("*", ADMIN + "trace/client", self.trace)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
@@ -195,6 +198,17 @@ class HttpServer:
             )
         return await handler(request)
 
+    async def trace(self, request: web.Request) -> web.StreamResponse:
+        """`nautilus admin trace client`: the trace's lines as server-sent events
+        (broker/http/trace_stream.py)."""
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        try:
+            spec = _trace_spec(Arguments(request))
+            return await stream(request, self.broker.tracer, spec)
+        except ValueError as exc:
+            return web.json_response({"type": "error", "error": str(exc)}, status=400)
+
     def _admin_commands(self) -> dict[str, Handler]:
         broker = self.broker
         commands: dict[str, Callable[[Arguments], Any]] = {
@@ -223,6 +237,7 @@ class HttpServer:
             "bridge/show": lambda a: admin.bridges(broker),
             "bridge/start": lambda a: admin.run_bridge(broker, a.required("name"), True),
             "bridge/stop": lambda a: admin.run_bridge(broker, a.required("name"), False),
+            "trace/stop-all": lambda a: [admin.stop_traces(broker)],
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]
@@ -324,3 +339,15 @@ def _api_key(request: web.Request) -> str:
     if not colon or password:
         return ""
     return user
+
+
+def _trace_spec(arguments: Arguments) -> TraceSpec:
+    """A trace's options, under VerneMQ's names (ValueError: a bad one)."""
+    defaults = TraceSpec("")
+    return TraceSpec(
+        client_id=arguments.required("client_id"),
+        mountpoint=arguments.text("mountpoint"),
+        rate_max=arguments.number("rate_max", defaults.rate_max),
+        rate_interval=arguments.number("rate_interval", defaults.rate_interval),
+        trunc_payload=arguments.number("trunc_payload", defaults.trunc_payload),
+    )
