@@ -23,6 +23,7 @@ _NOT_SHOWN = frozenset({"raw"})  # a PUBLISH's bytes, again
 _SAID_BY_THE_LINE = frozenset({"client_id", "mountpoint", "session_id"})
 _ALWAYS = frozenset({"payload"})
 _PROPERTY_NAMES = {int(p): p.name.lower() for p in Property}
+_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names
 
 
 def packet(value: Packet, trunc: int) -> str:
@@ -55,8 +56,7 @@ def payload(data: bytes, trunc: int) -> str:
 
 def _fields(value: Any, trunc: int, omitted: frozenset[str] = _NOT_SHOWN) -> str:
     shown = []
-    for field in dataclasses.fields(value):
-        name = field.name
+    for name in _names(type(value)):
         if name in omitted:
             continue
         item = getattr(value, name)
@@ -64,6 +64,15 @@ def _fields(value: Any, trunc: int, omitted: frozenset[str] = _NOT_SHOWN) -> str
             continue
         shown.append(f"{name}={_shown(name, item, trunc)}")
     return ", ".join(shown)
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names (looked up once per class: a busy client's packets
+    come by thousands)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(field.name for field in dataclasses.fields(cls))
+    return names
 
 
 def _empty(item: Any) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 # What a line is about: a packet received or sent, a hook call, the session, the trace.
@@ -56,7 +56,7 @@ class TraceLine:
 
     def fields(self) -> list[Any]:
         """As a frame carries it (broker/cluster/frames.py's TRACE_LINE)."""
-        return list(astuple(self))
+        return [self.time, self.node, self.mountpoint, self.client_id, self.kind, self.text]
 
 
 class Sink(Protocol):

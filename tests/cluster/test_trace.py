@@ -60,13 +60,16 @@ def test_a_trace_follows_its_client_on_the_other_node(
     assert trace.expect("send", "SUBACK(")["node"] == "b"
 
     paho_client(a, client_id=client_id)  # it moves to node a
-    events = [
-        trace.expect("session", "session taken over from node b"),
-        trace.expect("session", "session taken over by another connection"),
-        trace.expect("session", "session handed to node a"),
-    ]
-    assert [line["node"] for line in events] == ["a", "b", "b"]
-    assert trace.expect("send", "CONNACK(")["node"] == "a"
+    while (line := trace.next())["kind"] != "send":  # up to a's CONNACK
+        assert line["kind"] in ("recv", "session"), line
+    assert (line["node"], line["text"][:8]) == ("a", "CONNACK(")
+    # (b may learn that a owns the client from the metadata before a asks it to let go)
+    said = {(line["node"], line["text"]) for line in trace.seen}
+    assert {
+        ("a", "session taken over from node b"),
+        ("b", "session taken over by another connection"),
+        ("b", "session handed to node a"),
+    } <= said
 
     assert table(api(b, "trace/stop-all", key, method="POST")) == [{"stopped": 1}]
     assert "stop-all" in trace.expect_end()["text"]
