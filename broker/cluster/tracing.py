@@ -70,7 +70,7 @@ class ClusterTracing:
     def node_dead(self, node: str) -> None:
         for (origin, _), part in list(self.parts.items()):
             if origin == node:
-                part.end(f"node {node} is dead")
+                self._end(part, f"node {node} is dead")
 
     # -- frames from other nodes --------------------------------------------------------
 
@@ -82,9 +82,7 @@ class ClusterTracing:
         elif kind == TRACE_STOP:
             part = self.parts.get((node, frame[1]))
             if part is not None:
-                assert isinstance(part.sink, _Back)
-                part.sink.told = True  # its origin knows: nothing goes back
-                part.end(f"stopped by node {node}")
+                self._end(part, f"stopped by node {node}")
         elif kind == TRACE_LINE:
             if not tracer.relay(frame[1], TraceLine(*frame[2])):
                 self.send(node, TRACE_STOP, frame[1])  # a trace this node no longer has
@@ -95,8 +93,11 @@ class ClusterTracing:
 
     def _follow(self, origin: str, trace_id: int, spec: TraceSpec) -> None:
         key = (origin, trace_id)
-        if key in self.parts:
-            return  # (asked again as a link came back up)
+        running = self.parts.get(key)
+        if running is not None:
+            if running.spec == spec:
+                return  # asked again, as a link came back up
+            self._end(running, f"replaced: node {origin} restarted")  # its ids start again
         problem = spec.problem()
         if problem is not None:
             raise ValueError(f"TRACE_START: {problem}")
@@ -106,6 +107,12 @@ class ClusterTracing:
 
         sink = _Back(self, origin, trace_id)
         self.parts[key] = self.cluster.host.tracer.follow(trace_id, spec, sink, ended)
+
+    def _end(self, part: Trace, reason: str) -> None:
+        """End a part whose origin knows it is over (or cannot hear it): nothing goes back."""
+        assert isinstance(part.sink, _Back)
+        part.sink.told = True
+        part.end(reason)
 
     def _start_on(self, node: str, trace_id: int, spec: TraceSpec) -> None:
         fields = (spec.client_id, spec.mountpoint, spec.rate_max, spec.rate_interval)

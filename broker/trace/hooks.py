@@ -42,7 +42,7 @@ class WatchedChain(Chain):
         calls = _calls(self.name, context, traces)  # as called: a plugin may change it
         verdict = self.inner.run_sync(context)
         for trace, call in calls:
-            trace.write(HOOK, f"{call} -> {text.result(verdict)}")
+            trace.write(HOOK, f"{call} -> {text.result(verdict, trace.spec.trunc_payload)}")
         return verdict
 
     async def run(self, context: Any) -> Result:
@@ -54,7 +54,8 @@ class WatchedChain(Chain):
             trace.write(HOOK, call)
         verdict = await self.inner.run(context)
         for trace, _ in calls:
-            trace.write(HOOK, f"{self.name} -> {text.result(verdict)}")
+            shown = text.result(verdict, trace.spec.trunc_payload)
+            trace.write(HOOK, f"{self.name} -> {shown}")
         return verdict
 
     def notify(self, context: Any, tasks: set[asyncio.Task]) -> None:

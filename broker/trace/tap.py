@@ -114,6 +114,3 @@ class TappedTransport(asyncio.Transport):
 
     def abort(self) -> None:
         self.transport.abort()
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()

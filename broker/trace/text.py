@@ -36,11 +36,12 @@ def hook_call(hook: str, context: Any, trunc: int) -> str:
     return f"{hook}({_fields(context, trunc, _SAID_BY_THE_LINE)})"
 
 
-def result(value: Result) -> str:
+def result(value: Result, trunc: int) -> str:
     """A deciding hook's verdict, in VerneMQ's words: ok (with its modifiers), error
     (with its reason), next."""
     if type(value) is Ok:
-        return f"ok {_shown('modifiers', dict(value.modifiers), 0)}" if value.modifiers else "ok"
+        modifiers = dict(value.modifiers)
+        return f"ok {_shown('modifiers', modifiers, trunc)}" if modifiers else "ok"
     if type(value) is Error:
         code = f" ({value.reason_code:#04x})" if value.reason_code is not None else ""
         return f"error {value.reason}{code}"
