@@ -1,7 +1,9 @@
 # `python -m bench.trace`: what `nautilus admin trace` costs. QoS 0 and QoS 1 throughput
-# (mqttgen, `--pairs` publisher/subscriber pairs, flood) with no trace, with a trace on
-# an idle client that has nothing to do with the load, and with a trace on one of the
-# publishers itself (picked up at its CONNECT, a rate limit it never reaches).
+# (mqttgen, `--pairs` publisher/subscriber pairs, flood) with no trace ("none"), with a
+# trace on an idle client that has nothing to do with the load ("idle"), on a client
+# beside the load publishing `--paced-rate` messages a second ("paced": the trace a
+# misbehaving device gets), and on one of the load's publishers itself ("publisher",
+# picked up at its CONNECT, with a rate limit it never reaches: a trace at full speed).
 #
 # Strategy: a fresh Nautilus process per measurement, its admin API on (the same in every
 # mode), the runs of the three modes interleaved (none, idle, traced, none, ...) so that
@@ -23,16 +25,17 @@ import urllib.parse
 from pathlib import Path
 
 from broker.http.api_keys import ApiKeys
-from broker.protocol import ConnAck, Connect, Decoder, encode
+from broker.protocol import ConnAck, Connect, Decoder, Publish, encode
 
 from . import cgen
 from .brokers import HOST, BrokerSpec, RunningBroker, free_port, raise_fd_limit
 from .jwt_connect import _run
 from .report import cpu_busy
 
-MODES = ("none", "idle", "traced")
+MODES = ("none", "idle", "paced", "publisher")
 PREFIX = "bench-trace"
 IDLE_CLIENT = "bench-idle"
+PACED_CLIENT = "bench-paced"
 TOML = """\
 [[listeners]]
 address = "{host}:{port}"
@@ -84,15 +87,46 @@ class TraceStream:
         self._thread.join(5)
 
 
-def idle_client(port: int) -> socket.socket:
-    """A connected MQTT client that sends nothing more."""
+def connected(port: int, client_id: str) -> socket.socket:
+    """A connected MQTT 3.1.1 client."""
     sock = socket.create_connection((HOST, port))
-    sock.sendall(encode(Connect(IDLE_CLIENT, 4, keepalive=0), 4))
+    sock.sendall(encode(Connect(client_id, 4, keepalive=0), 4))
     decoder = Decoder("client", 4)
     while (packet := decoder.next_packet()) is None:
         decoder.receive_data(sock.recv(64))
     assert isinstance(packet, ConnAck) and packet.reason_code == 0, packet
     return sock
+
+
+class PacedClient:
+    """A client publishing `rate` messages a second (to a topic nobody reads) from a
+    thread, until closed; what the broker sends it (PUBACKs) is read and dropped."""
+
+    def __init__(self, port: int, rate: float, qos: int) -> None:
+        self.sock = connected(port, PACED_CLIENT)
+        self.interval = 1 / rate
+        self.qos = qos
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._publish, daemon=True)
+        self._thread.start()
+
+    def _publish(self) -> None:
+        self.sock.setblocking(False)
+        n = 0
+        while not self.stopped.wait(self.interval):
+            n = n % 65535 + 1
+            packet = Publish(
+                "bench-paced/x", b"%064d" % n, self.qos, packet_id=n if self.qos else None
+            )
+            with contextlib.suppress(BlockingIOError):
+                self.sock.sendall(encode(packet, 4))
+            with contextlib.suppress(BlockingIOError):
+                self.sock.recv(1 << 16)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self._thread.join(5)
+        self.sock.close()
 
 
 def measure(mode: str, qos: int, keys: Path, key: str, args: argparse.Namespace) -> float:
@@ -115,20 +149,24 @@ def measure(mode: str, qos: int, keys: Path, key: str, args: argparse.Namespace)
     )
     with RunningBroker(BrokerSpec("nautilus", mode, command, lambda: "")) as broker:
         port = broker.target.port
-        idle = idle_client(port) if mode == "idle" else None
-        traced = {"idle": IDLE_CLIENT, "traced": f"{PREFIX}-pub0"}.get(mode)
-        stream = TraceStream(http_port, key, traced) if traced else None
+        beside: socket.socket | PacedClient | None = None
+        if mode == "idle":
+            beside = connected(port, IDLE_CLIENT)
+        traced = {"idle": IDLE_CLIENT, "paced": PACED_CLIENT, "publisher": f"{PREFIX}-pub0"}
+        stream = TraceStream(http_port, key, traced[mode]) if mode in traced else None
+        if mode == "paced":
+            beside = PacedClient(port, args.paced_rate, qos)
         try:
             result = _run(cgen.run(HOST, port, load))
         finally:
             if stream is not None:
                 stream.close()
-            if idle is not None:
-                idle.close()
+            if beside is not None:
+                beside.close()
         if stream is not None and stream.ended:
             raise RuntimeError(f"the trace ended during the run: {stream.ended}")
-        if mode == "traced" and stream is not None:
-            print(f"    (traced: {stream.lines:,} lines streamed)", file=sys.stderr)
+        if stream is not None:
+            print(f"    ({mode}: {stream.lines:,} lines streamed)", file=sys.stderr)
     return float(result["delivered_per_s"])
 
 
@@ -138,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--repeats", type=int, default=5, help="runs per mode (median)")
     parser.add_argument("--qos", default="0,1", help="QoS levels measured")
+    parser.add_argument("--modes", default=",".join(MODES), help=", ".join(MODES))
+    parser.add_argument("--paced-rate", type=float, default=100.0, help="paced: msg/s")
     args = parser.parse_args(argv)
     raise_fd_limit()
     os.environ["NAUTILUS_HTTP__ENABLED"] = "true"  # (bench brokers run without it)
@@ -146,18 +186,19 @@ def main(argv: list[str] | None = None) -> int:
         f"mqttgen flood, {args.pairs} pairs, 64-byte payloads, {args.duration:g} s per run, "
         f"median of {args.repeats} runs per mode (interleaved)"
     )
-    print("| QoS | Trace | Delivered msg/s (median) | Runs | vs no trace |")
+    print(f"| QoS | Trace | Delivered msg/s (median) | Runs | vs {args.modes.split(',')[0]} |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         keys = Path(tmp) / "api-keys"
         key = ApiKeys(str(keys)).add()
         for qos in (int(q) for q in args.qos.split(",")):
-            runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+            modes = args.modes.split(",")
+            runs: dict[str, list[float]] = {mode: [] for mode in modes}
             for _ in range(args.repeats):
-                for mode in MODES:
+                for mode in modes:
                     runs[mode].append(measure(mode, qos, keys, key, args))
-            base = statistics.median(runs["none"])
-            for mode in MODES:
+            base = statistics.median(runs[modes[0]])
+            for mode in modes:
                 median = statistics.median(runs[mode])
                 shown = ", ".join(f"{r:,.0f}" for r in runs[mode])
                 print(f"| {qos} | {mode} | {median:,.0f} | {shown} | {median / base:.2f}x |")
