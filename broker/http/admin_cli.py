@@ -40,6 +40,7 @@ import urllib.request
 from typing import Any
 
 from broker.http import trace_cli
+from broker.trace.trace import TraceSpec
 
 DEFAULT_URL = "http://127.0.0.1:8888"
 
@@ -92,10 +93,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     tracing = trace.add_subparsers(dest="action", required=True)
     client = tracing.add_parser("client", help="stream the client's packets, hooks, events")
     client.add_argument("client_id")
+    default = TraceSpec("")  # VerneMQ's defaults
     client.add_argument("--mountpoint", default="", help='its mountpoint (default "")')
-    client.add_argument("--rate-max", type=int, default=10, help="lines per interval (10)")
-    client.add_argument("--rate-interval", type=int, default=100, help="in ms (100)")
-    client.add_argument("--trunc-payload", type=int, default=200, help="bytes shown (200)")
+    client.add_argument("--rate-max", type=int, default=default.rate_max, help="lines ...")
+    client.add_argument(
+        "--rate-interval", type=int, default=default.rate_interval, help="... per ms"
+    )
+    client.add_argument(
+        "--trunc-payload", type=int, default=default.trunc_payload, help="bytes shown"
+    )
     tracing.add_parser("stop-all", help="end every trace, on every node")
     return parser.parse_args(argv)
 

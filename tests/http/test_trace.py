@@ -122,6 +122,21 @@ def test_a_connected_client_is_traced_from_its_next_packet_and_a_takeover_shows(
     trace.expect("send", "CONNACK(")
 
 
+def test_a_message_dropped_for_the_traced_client_shows_though_no_plugin_listens(
+    traced, reader, paho_client
+):
+    server, _ = traced
+    client_id = unique_id("small")
+    trace = reader(client_id, rate_max=100, trunc_payload=3)
+    trace.expect("trace", "not connected here")
+    login = {"username": "alice", "password": "alice-pw"}
+    small = paho_client(server, V5, client_id, properties={"MaximumPacketSize": 64}, **login)
+    small.subscribe("big/#", 0)
+    paho_client(server, **login).publish("big/x", b"x" * 200)
+    dropped = trace.expect("session", "message dropped (max_packet_size_exceeded)")
+    assert dropped["text"].endswith("topic='big/x' qos=0 payload=b'xxx'... (200 bytes)")
+
+
 def test_several_traces_at_once_each_with_its_own_lines(traced, reader, paho_client):
     server, _ = traced
     one, other = unique_id("one"), unique_id("other")
