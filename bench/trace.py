@@ -4,6 +4,8 @@
 # beside the load publishing `--paced-rate` messages a second ("paced": the trace a
 # misbehaving device gets), and on one of the load's publishers itself ("publisher",
 # picked up at its CONNECT, with a rate limit it never reaches: a trace at full speed).
+# With `--before DIR` (a checkout of the commit before tracing, its C extension built),
+# a fifth case, "before": no trace, the broker's code from DIR (what tracing off costs).
 #
 # Strategy: a fresh Nautilus process per measurement, its admin API on (the same in every
 # mode), the runs of the three modes interleaved (none, idle, traced, none, ...) so that
@@ -136,6 +138,9 @@ def measure(mode: str, qos: int, keys: Path, key: str, args: argparse.Namespace)
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "nautilus.toml"
         config.write_text(TOML.format(host=HOST, port=port, http_port=http_port, keys=keys))
+        if mode == "before":  # -P: the code on PYTHONPATH, not the working directory's
+            python = ["env", f"PYTHONPATH={args.before}", sys.executable, "-P"]
+            return [*python, "-m", "broker", "--config", str(config)]
         return [sys.executable, "-m", "broker", "--config", str(config)]
 
     load = cgen.Load(
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qos", default="0,1", help="QoS levels measured")
     parser.add_argument("--modes", default=",".join(MODES), help=", ".join(MODES))
     parser.add_argument("--paced-rate", type=float, default=100.0, help="paced: msg/s")
+    parser.add_argument("--before", help="a checkout without tracing: mode 'before'")
     args = parser.parse_args(argv)
     raise_fd_limit()
     os.environ["NAUTILUS_HTTP__ENABLED"] = "true"  # (bench brokers run without it)
