@@ -386,6 +386,9 @@ class Handover:
         for fields, qos, retain, subscription_ids in items:
             message = frames.unpack_message(fields, now)
             deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
+        if done is not None:  # a chunk of a queue that follows its session here
+            arrived = f"queue migration: {len(deliveries)} messages arrived"
+            self.host.tracer.session_event(client_id, arrived)
         early = self._registering.get(client_id)
         if early is not None:
             early.extend(deliveries)
@@ -402,9 +405,6 @@ class Handover:
             answer(f"no session {client_id} on {self.node}")
             return None
         if done is not None:
-            self.host.tracer.session_event(
-                client_id, f"queue migration: {len(deliveries)} messages arrived"
-            )
             _Feeder(self.host.flow, session.owner, deliveries, done).run()
             return None
         congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]

@@ -1,7 +1,7 @@
 """A trace read on one node of a two-node cluster follows its client on the other (cluster
 frames 32-36): the other node's lines come back to the reader's stream, the client
-moving between the nodes shows on both, and stop-all on either node ends the trace
-everywhere. Both nodes run in this process (tests/conftest.py's start_broker), with the
+moving between the nodes with its queue shows on both, and stop-all on either node ends
+the trace everywhere. Both nodes run in this process (tests/conftest.py's start_broker), with the
 Redis metadata."""
 
 from __future__ import annotations
@@ -53,23 +53,37 @@ def test_a_trace_follows_its_client_on_the_other_node(
     nodes = {trace.expect("trace", "not connected here")["node"] for _ in range(2)}
     assert nodes == {"a", "b"}  # b heard of the trace before its client connects there
 
-    client = paho_client(b, client_id=client_id)
+    client = paho_client(b, client_id=client_id, clean=False)
     assert trace.expect("recv", "CONNECT(")["node"] == "b"
     assert trace.expect("send", "CONNACK(")["node"] == "b"
     client.subscribe("roam/#", 1)
     assert trace.expect("send", "SUBACK(")["node"] == "b"
+    client.disconnect()
+    trace.expect("session", "connection closed")
 
-    paho_client(a, client_id=client_id)  # it moves to node a
-    while (line := trace.next())["kind"] != "send":  # up to a's CONNACK
-        assert line["kind"] in ("recv", "session"), line
-    assert (line["node"], line["text"][:8]) == ("a", "CONNACK(")
-    # (b may learn that a owns the client from the metadata before a asks it to let go)
-    said = {(line["node"], line["text"]) for line in trace.seen}
-    assert {
-        ("a", "session taken over from node b"),
-        ("b", "session taken over by another connection"),
-        ("b", "session handed to node a"),
-    } <= said
+    def known_on_a() -> bool:  # the subscription reached a (the metadata's change stream)
+        record = cluster_of(a).view.records.get(client_id)
+        return record is not None and "roam/#" in record.subscriptions
+
+    a.wait_for(known_on_a)
+    publisher = paho_client(a)
+    for n in range(3):  # queued on b for the client offline there
+        publisher.publish("roam/x", b"%d" % n, qos=1)
+
+    paho_client(a, client_id=client_id, clean=False)  # it comes back on node a
+    wanted = {
+        ("a", "recv", "CONNECT"),
+        ("a", "session", "session taken over from node b"),
+        ("b", "session", "session handed to node a; its queue follows"),
+        ("b", "session", "queue moved to node a: 3 messages"),
+        ("a", "session", "queue migration: 3 messages arrived"),
+        ("a", "send", "CONNACK"),
+        ("a", "send", "PUBLISH"),
+    }
+    seen: set[tuple[str, str, str]] = set()
+    while not wanted <= seen:  # (the nodes' lines interleave as they come)
+        line = trace.next()
+        seen.add((line["node"], line["kind"], line["text"].partition("(")[0]))
 
     assert table(api(b, "trace/stop-all", key, method="POST")) == [{"stopped": 1}]
     assert "stop-all" in trace.expect_end()["text"]
