@@ -65,7 +65,8 @@ class StreamSink:
         if self.lines or self.last is not None or self.overflowed:
             return
         self.waiter = self.loop.create_future()
-        await asyncio.wait((self.waiter, gone), timeout=HEARTBEAT, return_when="FIRST_COMPLETED")
+        either = asyncio.FIRST_COMPLETED
+        await asyncio.wait((self.waiter, gone), timeout=HEARTBEAT, return_when=either)
 
 
 async def stream(request: web.Request, tracer: Tracer, spec: TraceSpec) -> web.StreamResponse:

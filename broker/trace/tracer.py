@@ -58,9 +58,11 @@ class Tracer:
         problem = spec.problem()
         if problem is not None:
             raise ValueError(problem)
-        trace = self.follow(next(self._ids), spec, sink, self._own_ended)
-        self.own[trace.id] = trace
-        self.host.peers.start_trace(trace.id, spec)
+        trace_id = next(self._ids)
+        self.host.peers.start_trace(trace_id, spec)  # first: a trace over at once stops them
+        trace = self.follow(trace_id, spec, sink, self._own_ended)
+        if not trace.over:
+            self.own[trace_id] = trace
         return trace
 
     def follow(
