@@ -37,10 +37,8 @@ class Tap:
         self.connection = connection
         self.traces = traces  # the traces of the client (the tracer's list: it changes)
         engine = connection.engine
-        level = engine.client.protocol_level
-        if connect is not None:  # being handled: the client's level is not set yet
-            level = connect.protocol_level
-            self._write(RECV, connect)
+        # CONNECT, being handled, says the level; the client's is not set yet.
+        level = engine.client.protocol_level if connect is None else connect.protocol_level
         self._incoming: Decoder | None = Decoder(
             "server", level, max_packet_size=engine.decoder.max_packet_size
         )
@@ -48,7 +46,9 @@ class Tap:
         writer = connection.writer
         self._transport = writer.transport
         writer.transport = TappedTransport(writer.transport, self)
-        engine.tap = self
+        engine.tap = self  # attached before any line: one may end the trace (and detach)
+        if connect is not None:
+            self._write(RECV, connect)
         self.received(engine.decoder.pending())
 
     def received(self, data: bytes) -> None:

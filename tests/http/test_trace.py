@@ -169,6 +169,16 @@ def test_a_flood_stops_the_trace_by_its_rate_limit(traced, reader, paho_client):
     client.publish("flood", b"after", qos=1)  # untraced now, and as before
 
 
+def test_a_trace_over_at_the_connect_leaves_the_connection_untraced(traced, reader, paho_client):
+    server, _ = traced
+    client_id = unique_id("short")
+    trace = reader(client_id, rate_max=1, rate_interval=60_000)
+    trace.expect("trace", "not connected here")
+    paho_client(server, client_id=client_id, username="alice", password="alice-pw")
+    assert trace.expect_end()["text"].startswith("trace rate limit triggered")
+    untraced(server)
+
+
 def test_stop_all_ends_every_trace(traced, reader):
     server, key = traced
     traces = [reader(unique_id("a")), reader(unique_id("b"))]
