@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from broker.retain import RetainedMessages
     from broker.session import Session
     from broker.store import MessageStore
+    from broker.trace.tracer import Tracer
 
 
 class Managed(Protocol):
@@ -53,6 +54,7 @@ class Managed(Protocol):
     store: MessageStore
     peers: Peers
     connections: set[Connection]
+    tracer: Tracer
     plugins: list[tuple[str, Any]]  # (name, plugin), in the order they are called
     disabled_plugins: set[str]
     started_at: float  # time.time()
@@ -454,3 +456,8 @@ async def run_bridge(broker: Managed, name: str, running: bool) -> list[dict[str
             return bridges(broker)
     known = ", ".join(row["name"] for row in bridges(broker)) or "none"
     raise NotFound(f"no bridge {name!r} (configured: {known})")
+
+
+def stop_traces(broker: Managed) -> dict[str, int]:
+    """`trace stop-all`: every trace ends, on this node and the others (how many here)."""
+    return {"stopped": broker.tracer.stop_all()}

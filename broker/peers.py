@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from broker.cluster.metadata import Registration
     from broker.message import Message
     from broker.session import Session
+    from broker.trace.trace import TraceSpec
     from hooks import Metric
 
 
@@ -99,6 +100,19 @@ class Peers(Protocol):
         ADMIN_TIMEOUT is one Answer with that error, not a wait. Alone: nobody to ask."""
         ...
 
+    def start_trace(self, trace_id: int, spec: TraceSpec) -> None:
+        """Trace `trace_id`, read on this node, follows its client on the others too:
+        their lines come back here (broker/trace/)."""
+        ...
+
+    def stop_trace(self, trace_id: int) -> None:
+        """Trace `trace_id` is over: the others stop their part of it."""
+        ...
+
+    def stop_all_traces(self) -> None:
+        """`trace stop-all`: the others end every trace they have."""
+        ...
+
 
 class Alone:
     """The Peers of a node that is not in a cluster."""
@@ -153,6 +167,15 @@ class Alone:
         self, command: str, arguments: dict[str, Any], nodes: Iterable[str] | None = None
     ) -> list[Answer]:
         return []
+
+    def start_trace(self, trace_id: int, spec: TraceSpec) -> None:
+        pass
+
+    def stop_trace(self, trace_id: int) -> None:
+        pass
+
+    def stop_all_traces(self) -> None:
+        pass
 
 
 ALONE: Peers = Alone()

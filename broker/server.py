@@ -38,6 +38,7 @@ from broker.session import Session
 from broker.store import open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
+from broker.trace.tracer import Tracer
 from hooks import HOOKS, Hooks, side_doors
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
@@ -107,6 +108,7 @@ class Broker:
         # The other nodes of a cluster ([cluster] address), or none.
         self.peers: Peers = self._cluster() if config.cluster.address else ALONE
         self.routing.peers = self.peers
+        self.tracer = Tracer(self)  # `nautilus admin trace` (broker/trace/)
 
     def _cluster(self) -> Peers:
         """This node's part in a cluster, over the metadata backend a plugin provides. A
@@ -328,6 +330,7 @@ class Broker:
         self._servers.clear()
         for task in list(self.tasks):
             task.cancel()
+        self.tracer.stop_here("the node stops")  # (their streams end before HTTP does)
         await self.peers.stop()
         await call_all(self.plugins, "stop")
         if self.http is not None:

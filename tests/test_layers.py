@@ -25,6 +25,9 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    header), websocket (the framing around it)
   8 broker         server (the Broker), __main__, admin (operations), http (the server)
 
+Traces (broker/trace/) span layers: one trace and how its lines show things (trace,
+text, hooks) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
+
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
 above it through a protocol it owns (a connection's `Host`, the cluster's `Host`, the
 registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides,
@@ -80,6 +83,9 @@ LAYERS = {
     "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O) and its flows
     "broker.plugins": 6,
     "broker.systree": 6,
+    "broker.trace": 1,  # one trace (options, rate limit, lines), and how lines show things
+    "broker.trace.tap": 7,  # a traced connection: what it reads and writes
+    "broker.trace.tracer": 8,  # the node's traces, switched on while there is one
     "broker.writer": 7,  # a connection's outgoing bytes, batched per loop turn
     "broker.connection": 7,
     "broker.proxy_protocol": 7,

@@ -139,6 +139,21 @@ class Shell(Protocol):
         """Write what is written, then close the socket (gracefully)."""
 
 
+class Tap(Protocol):
+    """A trace of this client (broker/trace/tap.py): what the engine reads, and what
+    becomes of its connection. Untraced, the engine has none, and checks that once per
+    read (never per packet)."""
+
+    def received(self, data: bytes) -> None:
+        """Bytes read from the client, before they are handled."""
+
+    def event(self, text: str) -> None:
+        """Something happened to the connection or its session."""
+
+    def lost(self) -> None:
+        """The socket is gone: the trace follows the client's next connection."""
+
+
 class ClientEngine:
     __slots__ = (
         "_postponed",
@@ -155,6 +170,7 @@ class ClientEngine:
         "reading_paused",
         "session",
         "shell",
+        "tap",
         "throttled",
         "yielded",
     )
@@ -181,6 +197,7 @@ class ClientEngine:
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
         self.throttled = False  # max_message_rate reached for this second
         self.yielded = False  # its turn's budget is spent: the rest waits for the next turn
+        self.tap: Tap | None = None  # while the client is traced
         self._rate_count = 0
         self._rate_window_end = 0.0
         # A PUBLISH held back by flow control, routed first when released (postpone()).
@@ -199,6 +216,8 @@ class ClientEngine:
         if self.client.phase == CLOSING:
             return  # lingering: read and discard (see close)
         self.host.metrics.bytes_received += len(data)
+        if self.tap is not None:
+            self.tap.received(data)
         self.decoder.receive_data(data)
         self.process()
 
@@ -284,6 +303,8 @@ class ClientEngine:
     def take_over(self) -> None:
         """Another connection claimed this client id [MQTT-3.1.4-3]: close, and leave the
         session at once so that the new connection can attach to it."""
+        if self.tap is not None:
+            self.tap.event("session taken over by another connection")
         self.close(ReasonCode.SESSION_TAKEN_OVER)
         self.leave_session()
 
@@ -309,6 +330,8 @@ class ClientEngine:
         client = self.client
         if not client.disconnect_reason:
             client.disconnect_reason = _disconnect_reason(reason_code)
+        if self.tap is not None:
+            self.tap.event(f"connection closing: {client.disconnect_reason}")
         if reason_code is not None and self.session is not None and client.protocol_level == MQTT5:
             self.host.metrics.mqtt_disconnect_sent += 1
             props: dict[int, Any] = {Property.REASON_STRING: reason} if reason else {}
@@ -324,6 +347,8 @@ class ClientEngine:
         if not self.client.disconnect_reason:
             self.client.disconnect_reason = "tcp_closed"  # gone without a word
         self._leave()
+        if self.tap is not None:
+            self.tap.lost()
 
     def _leave(self) -> None:
         """This client is done: it waits for no subscriber, and its session goes back to

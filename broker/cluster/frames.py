@@ -45,6 +45,13 @@ LEFT = 27  # [LEFT, ref, remove] -> ACK: pull my replicas (then remove me, if re
 # An operator's request run on every node (broker/admin.py: `nautilus admin session show`,
 # `set`, ...):
 ADMIN = 30  # [ADMIN, ref, command, arguments] -> ANSWER [error or None, result]
+# Traces (broker/cluster/tracing.py): the node that reads a trace asks the others to trace
+# its client too; their lines come back over their own links to it.
+TRACE_START = 32  # [TRACE_START, trace id, client id, mountpoint, rate max, interval, trunc]
+TRACE_STOP = 33  # [TRACE_STOP, trace id]: the sender's trace is over: stop your part
+TRACE_LINE = 34  # [TRACE_LINE, trace id, line fields]: a line of the receiver's trace
+TRACE_END = 35  # [TRACE_END, trace id, reason]: the sender's part ended (its rate limit)
+TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
 
 _LENGTH = struct.Struct(">I")
 

@@ -176,6 +176,7 @@ class Handover:
         self._stand_in(client_id, registration)
         previous = registration.previous_node
         if previous is not None and previous != self.node:
+            self.host.tracer.session_event(client_id, f"session taken over from node {previous}")
             await self._take_from(previous, client_id, clean)
         return registration
 
@@ -250,6 +251,8 @@ class Handover:
         finally:
             self._moving.discard(client_id)
         released()
+        follows = "; its queue follows" if leaving is not None else ""
+        self.host.tracer.session_event(client_id, f"session handed to node {node}{follows}")
         if leaving is not None:
             task = self.cluster.spawn(
                 self._migrate(node, leaving), f"cluster migrating {client_id}"
@@ -312,8 +315,13 @@ class Handover:
             self.metrics.cluster_sessions_migrated += 1
             self.metrics.cluster_messages_migrated += sent
             log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
+            moved = f"queue moved to node {node}: {sent} messages"
+            self.host.tracer.session_event(client_id, moved)
             return
         self.metrics.cluster_messages_migrated += sent
+        self.host.tracer.session_event(
+            client_id, f"queue migration to node {node} stopped after {sent} messages"
+        )
         log.error(
             "cluster: %s: node %s took %d queued messages, then could not be reached; the "
             "rest wait in this node's store for its next start",
@@ -378,6 +386,9 @@ class Handover:
         for fields, qos, retain, subscription_ids in items:
             message = frames.unpack_message(fields, now)
             deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
+        if done is not None:  # a chunk of a queue that follows its session here
+            arrived = f"queue migration: {len(deliveries)} messages arrived"
+            self.host.tracer.session_event(client_id, arrived)
         early = self._registering.get(client_id)
         if early is not None:
             early.extend(deliveries)

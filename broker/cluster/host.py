@@ -7,6 +7,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.config import BrokerSettings
     from broker.flow import FlowControl
     from broker.metrics import Metrics
@@ -15,6 +17,28 @@ if TYPE_CHECKING:
     from broker.router import Router
     from broker.routing import Routing
     from broker.store import MessageStore
+    from broker.trace.trace import Sink, Trace, TraceLine, TraceSpec
+
+
+class Tracing(Protocol):
+    """What the cluster uses of the node's tracer (broker/trace/tracer.py): tracing.py's
+    parts of other nodes' traces, and the sessions moving (handover.py)."""
+
+    def follow(
+        self,
+        trace_id: int,
+        spec: TraceSpec,
+        sink: Sink,
+        ended: Callable[[Trace], None] | None = None,
+    ) -> Trace: ...
+
+    def relay(self, trace_id: int, line: TraceLine) -> bool: ...
+
+    def part_ended(self, node: str, trace_id: int, reason: str) -> None: ...
+
+    def stop_here(self, reason: str) -> int: ...
+
+    def session_event(self, key: str, what: str) -> None: ...
 
 
 class Host(Protocol):
@@ -36,3 +60,9 @@ class Host(Protocol):
     def admin_request(self, command: str, arguments: dict[str, Any]) -> Any:
         """Another node's ADMIN request, run here: its result (ValueError or LookupError:
         refused, the message says why)."""
+        ...
+
+    @property
+    def tracer(self) -> Tracing:
+        """Traces follow their clients on every node (tracing.py)."""
+        ...

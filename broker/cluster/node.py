@@ -65,11 +65,14 @@ from broker.cluster.swc.backend import SwcBackend
 from broker.cluster.swc.seeds import Seeds
 from broker.cluster.swc.service import Replication
 from broker.cluster.sync import MetadataSync
+from broker.cluster.tracing import FRAMES as TRACE_FRAMES
+from broker.cluster.tracing import ClusterTracing
 from broker.cluster.view import RemoteView
 from broker.config import ClusterSettings, host_port
 from broker.episodes import Episode
 from broker.message import Message
 from broker.peers import Answer
+from broker.trace.trace import TraceSpec
 from hooks import Metric
 
 if TYPE_CHECKING:
@@ -117,6 +120,7 @@ class Cluster:
         self._draining: dict[str, asyncio.Future[None]] = {}  # stopping: DRAINED awaited
         self.sync = MetadataSync(self)  # the metadata: loading, following, writing
         self.handover = Handover(self)  # sessions moving between nodes
+        self.tracing = ClusterTracing(self)  # traces read on one node, followed on all
         # The leaderless metadata (metadata = "swc") replicates over this node's links.
         self.replicated = backend if isinstance(backend, SwcBackend) else None
         self.split = False  # (Peers) swc: a member cannot be reached
@@ -422,6 +426,7 @@ class Cluster:
         self.dead.add(name)
         self.metrics.netsplit_detected += 1
         log.warning("cluster: node %s %s: dead", name, why)
+        self.tracing.node_dead(name)
         link = self.links.pop(name, None)
         if link is not None:
             link.close()  # what waited for it is counted as dropped
@@ -445,6 +450,7 @@ class Cluster:
         if restarted:
             log.info("cluster: node %s restarted", link.node)
         self._check_split()
+        self.tracing.link_up(link.node)
         if self.replicated is not None:  # it learns of this node at once (its record)
             link.send(frames.encode(SWC_WRITE, *self.replicated.replicas.introduction()))
 
@@ -615,6 +621,8 @@ class Cluster:
             self.drained(inbound.node)
         elif kind == ADMIN:
             inbound.reply(ANSWER, frame[1], self._admin_answer(inbound.node, frame[2], frame[3]))
+        elif kind in TRACE_FRAMES:
+            self.tracing.on_frame(inbound.node, frame)
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
@@ -654,6 +662,15 @@ class Cluster:
         except ConnectionError as exc:
             return Answer(node, str(exc), None)
         return Answer(node, error, result)
+
+    def start_trace(self, trace_id: int, spec: TraceSpec) -> None:
+        self.tracing.start(trace_id, spec)
+
+    def stop_trace(self, trace_id: int) -> None:
+        self.tracing.stop(trace_id)
+
+    def stop_all_traces(self) -> None:
+        self.tracing.stop_all()
 
     def join(self, address: str) -> str:
         """`nautilus cluster join ADDRESS` (metadata = "swc")."""

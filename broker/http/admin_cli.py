@@ -25,6 +25,11 @@ talking to a running broker's HTTP server.
                                              node at ADDRESS (`nautilus cluster join`)
       cluster-leave [NODE]                   metadata = "swc": NODE (default: this node)
                                              leaves the cluster (`nautilus cluster leave`)
+      trace client CLIENT_ID [--mountpoint M] [--rate-max N] [--rate-interval MS]
+                   [--trunc-payload BYTES]   what the client sends and receives, the hooks
+                                             called for it, its session's events, live,
+                                             on every node (docs/operations.md)
+      trace stop-all                         every trace ends, on every node
 
 The key comes from --key or NAUTILUS_API_KEY (make one with `nautilus api-key add`).
 Rows print as aligned columns, or as the API's JSON with --json.
@@ -43,7 +48,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from broker.http import trace_cli
 from broker.session_query import DEFAULT_FIELDS
+from broker.trace.trace import TraceSpec
 
 Query = list[tuple[str, str]]  # an API request's arguments, in order
 
@@ -114,6 +121,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("cluster-join", help="join a cluster (swc)").add_argument("address")
     leave = commands.add_parser("cluster-leave", help="a member leaves the cluster (swc)")
     leave.add_argument("node", nargs="?", default="", help="default: this node")
+    trace = commands.add_parser("trace", help="follow a client live (VerneMQ's trace)")
+    tracing = trace.add_subparsers(dest="action", required=True)
+    trace_client = tracing.add_parser("client", help="stream the client's packets, hooks, events")
+    trace_client.add_argument("client_id")
+    default = TraceSpec("")  # VerneMQ's defaults
+    trace_client.add_argument("--mountpoint", default="", help='its mountpoint (default "")')
+    trace_client.add_argument("--rate-max", type=int, default=default.rate_max, help="lines ...")
+    trace_client.add_argument(
+        "--rate-interval", type=int, default=default.rate_interval, help="... per ms"
+    )
+    trace_client.add_argument(
+        "--trunc-payload", type=int, default=default.trunc_payload, help="bytes shown"
+    )
+    tracing.add_parser("stop-all", help="end every trace, on every node")
     args = parser.parse_args(argv)
     try:
         _check(args)
@@ -222,6 +243,16 @@ def request_of(args: argparse.Namespace) -> tuple[str, dict[str, str] | Query]:
             if args.action == "show":
                 return "bridge/show", {}
             return f"bridge/{args.action}", {"name": args.name}
+        case "trace" if args.action == "client":
+            return "trace/client", {
+                "client_id": args.client_id,
+                "mountpoint": args.mountpoint,
+                "rate_max": str(args.rate_max),
+                "rate_interval": str(args.rate_interval),
+                "trunc_payload": str(args.trunc_payload),
+            }
+        case "trace":
+            return "trace/stop-all", {}
         case "plugin-enable" | "plugin-disable":
             return f"plugin/{args.command.removeprefix('plugin-')}", {"name": args.name}
     raise AssertionError(args.command)
@@ -244,6 +275,8 @@ def main(argv: list[str]) -> int:
         url, method="POST", headers={"Authorization": f"Basic {token}"}
     )
     try:
+        if path == "trace/client":
+            return trace_cli.follow(request, args.json)
         with urllib.request.urlopen(request, timeout=30) as response:
             answer = json.load(response)
     except urllib.error.HTTPError as exc:

@@ -34,8 +34,10 @@ from broker.http.access import PUBLISH_COMMAND, Refusal, refusal
 from broker.http.api_keys import ApiKeys, KeysFileError
 from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
+from broker.http.trace_stream import stream
 from broker.on_behalf import PublishHost
 from broker.session_query import Query
+from broker.trace.trace import TraceSpec
 
 log = logging.getLogger("nautilus.http")
 
@@ -82,6 +84,7 @@ class HttpServer:
         publishing = publish.handler(broker)
         for method in ("POST", "PUT"):  # both, as VerneMQ's
             self.app.router.add_route(method, ADMIN + PUBLISH_COMMAND, publishing)
+        self.app.router.add_route("*", ADMIN + "trace/client", self.trace)
 
     async def start(self) -> None:
         host, port = host_port(self.settings.address)
@@ -212,6 +215,17 @@ class HttpServer:
             )
         return await handler(request)
 
+    async def trace(self, request: web.Request) -> web.StreamResponse:
+        """`nautilus admin trace client`: the trace's lines as server-sent events
+        (broker/http/trace_stream.py)."""
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        try:
+            spec = _trace_spec(Arguments(request))
+            return await stream(request, self.broker.tracer, spec)
+        except ValueError as exc:
+            return web.json_response({"type": "error", "error": str(exc)}, status=400)
+
     def _admin_commands(self) -> dict[str, Handler]:
         broker = self.broker
         commands: dict[str, Callable[[Arguments], Any]] = {
@@ -250,6 +264,7 @@ class HttpServer:
             "bridge/show": lambda a: admin.bridges(broker),
             "bridge/start": lambda a: admin.run_bridge(broker, a.required("name"), True),
             "bridge/stop": lambda a: admin.run_bridge(broker, a.required("name"), False),
+            "trace/stop-all": lambda a: [admin.stop_traces(broker)],
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]
@@ -367,3 +382,15 @@ def _api_key(request: web.Request) -> str:
     if not colon or password:
         return ""
     return user
+
+
+def _trace_spec(arguments: Arguments) -> TraceSpec:
+    """A trace's options, under VerneMQ's names (ValueError: a bad one)."""
+    defaults = TraceSpec("")
+    return TraceSpec(
+        client_id=arguments.required("client_id"),
+        mountpoint=arguments.text("mountpoint"),
+        rate_max=arguments.number("rate_max", defaults.rate_max),
+        rate_interval=arguments.number("rate_interval", defaults.rate_interval),
+        trunc_payload=arguments.number("trunc_payload", defaults.trunc_payload),
+    )

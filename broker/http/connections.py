@@ -101,6 +101,8 @@ class HttpConnection(asyncio.Protocol):
         self.response_due: float | None = None
         self._body: StreamReader | None = None  # the last request's
         self._timer: asyncio.TimerHandle | None = None
+        self._gone = False
+        self._closed: asyncio.Future[None] | None = None  # made when a stream asks
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -150,7 +152,19 @@ class HttpConnection(asyncio.Protocol):
         connections = self.connections
         connections.open.discard(self)
         connections.cap.closed(len(connections.open))
+        self._gone = True
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
         self.handler.connection_lost(exc)
+
+    def closed(self) -> asyncio.Future[None]:
+        """Done once the connection is closed: a stream's reader went away (aiohttp
+        tells a handler only when it writes)."""
+        if self._closed is None:
+            self._closed = self.loop.create_future()
+            if self._gone:
+                self._closed.set_result(None)
+        return self._closed
 
     # -- where the request is (the app's middleware) ----------------------------------
 

@@ -101,6 +101,11 @@ class Decoder:
             self._error = exc
             raise
 
+    def pending(self) -> bytes:
+        """The bytes received and not decoded yet: the start of the packets still
+        arriving (a trace starting mid-stream decodes from there)."""
+        return bytes(self._buffer[self._pos :])
+
     def take_like(self, first: Publish, max_bytes: int) -> list[Publish]:
         """The PUBLISHes complete right after `first` that are like it: QoS 0, the same
         topic and retain flag, no properties; taken out of the decoder, in order, up to

@@ -35,6 +35,8 @@ COMMANDS = [
     "plugins",
     "plugin/enable",
     "plugin/disable",
+    "trace/client",
+    "trace/stop-all",
 ]
 ADMINISTRATIVE_ACTION = 0x98
 REFUSED_V3 = 0x80
