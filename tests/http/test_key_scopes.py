@@ -16,7 +16,12 @@ from broker.http.api_keys import ApiKeys
 
 from .conftest import api, error, table
 
-NOW = datetime.datetime.now(datetime.UTC)
+
+def now() -> datetime.datetime:
+    """Read when the test runs (not at import: the suite takes minutes to get there)."""
+    return datetime.datetime.now(datetime.UTC)
+
+
 READING = [
     "session/show",
     "sessions",
@@ -91,9 +96,9 @@ def test_a_publish_key_publishes_and_reads_nothing(keyed_broker, keys_file):
 def test_an_expired_key_is_refused_with_401_saying_so(keyed_broker, keys_file):
     server, _ = keyed_broker()
     keys = ApiKeys(str(keys_file))
-    past = NOW.replace(microsecond=0) - datetime.timedelta(minutes=1)
+    past = now().replace(microsecond=0) - datetime.timedelta(minutes=1)
     expired = keys.add(expires=past)
-    later = keys.add(scope=READ_ONLY, expires=NOW + datetime.timedelta(days=1))
+    later = keys.add(scope=READ_ONLY, expires=now() + datetime.timedelta(days=1))
     reply = api(server, "sessions", expired)
     message = error(reply, 401)
     assert message == (
@@ -119,6 +124,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_api_key_add_with_scope_and_expiry_and_list(capsys, keys_file):
     file = ("--file", str(keys_file))
+    added_at = now()
     code, key, _ = run(capsys, "add", "--scope", "read-only", "--expires-in", "30d", *file)
     assert code == 0
     code, chosen, _ = run(capsys, "add", "--key", "k" * 16, "--expires-at", "2099-01-31", *file)
@@ -132,7 +138,7 @@ def test_api_key_add_with_scope_and_expiry_and_list(capsys, keys_file):
         [lines[2].split()[0], "admin"],
     ]
     expires = datetime.datetime.fromisoformat(lines[0].split("expires ")[1])
-    assert abs(expires - NOW - datetime.timedelta(days=30)) < datetime.timedelta(minutes=1)
+    assert abs(expires - added_at - datetime.timedelta(days=30)) < datetime.timedelta(minutes=1)
     assert lines[1].endswith("expires 2099-01-31T00:00:00+00:00")  # no zone given: UTC
     assert lines[2].endswith("never expires")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from broker import admin
 from broker.protocol import Property
 from tests.broker.helpers import PUBACK, V5, V311, connect_packet, publish_packet, unique_id
 
@@ -86,6 +87,22 @@ def test_register_m5_body(hook_server, webhooks_broker, paho_client):
             "p_user_property": [{"key": b64("site"), "val": b64("lab")}],
         },
     }
+
+
+def test_a_mountpoint_answered_alone_puts_the_client_on_that_tree(
+    hook_server, webhooks_broker, paho_client
+):
+    # VerneMQ ignored a mountpoint returned without client_id (its issues 332, 476, 559).
+    register = hook_server.answer("/reg", {"result": "ok", "modifiers": {"mountpoint": "t-a"}})
+    publish = hook_server.answer("/pub", {"result": "ok"})
+    server = webhooks_broker(
+        {"hook": "auth_on_register", "url": register}, {"hook": "auth_on_publish", "url": publish}
+    )
+    client = paho_client(server, client_id="dev-m", username="alice")
+    assert server.call(admin.client, server.broker, "dev-m", "t-a")["is_online"]
+    client.publish("t/x", b"hi", 1)
+    body = check_request(hook_server.expect("/pub"), "auth_on_publish")
+    assert (body["mountpoint"], body["client_id"], body["topic"]) == ("t-a", "dev-m", "t/x")
 
 
 def test_v4_endpoint_serves_mqtt5_clients_with_v4_bodies(hook_server, webhooks_broker, paho_client):
