@@ -6,6 +6,8 @@
 # picked up at its CONNECT, with a rate limit it never reaches: a trace at full speed).
 # With `--before DIR` (a checkout of the commit before tracing, its C extension built),
 # a fifth case, "before": no trace, the broker's code from DIR (what tracing off costs).
+# "mountpoint" (asked for with --modes): no trace, the load's clients on a mountpoint's
+# tree (docs/operations.md, Mountpoints): what a tree costs its clients.
 #
 # Strategy: a fresh Nautilus process per measurement, its admin API on (the same in every
 # mode), the runs of the three modes interleaved (none, idle, traced, none, ...) so that
@@ -34,14 +36,14 @@ from .brokers import HOST, BrokerSpec, RunningBroker, free_port, raise_fd_limit
 from .jwt_connect import _run
 from .report import cpu_busy
 
-MODES = ("none", "idle", "paced", "publisher")
+MODES = ("none", "idle", "paced", "publisher")  # and "before", "mountpoint": see above
 PREFIX = "bench-trace"
 IDLE_CLIENT = "bench-idle"
 PACED_CLIENT = "bench-paced"
 TOML = """\
 [[listeners]]
 address = "{host}:{port}"
-[store]
+{tree}[store]
 backend = "memory"
 [http]
 address = "{host}:{http_port}"
@@ -137,7 +139,9 @@ def measure(mode: str, qos: int, keys: Path, key: str, args: argparse.Namespace)
 
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "nautilus.toml"
-        config.write_text(TOML.format(host=HOST, port=port, http_port=http_port, keys=keys))
+        tree = 'mountpoint = "bench-tree"\n' if mode == "mountpoint" else ""  # (not before's)
+        values = {"host": HOST, "port": port, "http_port": http_port, "keys": keys}
+        config.write_text(TOML.format(tree=tree, **values))
         if mode == "before":  # -P: the code on PYTHONPATH, not the working directory's
             python = ["env", f"PYTHONPATH={args.before}", sys.executable, "-P"]
             return [*python, "-m", "broker", "--config", str(config)]
