@@ -42,12 +42,19 @@ SWC_TIMES = "[cluster.swc]\nsync_interval = 0.3\ngc_interval = 1.0\n"
 
 
 def start_in_process_node(
-    start_broker: Any, redis_url: str, dead_after: float = 1.0, **cluster: Any
+    start_broker: Any,
+    redis_url: str,
+    dead_after: float = 1.0,
+    name: str = "a",
+    sections: dict[str, Any] | None = None,
+    **cluster: Any,
 ) -> Any:
-    """Node "a" in this test process (the `start_broker` fixture), on ephemeral ports,
-    with the Redis store at `redis_url`; `cluster` adds or overrides [cluster] keys."""
+    """Node `name` in this test process (the `start_broker` fixture), on ephemeral ports,
+    with the Redis store at `redis_url`; `cluster` adds or overrides [cluster] keys,
+    `sections` adds other config sections (e.g. `http`)."""
     return start_broker(
-        broker={"node_name": "a"},
+        **(sections or {}),
+        broker={"node_name": name},
         cluster={
             "address": "127.0.0.1:0",
             "metadata": "redis",

@@ -11,7 +11,7 @@ from typing import Any
 
 from broker.http.api_keys import ApiKeys
 from tests.broker.helpers import paho_client, unique_id
-from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, cluster_of
+from tests.cluster.nodes import DEAD_AFTER, cluster_of, start_in_process_node
 from tests.http.conftest import api, table
 from tests.http.trace_reader import TraceReader
 
@@ -19,17 +19,8 @@ __all__ = ["paho_client"]  # a fixture, used by name
 
 
 def start_node(start_broker: Any, name: str, redis_url: str, keys: Path) -> Any:
-    return start_broker(
-        broker={"node_name": name},
-        http={"address": "127.0.0.1:0", "api_keys_file": str(keys)},
-        cluster={
-            "address": "127.0.0.1:0",
-            "metadata": "redis",
-            "liveness_interval": LIVENESS_INTERVAL,
-            "dead_after": DEAD_AFTER,
-        },
-        plugins={"redis_subs": {"enabled": True, "url": redis_url}},
-    )
+    http = {"address": "127.0.0.1:0", "api_keys_file": str(keys)}
+    return start_in_process_node(start_broker, redis_url, DEAD_AFTER, name, {"http": http})
 
 
 def linked(node: Any, other: str) -> None:
