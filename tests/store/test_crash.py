@@ -349,3 +349,47 @@ def test_store_of_the_older_layout_is_refused_in_one_line(tmp_path):
         assert dict(db.iterator()) == {b"s/x": b"{}"}
     finally:
         db.close()
+
+
+def test_a_mountpoints_session_and_retained_message_survive_kill_9(tmp_path, start_process):
+    # A mountpoint's session keys are framed in the store (broker/store/leveldb.py), a
+    # retained message finds its tree from its key: both as they were after the crash.
+    config = store_config(tmp_path)
+    text = config.read_text(encoding="utf-8")
+    config.write_text(
+        text.replace('address = "127.0.0.1:0"\n', 'address = "127.0.0.1:0"\nmountpoint = "t-a"\n'),
+        encoding="utf-8",
+    )
+    broker = start_process(config)
+    sub_id = unique_id("tree")
+    sub = connect(broker, sub_id, clean=False)
+    assert sub.subscribe(("crash/tree", 1)) == [1]
+    sub.disconnect()
+    pub = connect(broker)
+    payloads = [b"tree-%d" % i for i in range(500)]
+    publish_acknowledged(pub, "crash/tree", payloads, window=100)
+    pub.send(publish_packet("crash/kept", b"retained", qos=1, packet_id=1, retain=True))
+    assert pub.expect(PUBACK).packet_id == 1
+    crash(broker)
+    pub.close()
+    db = plyvel.DB(str(tmp_path / "store" / "messages"))
+    try:  # the tree's names, as the store keeps them
+        assert db.get(b"s/t-a\0" + sub_id.encode()) is not None
+        assert any(True for _ in db.iterator(prefix=b"q/\0t-a\0" + sub_id.encode() + b"\0"))
+        assert db.get(b"r/\0t-a/crash/kept") is not None
+    finally:
+        db.close()
+
+    broker = start_process(config)
+    back = resume(broker, sub_id)
+    got = []
+    for _ in payloads:
+        pkt = back.expect(PUBLISH)
+        assert (pkt.topic, pkt.qos) == ("crash/tree", 1), pkt
+        back.ack(pkt)
+        got.append(pkt.payload)
+    assert got == payloads
+    fresh = connect(broker)
+    assert fresh.subscribe(("crash/#", 1)) == [1]
+    kept = fresh.expect(PUBLISH)
+    assert (kept.topic, kept.payload, kept.retain) == ("crash/kept", b"retained", True)
