@@ -61,14 +61,16 @@ READY_TIMEOUT = 30.0  # seconds a (re)started broker has to listen
 class SoakBroker:
     """`python -m broker` on one port and one LevelDB store, across restarts."""
 
-    def __init__(self, workdir: Path, sync: bool) -> None:
+    def __init__(self, workdir: Path, sync: bool, mountpoint: str = "") -> None:
         self.port = free_port()
         self.store = workdir / "store"
         self.config = workdir / "nautilus.toml"
         table = f'backend = "leveldb"\npath = "{self.store}"\nsync = {str(sync).lower()}'
-        self.config.write_text(
-            nautilus_toml(MODES["bounded"], table).format(host=HOST, port=self.port)
-        )
+        text = nautilus_toml(MODES["bounded"], table).format(host=HOST, port=self.port)
+        if mountpoint:  # every session, queue and retained key is then the tree's
+            listen = f'address = "{HOST}:{self.port}"'
+            text = text.replace(listen, f'{listen}\nmountpoint = "{mountpoint}"')
+        self.config.write_text(text)
         self.log = workdir / "broker.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -351,7 +353,7 @@ def verdict(first: Row, last: Row) -> tuple[bool, str]:
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        broker = SoakBroker(Path(tmp), args.sync)
+        broker = SoakBroker(Path(tmp), args.sync, args.mountpoint)
         broker.start()
         load = Load(
             broker.port,
@@ -454,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         "on average (default 0.25; 0: as fast as the broker answers)",
     )  # fmt: skip
     parser.add_argument("--no-sync", dest="sync", action="store_false", help="[store] sync = false")
+    parser.add_argument(
+        "--mountpoint", default="", help="the listener's mountpoint (a tree's keys)"
+    )
     args = parser.parse_args(argv)
     return run(args)
 

@@ -20,7 +20,8 @@ those edges.
 
 from __future__ import annotations
 
-SHARE_PREFIX = "$share/"
+from broker.router import SHARE_PREFIX, parse_shared
+
 _FORBIDDEN = ("/", "+", "#", "\0")
 
 
@@ -51,8 +52,9 @@ def inside(mountpoint: str, topic: str) -> str:
     the filter goes into the tree, the group stays a group of that filter)."""
     if not mountpoint:
         return topic
-    if topic.startswith(SHARE_PREFIX):
-        group, _, topic_filter = topic[len(SHARE_PREFIX) :].partition("/")
+    shared = parse_shared(topic)
+    if shared is not None:
+        group, topic_filter = shared
         return f"{SHARE_PREFIX}{group}/\0{mountpoint}/{topic_filter}"
     return f"\0{mountpoint}/{topic}"
 
@@ -61,14 +63,8 @@ def outside(topic: str) -> str:
     """The topic (or filter) as the client of its tree knows it."""
     if topic[:1] == "\0":
         return topic.partition("/")[2]
-    if topic.startswith(SHARE_PREFIX) and "/\0" in topic:
-        group, _, topic_filter = topic[len(SHARE_PREFIX) :].partition("/")
+    shared = parse_shared(topic) if "/\0" in topic else None
+    if shared is not None:
+        group, topic_filter = shared
         return f"{SHARE_PREFIX}{group}/{outside(topic_filter)}"
     return topic
-
-
-def tree_of(topic: str) -> str:
-    """The mountpoint of a topic as the broker keeps it ("" for the default tree)."""
-    if topic[:1] == "\0":
-        return topic[1:].partition("/")[0]
-    return ""

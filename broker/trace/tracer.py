@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from broker.client.engine import ClientEngine, Flows
 from broker.connection import Connection
+from broker.mountpoints import split_subscriber_id
 from broker.protocol import Connect
 from broker.trace.hooks import Watched, watch
 from broker.trace.tap import Tap
@@ -121,9 +122,8 @@ class Tracer:
 
     def session_event(self, key: str, what: str) -> None:
         """Something happened to a session (it moves to another node, its queue with
-        it): `key` is the registry's, `mountpoint\\0client id` on a mountpoint."""
-        mountpoint, _, client_id = key.rpartition("\0")
-        for trace in list(self.watched.get((mountpoint, client_id), ())):
+        it): `key` is the registry's, its subscriber id."""
+        for trace in list(self.watched.get(split_subscriber_id(key), ())):
             trace.write(SESSION, what)
 
     # -- while tracing --------------------------------------------------------------------
