@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="nautilus",
         description="Nautilus, an MQTT 3.1 / 3.1.1 / 5.0 broker.",
         epilog="nautilus passwd [-c | -D] FILE USER: manage a password file "
-        "(see nautilus passwd --help). nautilus store stats|check|compact --path DIR: "
+        "(see nautilus passwd --help). nautilus check-config FILE: check a config file "
+        "and say what a start on it would do. nautilus store stats|check|compact --path DIR: "
         "look into a LevelDB store. nautilus events tail [--relay HOST:PORT]: print an "
         "event relay's events (see nautilus events tail --help). nautilus api-key "
         "add|list|delete: the admin API's keys. nautilus admin COMMAND: ask a running "
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from broker.store.tool import main as store_tool
 
         return store_tool(argv[1:])
+    if argv and argv[0] == "check-config":  # nautilus check-config FILE
+        from broker.check_config import main as check_config
+
+        return check_config(argv[1:])
     if argv and argv[0] == "api-key":  # nautilus api-key add|list|delete
         from broker.http.api_keys import main as api_key_tool
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker import admin, optional
+from broker import admin, deciders, optional
 from broker.client.flows import FLOWS
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
@@ -165,6 +165,8 @@ class Broker:
         return props
 
     async def start(self) -> None:
+        for warning in deciders.warnings(self.config, self.plugins):
+            log.warning("%s", warning)
         for _, plugin in self.plugins:  # work that runs on one node of a cluster at a time
             place = side_doors(plugin).placement
             if place is not None:

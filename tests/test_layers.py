@@ -5,7 +5,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
 
   0 protocol       the sans-I/O codec
   1 foundations    topics, clock, metrics, config, router (the trie only matches),
-                   authorization, enhanced_auth, hook_callers, tls (listeners' contexts),
+                   authorization, deciders (who decides what, as configured),
+                   enhanced_auth, hook_callers, tls (listeners' contexts),
                    logs, episodes (a repeated line logged once per episode; connection
                    caps), descriptors (the process's file descriptors), optional
                    (importing what needs an optional library)
@@ -23,7 +24,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   7 connection     the asyncio shell around an engine (connection), its writer,
                    proxy_protocol (the header before it), tls_stream (TLS after that
                    header), websocket (the framing around it)
-  8 broker         server (the Broker), __main__, admin (operations), http (the server)
+  8 broker         server (the Broker), __main__, check_config, admin (operations),
+                   http (the server)
 
 Traces (broker/trace/) span layers: one trace and how its lines show things (trace,
 text, hooks) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
@@ -59,6 +61,7 @@ LAYERS = {
     "broker.config": 1,
     "broker.router": 1,
     "broker.authorization": 1,
+    "broker.deciders": 1,  # who decides CONNECT / PUBLISH / SUBSCRIBE, and the traps
     "broker.enhanced_auth": 1,
     "broker.hook_callers": 1,
     "broker.logs": 1,
@@ -96,6 +99,7 @@ LAYERS = {
     "broker.admin": 8,
     "broker.http": 8,
     "broker.__main__": 8,
+    "broker.check_config": 8,  # nautilus check-config
     "broker": 8,  # broker/__init__.py
 }
 

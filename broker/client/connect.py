@@ -237,9 +237,8 @@ def _register_failed(engine: ClientEngine, context: RegisterContext, result, cod
         context.reason = reason
         context.password = None  # events (and the event relay) never see credentials
         chains.notify(chain, context)
-    log.info("%s: not authorized: %s", engine.client.name(), reason)
     if not engine.closing:
-        refuse(engine, code, refusal_properties(result))
+        refuse(engine, code, refusal_properties(result), why=reason)
 
 
 def _accept(
@@ -474,14 +473,23 @@ def _connack_properties(engine: ClientEngine, assigned_id: str | None) -> dict:
 
 
 def refuse(
-    engine: ClientEngine, reason: int, properties: dict | None = None, *, quiet: bool = False
+    engine: ClientEngine,
+    reason: int,
+    properties: dict | None = None,
+    *,
+    quiet: bool = False,
+    why: str = "",
 ) -> None:
-    """CONNACK with a refusal, then the close. `quiet`: the caller logged it already."""
+    """CONNACK with a refusal, then the close. `quiet`: the caller logged it already;
+    `why`: the plugin's reason, for the log line (which names the code the client saw)."""
     # 3.x has five codes; "not authorized" stands for every other refusal.
     v3_code = V3_CONNACK_CODE.get(ReasonCode(reason), ConnectReturnCode.NOT_AUTHORIZED)
+    v5 = engine.client.protocol_level == MQTT5
     if not quiet:
-        log.info("%s: connection refused (reason %#04x)", engine.client.name(), reason)
-    if engine.client.protocol_level == MQTT5:
+        because = f"{why}, " if why else ""
+        seen = connack_text(reason if v5 else v3_code, v5)
+        log.info("%s: connection refused: %s%s", engine.client.name(), because, seen)
+    if v5:
         engine.outlet.send(ConnAck(reason, False, properties or {}))
     elif reason != ReasonCode.TOPIC_NAME_INVALID:
         engine.outlet.send(ConnAck(v3_code, False))
@@ -489,6 +497,18 @@ def refuse(
         return engine.close()
     engine.host.metrics.connack_sent(v3_code)
     engine.close()
+
+
+def connack_text(code: int, v5: bool) -> str:
+    """A refusal as the client saw it: `CONNACK 0x86 (bad user name or password)` for
+    MQTT 5, `CONNACK 4 (bad username or password)` for 3.1 / 3.1.1."""
+    if v5:
+        return f"CONNACK {code:#04x} ({_words(ReasonCode(code).name)})"
+    return f"CONNACK {code} ({_words(ConnectReturnCode(code).name)})"
+
+
+def _words(name: str) -> str:
+    return name.lower().replace("_", " ")
 
 
 def on_disconnect(engine: ClientEngine, packet: Disconnect) -> None:

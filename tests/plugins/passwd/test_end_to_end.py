@@ -159,3 +159,20 @@ def test_broken_file_keeps_the_users_until_fixed(server, login, passwd_path, rel
     assert reload_events.reloaded.wait(RELOAD_TIMEOUT), "the fixed file was not reloaded"
     login(server, V311, "alice", "wonderland", expect_code=BAD_USERNAME_OR_PASSWORD)
     login(server, V5, "alice", "changed")
+
+
+@pytest.mark.parametrize(
+    ("version", "seen"),
+    [
+        (V311, "CONNACK 4 (bad username or password)"),
+        (V5, "CONNACK 0x86 (bad user name or password)"),
+    ],
+)
+def test_a_refusal_is_logged_once_with_the_code_the_client_saw(
+    server, login, caplog, version, seen
+):
+    caplog.set_level(logging.INFO, logger="nautilus.connection")
+    login(server, version, "alice", "Wonderland", expect_code=BAD_USERNAME_OR_PASSWORD)
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert refusals[0].endswith(f"connection refused: invalid_credentials, {seen}")
