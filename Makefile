@@ -16,7 +16,7 @@ AMQTT_VENV := .venv-amqtt
 AMQTT_STAMP := $(AMQTT_VENV)/.installed
 export NAUTILUS_AMQTT_PYTHON ?= $(CURDIR)/$(AMQTT_VENV)/bin/python
 
-.PHONY: run test lint typecheck format bench clean lock smoke test-latest test-lowest system-packages
+.PHONY: run test test-no-system lint typecheck format bench clean lock smoke test-latest test-lowest system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,16 +44,22 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-system-packages:
-	# Java for Spark's tests, Chromium for the status page's and CORS's, Redis for the
-	# cluster's and auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the
-	# bridge's, graphite-carbon (carbon-cache) for Graphite's (the tests start servers of
-	# their own)
-	bash scripts/system-packages.sh openjdk-17-jre-headless chromium redis-server \
-		postgresql mariadb-server mosquitto graphite-carbon
+# Java for Spark's tests, Chromium for the status page's and CORS's, Redis for the
+# cluster's and auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the
+# bridge's, graphite-carbon (carbon-cache) for Graphite's (the tests start servers of
+# their own). scripts/system-packages.sh names the missing ones before installing them.
+SYSTEM_PACKAGES := openjdk-17-jre-headless chromium redis-server postgresql mariadb-server \
+	mosquitto graphite-carbon
 
-test: $(STAMP) $(AMQTT_STAMP) lint typecheck system-packages smoke
-	$(BIN)/python -m pytest -q
+system-packages:
+	bash scripts/system-packages.sh $(SYSTEM_PACKAGES)
+
+test: system-packages test-no-system
+
+# The same tests without installing system packages: a test whose package is missing is
+# skipped, with the reason (-rs lists them at the end).
+test-no-system: $(STAMP) $(AMQTT_STAMP) lint typecheck smoke
+	$(BIN)/python -m pytest -q -rs
 	# the hot path's pure-Python twins, as without a C compiler (tests/protocol runs both)
 	NAUTILUS_NO_SPEEDUPS=1 $(BIN)/python -m pytest -q tests/unit tests/broker/test_flow_control.py \
 		tests/broker/test_publish.py tests/broker/test_backpressure.py tests/broker/test_hostile_input.py

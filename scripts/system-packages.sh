@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages named as arguments when their command is missing.
-# As root it uses apt-get; otherwise it prints one line saying what to install and fails.
+# As root it uses apt-get, after one line naming the packages it installs; otherwise it
+# prints one line saying what to install (or to run make test-no-system) and fails.
 set -euo pipefail
 declare -A command_of=([mosquitto]=mosquitto [redis-server]=redis-server [openjdk-17-jre-headless]=java
   [mariadb-server]=mariadbd [graphite-carbon]=carbon-cache)
@@ -20,9 +21,10 @@ for package in "$@"; do
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "system-packages: installing ${missing[*]} with apt-get (make test-no-system runs the tests without them)" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-  echo "missing system packages: please install ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
+  echo "missing system packages: please install ${missing[*]} (e.g. sudo apt-get install ${missing[*]}), or run make test-no-system, which skips the tests that need them" >&2
   exit 1
 fi
