@@ -83,22 +83,38 @@ class EventLog:
         self._segment_bytes = max(memory_bytes // 16, 64 * 1024)
         self.sync = sync
         self.memory_bytes = memory_bytes
-        self.spool = spool
         self.loop = loop
-        self.next_seq = spool.next_seq if spool is not None else 1
-        self._records: list[bytes] = []  # the segment being written's
-        self._tail = _Segment(self.next_seq, self._records)
-        self._trim_at = self.next_seq + memory_events  # the seq that makes one too many
-        self._segments: deque[_Segment] = deque([self._tail])
+        self._begin(1)
         self._held_bytes = 0  # of the full segments (the one being written: its .size)
+        self.spool: Spool | None = None
         # (seq, code, count, record) not yet in the spool; None: there is no spool.
-        self._unflushed: list[tuple[int, int, int, bytes]] | None = None if spool is None else []
+        self._unflushed: list[tuple[int, int, int, bytes]] | None = None
         self._pack = msgpack.Packer().pack
         self._listeners: list[Callable[[], None]] = []
         self._turn_due = False  # _end_of_turn is scheduled
-        self._turn_wanted = spool is not None  # a spool or readers: _end_of_turn has work
+        self._turn_wanted = False  # a spool or readers: _end_of_turn has work
+        if spool is not None:
+            self.use_spool(spool)
         self.lost = 0  # events memory let go of that the spool could not take
         self.appended_bytes = 0  # of every record appended (what readers have to read)
+
+    def _begin(self, next_seq: int) -> None:
+        """An empty log whose first event will be `next_seq`."""
+        self.next_seq = next_seq
+        self._records: list[bytes] = []  # the segment being written's
+        self._tail = _Segment(next_seq, self._records)
+        self._trim_at = next_seq + self.memory_events  # the seq that makes one too many
+        self._segments: deque[_Segment] = deque([self._tail])
+
+    def use_spool(self, spool: Spool) -> None:
+        """Keep the events in `spool` too, numbered on from its last one. Called before the
+        first event is appended: the relay opens its spool when it starts, not when it is
+        built (`nautilus check-config` builds it beside a running broker)."""
+        assert self.spool is None and not self._records, "the log already has events"
+        self.spool = spool
+        self._begin(spool.next_seq)
+        self._unflushed = []
+        self._turn_wanted = True
 
     # -- writing ------------------------------------------------------------------------
 

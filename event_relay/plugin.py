@@ -57,17 +57,11 @@ class EventRelay:
 
     def __init__(self, config: RelayConfig) -> None:
         self.config = check(config)
-        spool = None
-        if config.durability != "none":
-            try:
-                spool = Spool(config.spool_path, config.spool_max_events)
-            except SpoolError as exc:
-                raise ConfigError(f"event_relay.spool_path: {exc}") from None
         self.acknowledged = config.durability == "acknowledged"
+        # The spool, if any, is opened by start(): building the relay takes nothing.
         self.log = EventLog(
             memory_events=config.memory_events,
             memory_bytes=config.memory_bytes,
-            spool=spool,
             sync=self.acknowledged,
         )
         if self.acknowledged:
@@ -75,7 +69,7 @@ class EventRelay:
             # spool first (fsynced: the log writes with sync in this mode). Without
             # acknowledged durability there is no such method, and no call per flush.
             self.before_ack = self._before_ack
-        self.epoch = spool.epoch if spool is not None else uuid.uuid4().hex
+        self.epoch = uuid.uuid4().hex  # a spool's own when there is one (start)
         self.server = (
             RelayServer(self.log, config, self.epoch, self.heartbeat) if config.serve else None
         )
@@ -120,6 +114,8 @@ class EventRelay:
         return self.log.flush()
 
     async def start(self) -> None:
+        if self.config.durability != "none":
+            self._open_spool()
         self._recorder.schedule = asyncio.get_running_loop().call_soon  # no lookup per turn
         if self.server is not None:
             await self.server.start()
@@ -127,6 +123,17 @@ class EventRelay:
             self.sidecar.start()
         if self.config.heartbeat_interval:
             self._check_quiet()
+
+    def _open_spool(self) -> None:
+        config = self.config
+        try:
+            spool = Spool(config.spool_path, config.spool_max_events)
+        except SpoolError as exc:
+            raise ConfigError(f"event_relay.spool_path: {exc}") from None
+        self.log.use_spool(spool)
+        self.epoch = spool.epoch  # the sequence numbers go on from the spool's
+        if self.server is not None:
+            self.server.epoch = spool.epoch
 
     def heartbeat(self) -> None:
         """Append a heartbeat: the broker's clock, after every event appended so far."""

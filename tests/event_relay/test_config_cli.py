@@ -4,6 +4,7 @@ against a real broker process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -117,11 +118,28 @@ def test_enabled_must_be_a_boolean():
         load({"enabled": "yes"})
 
 
-def test_a_spool_path_that_is_a_file_is_a_config_error(tmp_path):
+def test_a_spool_path_that_is_a_file_is_a_config_error_at_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
+    ((_, relay),) = load({"enabled": True, "durability": "spool", "spool_path": str(blocker)})
     with pytest.raises(ConfigError, match=r"^event_relay\.spool_path: "):
-        load({"enabled": True, "durability": "spool", "spool_path": str(blocker)})
+        asyncio.run(relay.start())
+
+
+def test_building_the_relay_takes_no_spool_a_broker_holds(tmp_path):
+    """Its spool is opened when it starts: `nautilus check-config` builds the plugins
+    beside a broker running on the same config."""
+    relay_table = {"enabled": True, "durability": "spool", "spool_path": str(tmp_path / "ev")}
+    ((_, running),) = load(relay_table)
+
+    async def beside_a_running_one() -> None:
+        await running.start()
+        try:
+            load(relay_table)
+        finally:
+            await running.stop()
+
+    asyncio.run(beside_a_running_one())
 
 
 def test_a_spool_path_that_is_a_file_one_line_exit_2(tmp_path):
@@ -136,7 +154,7 @@ def test_a_spool_path_that_is_a_file_one_line_exit_2(tmp_path):
     result = nautilus("--config", str(config), cwd=tmp_path)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 2
-    assert result.stderr.startswith("nautilus: event_relay.spool_path: ")
+    assert result.stderr.splitlines()[-1].startswith("nautilus: event_relay.spool_path: ")
 
 
 def test_a_good_section_loads_the_relay_first(tmp_path):
