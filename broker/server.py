@@ -302,8 +302,10 @@ class Broker:
 
     def reload_tls(self) -> None:
         """SIGHUP: TLS listeners load their certificate files again, for new connections
-        (established ones keep theirs). A listener whose files fail keeps the old ones."""
-        for tls in self.tls.values():
+        (established ones keep theirs), and so do plugins' TLS servers (a plugin's
+        `tls_listeners`: the event relay's). A listener whose files fail keeps the old ones."""
+        plugins = [getattr(plugin, "tls_listeners", ()) for _, plugin in self.plugins]
+        for tls in [*self.tls.values(), *(tls for listeners in plugins for tls in listeners)]:
             try:
                 tls.reload()
             except ConfigError as exc:

@@ -58,11 +58,15 @@ class TlsStream(Layer):
             return
         except (ssl.SSLError, ssl.CertificateError) as exc:
             self.flush()  # the alert, if any
-            log.info("%s: TLS handshake failed: %s", self.socket.get_extra_info("peername"), exc)
+            self.handshake_failed(self.socket.get_extra_info("peername"), exc)
             self.socket.close()
             return
         self.flush()
         self.hand_up(self.make_upper(), TlsStreamTransport(self))
+
+    def handshake_failed(self, peer: Any, exc: ssl.SSLError) -> None:
+        """Say why a client's handshake failed (the event relay's server says it its way)."""
+        log.info("%s: TLS handshake failed: %s", peer, exc)
 
     def _read(self) -> None:
         upper = self.upper
@@ -72,17 +76,26 @@ class TlsStream(Layer):
                 data = self.tls.read(READ)
             except ssl.SSLWantReadError:
                 break
-            except ssl.SSLZeroReturnError:  # the client's close_notify
-                self.socket.close()
-                break
+            except ssl.SSLZeroReturnError:
+                data = b""
             except ssl.SSLError as exc:
                 log.info("%s: TLS error: %s", self.socket.get_extra_info("peername"), exc)
                 self.socket.close()
                 break
-            if not data:
+            if not data:  # the client's close_notify (read() gives b"" for it)
+                self._close_notified()
                 break
             upper.data_received(data)
         self.flush()  # e.g. TLS 1.3 session tickets
+
+    def _close_notified(self) -> None:
+        """Ours in reply (an asyncio client waits for it, up to 30 s, before it closes),
+        then the socket closes."""
+        with contextlib.suppress(ssl.SSLError):
+            self.tls.unwrap()
+        self.flush()
+        assert self.socket is not None
+        self.socket.close()
 
     def flush(self) -> None:
         if self.outgoing.pending and self.socket is not None and not self.socket.is_closing():

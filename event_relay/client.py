@@ -16,16 +16,22 @@ the records as they came (`schema.expand` makes events of them), for a sink that
 them or counts them cheaply (`schema.event_count`).
 Errors the relay sends (docs/event-relay.md, "Errors") are raised as RelayError, with
 OutOfRange for a position the relay no longer holds.
+
+Over TLS (`tls=tls_context(...)`: the relay's `certfile` is set) the handshake is done,
+the relay's certificate checked against the CA and the host name, before HELLO (and the
+secret in it) is sent; a failed handshake is a RelayError with code `tls` saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+from broker.tls import why
 from event_relay import frames
 from event_relay.schema import CODES, decode_event, expand
 
@@ -33,13 +39,30 @@ QUEUED_BATCHES = 8  # batches read ahead; past that, TCP pushes back on the rela
 
 
 class RelayError(Exception):
-    """The relay refused or ended the conversation; `code` says why."""
+    """The relay refused or ended the conversation; `code` says why, `relay` (host:port,
+    once known) which relay."""
 
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        relay: str | None = None,
+    ) -> None:
+        super().__init__(code, message)
         self.code = code
         self.message = message
         self.details = details or {}
+        self.relay = relay
+
+    def __str__(self) -> str:
+        where = f"relay {self.relay}: " if self.relay else ""
+        return f"{where}{self.code}: {self.message}"
+
+    def of(self, relay: str) -> RelayError:
+        """This error, saying which relay it came from."""
+        self.relay = relay
+        return self
 
 
 class OutOfRange(RelayError):
@@ -55,7 +78,9 @@ class RelayClient:
         frame_reader: frames.FrameReader,
         early: list[tuple[bytes, Any]],
         types: list[str] | None = None,
+        relay: str = "",
     ) -> None:
+        self.relay = relay  # host:port, in its errors
         self._reader = reader
         self._frame_reader = frame_reader
         self._early = early  # frames that came in with WELCOME
@@ -94,11 +119,22 @@ class RelayClient:
         start: str | int | None = "latest",
         types: list[str] | None = None,
         secret: str | None = None,
+        tls: ssl.SSLContext | None = None,
         timeout: float = 10.0,
     ) -> RelayClient:
         """Attach as consumer `name`. start: "earliest", "latest", "committed" (where this
-        name last committed), a sequence number, or None (no streaming: reads only)."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        name last committed), a sequence number, or None (no streaming: reads only).
+        tls: connect with TLS (tls_context()), checking the certificate against `host`."""
+        relay = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    host, port, ssl=tls, server_hostname=host if tls is not None else None
+                ),
+                timeout,
+            )
+        except ssl.SSLError as exc:
+            raise RelayError("tls", tls_problem(exc), relay=relay) from None
         hello: dict[str, Any] = {
             "version": frames.VERSION,
             "name": name,
@@ -111,17 +147,23 @@ class RelayClient:
         frame_reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
         try:
             received = await asyncio.wait_for(_first_frames(reader, frame_reader), timeout)
+            kind, body = received[0]
+            if kind == frames.ERROR:
+                raise relay_error(body)
+            if kind != frames.WELCOME:
+                raise RelayError("bad_frame", f"expected WELCOME, got {kind!r}")
+        except ssl.SSLError as exc:
+            # TLS 1.3: a client certificate the relay refuses shows here, in its first
+            # reply (this side's handshake was done).
+            writer.close()
+            raise RelayError("tls", tls_problem(exc), relay=relay) from None
+        except RelayError as exc:
+            writer.close()
+            raise exc.of(relay) from None
         except BaseException:
             writer.close()
             raise
-        kind, body = received[0]
-        if kind == frames.ERROR:
-            writer.close()
-            raise relay_error(body)
-        if kind != frames.WELCOME:
-            writer.close()
-            raise RelayError("bad_frame", f"expected WELCOME, got {kind!r}")
-        return cls(reader, writer, body, frame_reader, received[1:], types)
+        return cls(reader, writer, body, frame_reader, received[1:], types, relay)
 
     # -- streaming ----------------------------------------------------------------------
 
@@ -244,7 +286,7 @@ class RelayClient:
         return any(self._replies.values())
 
     def _fail(self, error: RelayError) -> None:
-        self._error = error
+        self._error = error.of(self.relay)
         for waiting in self._replies.values():
             while waiting:
                 future = waiting.popleft()
@@ -274,10 +316,62 @@ async def _first_frames(
     while True:
         data = await reader.read(65536)
         if not data:
-            raise RelayError("closed", "the relay closed the connection during the handshake")
+            raise RelayError("closed", CLOSED_IN_HANDSHAKE)
         received = frame_reader.feed(data)
         if received:
             return received
+
+
+# A relay with TLS on closes a connection that does not start with a TLS handshake.
+CLOSED_IN_HANDSHAKE = (
+    "the relay closed the connection during the handshake (if its TLS is on, connect with TLS)"
+)
+
+
+def tls_context(
+    cafile: str | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    option: str = "",
+) -> ssl.SSLContext:
+    """A client context for a relay with TLS: its certificate checked against `cafile`
+    (the system's CAs without it) and the host name; `certfile` (and `keyfile`, unless
+    the key is in it) this consumer's certificate. A file that does not load is a
+    ValueError naming it as `option` + "cafile" (`--relay-` on the command line)."""
+    try:
+        context = ssl.create_default_context(cafile=cafile or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"{option}cafile: cannot load {cafile}: {why(exc)}") from None
+    if certfile:
+        try:
+            context.load_cert_chain(certfile, keyfile or None)
+        except (OSError, ssl.SSLError) as exc:
+            key = f" with the key {keyfile}" if keyfile else ""
+            raise ValueError(f"{option}certfile: cannot load {certfile}{key}: {why(exc)}") from None
+    elif keyfile:
+        raise ValueError(f"{option}keyfile: given without the certificate it is the key of")
+    return context
+
+
+# What a failed handshake's OpenSSL reason means, from the consumer's side.
+_TLS_PROBLEMS = {
+    "WRONG_VERSION_NUMBER": "the relay does not speak TLS on this port (is its certfile set?)",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the relay requires a client certificate",
+    "SSLV3_ALERT_HANDSHAKE_FAILURE": "the relay refused the handshake (does it require a "
+    "client certificate?)",
+    "TLSV1_ALERT_UNKNOWN_CA": "the relay refused this consumer's certificate (unknown CA)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the relay refused this consumer's certificate",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the relay refused this consumer's certificate",
+}
+
+
+def tls_problem(exc: ssl.SSLError) -> str:
+    """Why the TLS handshake with the relay failed, in a few words."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the relay's certificate is not trusted ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLEOFError):
+        return "the relay closed the connection during the TLS handshake"
+    return _TLS_PROBLEMS.get(exc.reason or "", f"TLS failed: {exc.reason or exc}")
 
 
 def relay_error(body: Any) -> RelayError:

@@ -29,6 +29,16 @@ class RelayConfig:
     serve: bool = False  # `enabled` in the file: the TCP relay server runs
     address: str = "127.0.0.1:7883"
     secret: str = ""  # consumers must present it in HELLO when set
+    # TLS, on when certfile is set (the MQTT listeners' keys and meanings): the server's
+    # certificate chain and key (PEM), and the CA that consumers' certificates must
+    # chain to (with require_certificate, every consumer must show one).
+    certfile: str = ""
+    keyfile: str = ""
+    keypasswd: str = ""
+    cafile: str = ""
+    require_certificate: bool = False
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = "tlsv1.2"  # the lowest accepted
+    ciphers: str = ""  # an OpenSSL cipher list (TLS 1.2); "" keeps OpenSSL's defaults
     hooks: list[str] = field(default_factory=lambda: list(HOOK_NAMES))
     payloads: Literal["full", "size", "none"] = "full"
     # sample.<hook>.<acl label> = percentage of those events relayed (Courier's sampling)
@@ -83,7 +93,29 @@ def check(config: RelayConfig) -> RelayConfig:
             f"event_relay.sidecar.port: must be 1 to 65535, got {config.sidecar.port}"
         )
     host_port(config.address, "event_relay.address")
+    check_tls(config)
     return config
+
+
+_TLS_KEYS = ("keypasswd", "cafile", "require_certificate", "tls_version", "ciphers")
+_DEFAULTS = RelayConfig()
+
+
+def check_tls(config: RelayConfig) -> None:
+    """certfile and keyfile turn TLS on together; the other TLS keys need them."""
+    if config.certfile or config.keyfile:
+        for key in ("certfile", "keyfile"):
+            if not getattr(config, key):
+                other = "keyfile" if key == "certfile" else "certfile"
+                raise ConfigError(f"event_relay.{key}: needed with {other} (TLS needs both)")
+    else:
+        for key in _TLS_KEYS:
+            if getattr(config, key) != getattr(_DEFAULTS, key):
+                raise ConfigError(
+                    f"event_relay.{key}: a TLS setting, and TLS is off (set certfile and keyfile)"
+                )
+    if config.require_certificate and not config.cafile:
+        raise ConfigError("event_relay.cafile: require_certificate needs the CA to check against")
 
 
 def host_port(address: str, where: str) -> tuple[str, int]:

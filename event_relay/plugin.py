@@ -26,6 +26,7 @@ from typing import Any
 
 from broker.config import ConfigError
 from broker.protocol import Property
+from broker.tls import TlsListener
 from event_relay.config import RelayConfig, check
 from event_relay.log import EventLog
 from event_relay.recorder import Recorder
@@ -103,6 +104,12 @@ class EventRelay:
         for hook in HOOK_NAMES:
             if hook not in relayed and not (hook == "on_register" and tracked):
                 setattr(self, hook, None)  # hidden: the broker skips it entirely
+
+    @property
+    def tls_listeners(self) -> list[TlsListener]:
+        """The relay server's TLS, if on: the broker reloads its files on SIGHUP."""
+        tls = None if self.server is None else self.server.tls
+        return [] if tls is None else [tls]
 
     @property
     def sampled_out(self) -> int:

@@ -7,16 +7,24 @@ the high-water mark (asyncio's pause_writing), so a consumer that stops reading 
 broker a bounded buffer and its position. It is served from memory or from the spool
 alike; if it falls behind the retained range it gets an `out_of_range` ERROR, never a
 silent gap.
+
+With TLS on (`certfile`), every connection is TLS: a consumer's first byte is read by
+the handshake (broker.tls_stream, over the listeners' contexts, reloaded on SIGHUP), so
+nothing, HELLO's secret included, is read in clear; a failed handshake is one WARNING.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
+from broker.tls import TlsListener
+from broker.tls_stream import TlsStream
 from event_relay import frames
 from event_relay.config import RelayConfig, host_port
 from event_relay.log import EventLog, OutOfRange
@@ -55,11 +63,14 @@ class RelayServer:
         self.records_sent = 0  # events, or compact records of several
         self._served_bytes = 0  # the log's appended_bytes when the consumers were served
         self._linger: asyncio.TimerHandle | None = None
+        # The contexts of TLS (ConfigError naming the key if a file will not load).
+        self.tls = TlsListener(config, "event_relay") if config.certfile else None
+        _warn_if_in_clear(config)
 
     async def start(self) -> None:
         host, port = host_port(self.config.address, "event_relay.address")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Consumer(self), host, port)
+        self._server = await loop.create_server(self._accept, host, port)
         self.address = self._server.sockets[0].getsockname()[:2]
         self.log.listen(self._wake)
         log.info("event relay listening on %s:%s", *self.address)
@@ -73,6 +84,13 @@ class RelayServer:
             for consumer in list(self.consumers):
                 consumer.close()
             await self._server.wait_closed()
+
+    def _accept(self) -> asyncio.Protocol:
+        """A new connection's protocol: a consumer, behind the TLS handshake if TLS is on."""
+        if self.tls is None:
+            return Consumer(self)
+        loop = asyncio.get_running_loop()
+        return ConsumerTls(self.tls.server, lambda: Consumer(self), loop, HANDSHAKE_TIMEOUT)
 
     def _wake(self) -> None:
         """New events: the streaming consumers get them now if LINGER_BYTES wait, else
@@ -188,8 +206,11 @@ class Consumer(asyncio.Protocol):
         secret = self.server.config.secret
         given = str(body.get("secret") or "").encode()
         if secret and not hmac.compare_digest(given, secret.encode()):
-            log.warning("event relay: consumer %r refused: wrong or missing secret", body["name"])
-            return self.fail("unauthorized", "a valid secret is required")
+            peer = _peer(self.transport)
+            log.warning(
+                "event relay: %s: consumer %r refused: wrong or missing secret", peer, body["name"]
+            )
+            return self.close_with_error("unauthorized", "a valid secret is required")
         self.name = body["name"]
         types = body.get("types")
         self.codes = None if types is None else record_codes(frozenset(CODES[t] for t in types))
@@ -306,8 +327,12 @@ class Consumer(asyncio.Protocol):
             self.transport.write(frames.frame(kind, body))
 
     def fail(self, code: str, message: str, **details: Any) -> None:
-        """Tell the consumer what went wrong, then close."""
+        """Log what went wrong, tell the consumer, then close."""
         log.info("event relay: consumer %r: %s: %s", self.name, code, message)
+        self.close_with_error(code, message, **details)
+
+    def close_with_error(self, code: str, message: str, **details: Any) -> None:
+        """Tell the consumer what went wrong (an ERROR frame), then close."""
         self.send(frames.ERROR, {"code": code, "message": message, **details})
         self.close()
 
@@ -320,6 +345,88 @@ class Consumer(asyncio.Protocol):
         self._timer = None
         if not self.welcomed:
             self.fail("bad_handshake", f"no HELLO within {HANDSHAKE_TIMEOUT:g} seconds")
+
+
+class ConsumerTls(TlsStream):
+    """A consumer's connection, its TLS handshake first: one that fails is one WARNING
+    naming the peer and why, then the connection closes. A consumer that refuses the
+    relay's certificate may close without a word (asyncio's client sends no alert): that
+    is said too, unless it sent nothing at all (a port probe)."""
+
+    begun = False  # the consumer has sent some of its handshake
+
+    def data_received(self, data: bytes) -> None:
+        self.begun = True
+        super().data_received(data)
+
+    def handshake_failed(self, peer: Any, exc: ssl.SSLError) -> None:
+        _handshake_failed(peer, handshake_problem(exc))
+
+    def eof_received(self) -> bool | None:
+        if self.upper is None and self.begun and self.socket is not None:
+            peer = self.socket.get_extra_info("peername")
+            _handshake_failed(
+                peer, "the consumer closed the connection (does it trust the relay's certificate?)"
+            )
+        return super().eof_received()
+
+
+def _handshake_failed(peer: Any, why: str) -> None:
+    log.warning("event relay: %s: TLS handshake failed: %s", _address(peer), why)
+
+
+# What a failed handshake's OpenSSL reason means, from the relay's side.
+_NOT_TLS = "not TLS (a consumer without TLS on the TLS port?)"
+_HANDSHAKE_PROBLEMS = {
+    "WRONG_VERSION_NUMBER": _NOT_TLS,
+    "HTTP_REQUEST": _NOT_TLS,
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the consumer showed no certificate "
+    "(require_certificate = true)",
+    "TLSV1_ALERT_UNKNOWN_CA": "the consumer does not trust the relay's certificate (unknown CA)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the consumer refused the relay's certificate (not for "
+    "the host it connected to, or out of date?)",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the consumer refused the relay's certificate",
+}
+
+
+def handshake_problem(exc: ssl.SSLError) -> str:
+    """Why a consumer's TLS handshake failed, in a few words."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the consumer's certificate is not trusted ({exc.verify_message})"
+    return _HANDSHAKE_PROBLEMS.get(exc.reason or "", exc.reason or str(exc))
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    return _address(None if transport is None else transport.get_extra_info("peername"))
+
+
+def _address(peer: Any) -> str:
+    """host:port of a socket's peer name."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+def _warn_if_in_clear(config: RelayConfig) -> None:
+    """A secret without TLS on an address other machines may reach: say that it travels
+    in clear, as the events do."""
+    host, _ = host_port(config.address, "event_relay.address")
+    if config.secret and not config.certfile and not _loopback(host):
+        log.warning(
+            "event relay: secret is set but TLS is off: the secret and the events cross the "
+            "network in clear to consumers of %s (set event_relay.certfile and "
+            "event_relay.keyfile to turn TLS on)",
+            config.address,
+        )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to any interface
+        return False
 
 
 def _hello_problem(body: Any) -> str | None:

@@ -6,7 +6,8 @@ blocking relay connection; `jobs.py` holds the built-in windowed analytics, `sin
 where results go (console, Parquet, memory, or back into the broker as retained MQTT
 messages), `session.py` a SparkSession set up for the source, and `cli.py` the
 `nautilus-spark` command. Imports none of the broker, only parts of `event_relay` (its
-frames, event schema, client errors and address parsing).
+frames, event schema, client errors and TLS context, address parsing, and the relay
+options of the command line).
 """
 
 import sys

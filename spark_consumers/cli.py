@@ -5,6 +5,8 @@
                    --checkpoint DIR [--trigger available-now|'10 seconds']
                    [--read-on auto|driver|executors]
     nautilus-spark sql "SELECT ... FROM events ..." [the same options]
+    relay TLS and secret: [--relay-tls] [--relay-cafile FILE] [--relay-certfile FILE
+                   [--relay-keyfile FILE]] [--relay-secret-file FILE]
 
 JOB is topic-traffic, client-activity, auth-failures or delivery-health (docs/spark.md).
 In `sql`, the events are the streaming view `events`, with the watermark set; `--window`
@@ -13,18 +15,23 @@ spark-submit (`spark-submit .../spark_consumers/cli.py JOB ...`), on the cluster
 spark-submit was given. An available-now run ends with one line on stderr: what it read,
 what it wrote, and the windows still open. `--read-on auto` reads the relay on the driver
 for a trigger under a second (small batches, low latency) and on executors otherwise
-(throughput): the source's `readOn` option, docs/spark.md "Latency".
+(throughput): the source's `readOn` option, docs/spark.md "Latency". The relay's secret
+comes from --relay-secret-file, else $NAUTILUS_RELAY_SECRET; the TLS options are the
+source's `tls`, `cafile`, `certfile` and `keyfile` (their files at the same path on every
+executor).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
+from event_relay.cli import relay_arguments, relay_secret, relay_tls
 from spark_consumers.jobs import JOBS, SOURCE_OPTIONS, WATERMARK, WINDOW, watermarked
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
 from spark_consumers.sinks import PREFIX, RowCount, SinkError, writer
@@ -68,18 +75,42 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=["auto", "driver", "executors"],
         help="where the relay is read (auto: the driver for a trigger under 1 s)",
     )
+    relay_arguments(parser)
     args = parser.parse_args(argv)
     if args.job == "sql" and not args.query:
         parser.error('sql needs a query, e.g. "SELECT topic, count(*) FROM events GROUP BY topic"')
     return args
 
 
-def results(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
+def relay_options(args: argparse.Namespace) -> dict[str, str]:
+    """The source's options for the relay's TLS and secret (a file that will not load is
+    a ValueError naming its option)."""
+    options = {}
+    if relay_tls(args) is not None:  # (made here to check the files, before Spark starts)
+        options["tls"] = "true"
+        files = [
+            ("cafile", args.relay_cafile),
+            ("certfile", args.relay_certfile),
+            ("keyfile", args.relay_keyfile),
+        ]
+        options |= {key: os.path.abspath(path) for key, path in files if path}
+    secret = relay_secret(args)
+    if secret is not None:
+        options["secret"] = secret
+    return options
+
+
+def results(
+    spark: SparkSession, args: argparse.Namespace, relay: dict[str, str] | None = None
+) -> DataFrame:
+    """The job's (or query's) rows; `relay`: the source's options for the relay's TLS
+    and secret (relay_options)."""
     reader = (
         spark.readStream.format("nautilus_events")
         .option("relay", args.relay)
         .option("startingOffsets", args.starting_offsets)
         .option("readOn", read_on(args.read_on, args.trigger))
+        .options(**(relay or {}))
     )
     if args.job != "sql":  # only the types and columns the job reads (sql: all)
         reader = reader.options(**SOURCE_OPTIONS[args.job])
@@ -112,6 +143,11 @@ def _window_of(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        relay = relay_options(args)
+    except ValueError as exc:
+        print(f"nautilus-spark: {exc}", file=sys.stderr)
+        return 2
+    try:
         if args.master is None and submitted():
             spark = submitted_session()
         else:
@@ -122,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.job.replace("-", "_")
     count = RowCount(args.sink)
     try:
-        stream = writer(results(spark, args), args.sink, name, args.prefix, count)
+        stream = writer(results(spark, args, relay), args.sink, name, args.prefix, count)
     except SinkError as exc:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 2

@@ -4,16 +4,19 @@ Spark calls a data source's methods in plain (not asyncio) Python processes: the
 streaming runner asks for offsets and commits, executors read ranges. Each opens one of
 these: a HELLO without a start (no streaming), then QUERY, READ and COMMIT as requests
 (docs/event-relay.md, "Range reads and queries"). Errors are the asyncio client's
-(event_relay.client: RelayError, OutOfRange).
+(event_relay.client: RelayError, OutOfRange), naming the relay. With `tls` (a context:
+event_relay.client.tls_context) the TLS handshake is done, the relay's certificate
+checked against its host name, before HELLO and its secret are sent.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Any
 
 from event_relay import frames
-from event_relay.client import RelayError, relay_error
+from event_relay.client import CLOSED_IN_HANDSHAKE, RelayError, relay_error, tls_problem
 from event_relay.config import host_port
 from event_relay.schema import CODES, expand
 
@@ -21,9 +24,16 @@ TIMEOUT = 30.0  # seconds a request may take before the relay is called unreacha
 
 
 class RelayConnection:
-    def __init__(self, address: str, name: str, secret: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        secret: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         try:
-            self._socket = socket.create_connection(host_port(address, "relay"), TIMEOUT)
+            host, port = host_port(address, "relay")
+            self._socket = socket.create_connection((host, port), TIMEOUT)
         except (OSError, ValueError) as exc:
             raise RelayError("unreachable", f"cannot reach the relay at {address}: {exc}") from None
         self._reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
@@ -31,7 +41,18 @@ class RelayConnection:
         hello: dict[str, Any] = {"version": frames.VERSION, "name": name, "start": None}
         if secret:
             hello["secret"] = secret
-        self.welcome: dict[str, Any] = self._request(frames.HELLO, hello, frames.WELCOME)
+        try:
+            if tls is not None:  # the handshake, before anything is sent
+                self._socket = tls.wrap_socket(self._socket, server_hostname=host)
+            self.welcome: dict[str, Any] = self._request(frames.HELLO, hello, frames.WELCOME)
+        except ssl.SSLError as exc:
+            self._socket.close()
+            raise RelayError("tls", tls_problem(exc), relay=address) from None
+        except RelayError as exc:
+            self._socket.close()
+            if exc.code == "closed":  # before WELCOME: not the relay's usual closing
+                exc = RelayError("closed", CLOSED_IN_HANDSHAKE)
+            raise exc.of(address) from None
 
     def info(self, heartbeat: bool = False) -> dict[str, Any]:
         """The retained range (first_seq, next_seq), the epoch, the node; with

@@ -27,11 +27,19 @@ heartbeats; default all), `columns` (comma-separated: only those columns are mad
 sent to Spark; default all), `readOn` (executors, the default: a micro-batch's range is
 read by executors in partitions, in parallel; driver: by the driver's source process, with
 no Python task per micro-batch, for small frequent batches: DriverEventsReader).
+For a relay with TLS on: `tls` (true or false, default false; true when a file below is
+given): connect with TLS, the relay's certificate checked against the host of `relay`;
+`cafile` (the CA it must chain to; default the system's), `certfile` and `keyfile` (a
+client certificate, for a relay with `require_certificate`). The files are read where
+the relay is read, the driver and every executor: the same path on each. A refused
+connection (wrong secret, a certificate either side refuses) fails the query with a
+RelayError naming the relay.
 """
 
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import Any
@@ -63,7 +71,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from event_relay.client import OutOfRange
+from event_relay.client import OutOfRange, tls_context
 from event_relay.schema import CODES, COMMON, TYPES
 from spark_consumers.relay import RelayConnection
 
@@ -116,6 +124,9 @@ class NautilusEvents(DataSource):
 
     def schema(self) -> StructType:  # (called as the stream is loaded: options checked)
         read_on_option(_lowered(self.options).get("readon"))
+        tls = tls_files(_lowered(self.options))
+        if tls is not None:
+            tls_context_of(tls)  # its files load, or the error names the option
         columns = columns_option(_lowered(self.options).get("columns"))
         return StructType([SCHEMA[name] for name in columns])
 
@@ -139,6 +150,7 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.address = options.get("relay", "127.0.0.1:7883")
         self.consumer = options.get("name", "spark")
         self.secret = options.get("secret")
+        self.tls_files = tls_files(options)
         self.starting = options.get("startingoffsets", "earliest")
         self.per_partition = int(options.get("eventsperpartition", "50000"))
         limit = options.get("maxeventspertrigger")
@@ -203,8 +215,12 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _connection(self) -> RelayConnection:
         if self._relay is None:
-            self._relay = RelayConnection(self.address, self.consumer, self.secret)
+            self._relay = self._connect(self.consumer)
         return self._relay
+
+    def _connect(self, name: str) -> RelayConnection:
+        tls = None if self.tls_files is None else tls_context_of(self.tls_files)
+        return RelayConnection(self.address, name, self.secret, tls)
 
     # -- an executor's side -------------------------------------------------------------
 
@@ -215,7 +231,7 @@ class EventsReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read_range(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """The events start <= seq < end, as record batches of the query's columns (a
         connection of its own: this runs wherever Spark calls it)."""
-        relay = RelayConnection(self.address, f"{self.consumer}-reader", self.secret)
+        relay = self._connect(f"{self.consumer}-reader")
         try:
             node = relay.welcome["node"]
             try:
@@ -368,6 +384,25 @@ def types_option(value: str | None) -> list[str] | None:
             f"(known: {', '.join(CODES)})"
         )
     return sorted(asked | {"heartbeat"})
+
+
+def tls_files(options: dict[str, str]) -> tuple[str, str, str] | None:
+    """The TLS options: None for no TLS, else (cafile, certfile, keyfile), "" for one
+    not given."""
+    value = options.get("tls")
+    on = (value or "false").strip().lower()
+    if on not in ("true", "false"):
+        raise ValueError(f"nautilus_events: tls is true or false, not {value!r}")
+    cafile, certfile, keyfile = (options.get(key, "") for key in ("cafile", "certfile", "keyfile"))
+    if on == "false" and not (cafile or certfile or keyfile):
+        return None
+    return cafile, certfile, keyfile
+
+
+@functools.cache
+def tls_context_of(files: tuple[str, str, str]) -> ssl.SSLContext:
+    """The context of the TLS options (one per process: the system's CAs load once)."""
+    return tls_context(*files, option="nautilus_events: ")
 
 
 def read_on_option(value: str | None) -> str:

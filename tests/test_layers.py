@@ -231,13 +231,16 @@ def test_the_hook_contract_does_not_depend_on_the_broker(path):
 
 
 # What plugins may use; a metadata backend (plugins/redis_subs) implements the cluster's
-# interface, broker/cluster/metadata.py.
+# interface, broker/cluster/metadata.py; a plugin's own TLS server (the event relay's)
+# uses the listeners' contexts and their TLS engine, broker/tls.py and tls_stream.py.
 PUBLIC = (
     "broker.config",
     "broker.protocol",
     "broker.topics",
     "broker.mountpoints",
     "broker.cluster.metadata",
+    "broker.tls",
+    "broker.tls_stream",
 )
 
 

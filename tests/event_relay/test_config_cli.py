@@ -293,7 +293,7 @@ def test_events_tail_with_a_secret(tmp_path, start_process):
     assert refused.returncode == 1
     assert refused.stdout == ""
     assert refused.stderr.splitlines() == [
-        "nautilus events: unauthorized: a valid secret is required"
+        f"nautilus events: relay {relay}: unauthorized: a valid secret is required"
     ]
     result = nautilus(*args, "--secret", "s3cret", "--type", "on_publish", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -1,14 +1,26 @@
 """The nautilus_events source in real Spark (local mode) over a real broker's relay:
-every event once, across a restart on the same checkpoint, and a clear failure when the
-events a query needs are gone."""
+every event once, across a restart on the same checkpoint, a clear failure when the
+events a query needs are gone, and a relay with TLS and a secret (read by the source;
+refused to `nautilus-spark` with a wrong secret, naming the relay)."""
 
 from __future__ import annotations
 
+import logging
+import re
+import subprocess
+import sys
+
 import pytest
 
+from event_relay.client import RelayError, tls_context
+from spark_consumers.relay import RelayConnection
+from tests.broker.test_tls import pki
 from tests.conftest import BrokerThread
 
+__all__ = ["pki"]  # a fixture, used by name
+
 pytestmark = pytest.mark.timeout(240)
+SECRET = "s3cret"
 
 
 def relay_of(server: BrokerThread) -> tuple[object, str]:
@@ -136,3 +148,100 @@ def test_a_range_the_relay_no_longer_holds_fails_the_query(
     publish(server, paho_client, relay, 3000)  # far past what memory keeps
     with pytest.raises(Exception, match="no longer retained"):
         run_once(spark, address, str(tmp_path / "o"), str(tmp_path / "c"), startingOffsets="1")
+
+
+def tls_relay(pki) -> dict[str, object]:
+    """[event_relay] with TLS (a certificate for 127.0.0.1) and the secret SECRET."""
+    return {
+        "enabled": True,
+        "address": "127.0.0.1:0",
+        "certfile": pki.server.certfile,
+        "keyfile": pki.server.keyfile,
+        "secret": SECRET,
+    }
+
+
+def test_the_source_reads_a_relay_with_tls_and_a_secret(
+    spark, start_broker, paho_client, tmp_path, pki
+):
+    server = start_broker(event_relay=tls_relay(pki))
+    relay, address = relay_of(server)
+    publish(server, paho_client, relay, 20)
+    out = str(tmp_path / "out")
+    # Read on the executors (the default): each opens its own TLS connection.
+    options = {"tls": "true", "cafile": pki.cafile, "secret": SECRET, "types": "on_publish"}
+    run_once(spark, address, out, str(tmp_path / "checkpoint"), **options)
+    rows = spark.read.parquet(out).where("event_type = 'on_publish'").collect()
+    assert sorted(r.payload for r in rows) == sorted(f"m{i}".encode() for i in range(20))
+
+
+def test_the_tls_options_are_checked_as_the_stream_is_loaded(spark):
+    with pytest.raises(Exception, match=r"nautilus_events: tls is true or false, not 'yes'"):
+        spark.readStream.format("nautilus_events").option("tls", "yes").load()
+    with pytest.raises(Exception, match=r"nautilus_events: cafile: cannot load missing\.pem: No"):
+        spark.readStream.format("nautilus_events").option("cafile", "missing.pem").load()
+
+
+def test_a_refused_source_connection_is_one_line_on_each_side(start_broker, pki, caplog):
+    # The source's blocking connection (the driver's and the executors'): a refusal is a
+    # RelayError naming the relay, and one WARNING on the relay's side.
+    caplog.set_level(logging.WARNING, logger="nautilus.event_relay")
+    server = start_broker(event_relay=tls_relay(pki))
+    _, address = relay_of(server)
+
+    def refused(secret: str, cafile: str) -> tuple[str, str]:
+        """What the connection raised, and the one line the relay logged."""
+        caplog.clear()
+        with pytest.raises(RelayError) as caught:
+            RelayConnection(address, "spark", secret, tls_context(cafile))
+        server.wait_for(lambda: caplog.records)
+        (logged,) = [r.getMessage() for r in caplog.records]
+        return str(caught.value), logged
+
+    client, logged = refused(SECRET, pki.other_cafile)
+    assert client.startswith(f"relay {address}: tls: the relay's certificate is not trusted (")
+    assert re.fullmatch(
+        r"event relay: 127\.0\.0\.1:\d+: TLS handshake failed: the consumer does not trust "
+        r"the relay's certificate \(unknown CA\)",
+        logged,
+    ), logged
+    client, logged = refused("wrong", pki.cafile)
+    assert client == f"relay {address}: unauthorized: a valid secret is required"
+    assert re.fullmatch(
+        r"event relay: 127\.0\.0\.1:\d+: consumer 'spark' refused: wrong or missing secret",
+        logged,
+    ), logged
+    RelayConnection(address, "spark", SECRET, tls_context(pki.cafile)).close()
+
+
+def nautilus_spark(*args: str):
+    return subprocess.run(
+        [sys.executable, "-m", "spark_consumers.cli", "topic-traffic", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_nautilus_spark_with_a_wrong_secret_fails_naming_the_relay(start_broker, tmp_path, pki):
+    server = start_broker(event_relay=tls_relay(pki))
+    _, address = relay_of(server)
+    wrong = tmp_path / "secret"
+    wrong.write_text("not the secret\n")
+    done = nautilus_spark(
+        "--relay", address, "--relay-cafile", pki.cafile, "--relay-secret-file", str(wrong),
+        "--sink", "console", "--checkpoint", str(tmp_path / "checkpoint"),
+        "--trigger", "available-now", "--master", "local[1]",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert f"RelayError: relay {address}: unauthorized: a valid secret is required" in done.stderr
+
+
+def test_nautilus_spark_relay_options_that_do_not_load_are_one_line_exit_2(tmp_path):
+    done = nautilus_spark(
+        "--relay-cafile", "missing.pem", "--checkpoint", str(tmp_path / "checkpoint")
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "nautilus-spark: --relay-cafile: cannot load missing.pem: No such file or directory"
+    ]
