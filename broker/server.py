@@ -302,16 +302,20 @@ class Broker:
 
     def reload_tls(self) -> None:
         """SIGHUP: TLS listeners load their certificate files again, for new connections
-        (established ones keep theirs), and so do plugins' TLS servers (a plugin's
-        `tls_listeners`: the event relay's). A listener whose files fail keeps the old ones."""
-        plugins = [getattr(plugin, "tls_listeners", ()) for _, plugin in self.plugins]
-        for tls in [*self.tls.values(), *(tls for listeners in plugins for tls in listeners)]:
+        (established ones keep theirs), and so do plugins' own TLS servers (the
+        `reload_tls` side door: the event relay's). Files that fail keep the old ones."""
+        reloads = [(tls.where, tls.reload) for tls in self.tls.values()]
+        for name, plugin in self.plugins:
+            reload = side_doors(plugin).reload_tls
+            if reload is not None:
+                reloads.append((deciders.table(name), reload))
+        for where, reload in reloads:
             try:
-                tls.reload()
+                reload()
             except ConfigError as exc:
                 log.error("TLS reload failed, keeping the previous certificates: %s", exc)
             else:
-                log.info("%s: TLS certificates reloaded", tls.where)
+                log.info("%s: TLS certificates reloaded", where)
 
     def send_clients_away(self) -> None:
         """The listeners close and every client is disconnected (MQTT 5: 0x8B); their

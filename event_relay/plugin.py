@@ -26,7 +26,6 @@ from typing import Any
 
 from broker.config import ConfigError
 from broker.protocol import Property
-from broker.tls import TlsListener
 from event_relay.config import RelayConfig, check
 from event_relay.log import EventLog
 from event_relay.recorder import Recorder
@@ -74,6 +73,9 @@ class EventRelay:
         self.server = (
             RelayServer(self.log, config, self.epoch, self.heartbeat) if config.serve else None
         )
+        # SIGHUP reloads the relay's certificate files as it does the listeners'.
+        tls = self.server.tls if self.server is not None else None
+        self.reload_tls = tls.reload if tls is not None else None
         self.sidecar = None
         if config.sidecar.enabled:
             from event_relay.sidecar import SidecarPush  # protobuf: only when pushing
@@ -104,12 +106,6 @@ class EventRelay:
         for hook in HOOK_NAMES:
             if hook not in relayed and not (hook == "on_register" and tracked):
                 setattr(self, hook, None)  # hidden: the broker skips it entirely
-
-    @property
-    def tls_listeners(self) -> list[TlsListener]:
-        """The relay server's TLS, if on: the broker reloads its files on SIGHUP."""
-        tls = None if self.server is None else self.server.tls
-        return [] if tls is None else [tls]
 
     @property
     def sampled_out(self) -> int:

@@ -3,7 +3,8 @@ one place.
 
 Besides hooks, the broker may call a plugin's `start()` / `stop()`, `before_ack()`,
 `metrics()`, `metadata_backend(dead_after)`, `invalidate(client_id, username)`,
-`bridges()`, `run_bridge(name, running)` and `placement(node, alive)`, and read its
+`bridges()`, `run_bridge(name, running)`, `placement(node, alive)` and `reload_tls()`,
+and read its
 `metadata` and `recorder`.
 These are found by name, like hooks, so they are held to their declaration when the
 plugin loads (`side_door_problem`, which check_plugin calls): a value that cannot be
@@ -40,6 +41,7 @@ class SideDoors:
     bridges: Callable[[], list[dict[str, Any]]] | None = None
     run_bridge: Callable[[str, bool], Awaitable[None] | None] | None = None
     placement: Callable[[str, Callable[[], list[str] | None]], None] | None = None
+    reload_tls: Callable[[], None] | None = None
     recorder: MessageRecorder | None = None
 
 

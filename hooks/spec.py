@@ -508,6 +508,15 @@ SIDE_DOORS: dict[str, SideDoor] = {
             "runs on one node at a time (the bridges)",
         ),
         SideDoor(
+            "reload_tls",
+            "plain",
+            (),
+            "None",
+            "SIGHUP: load the plugin's own TLS certificate files again (its servers': the "
+            "event relay's); ConfigError naming the key if they do not load (the old ones "
+            "stay)",
+        ),
+        SideDoor(
             "recorder",
             "value",
             (),

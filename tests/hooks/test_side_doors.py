@@ -80,6 +80,9 @@ class EveryDoor:
     def placement(self, node: str, alive) -> None:
         pass
 
+    def reload_tls(self) -> None:
+        pass
+
 
 def plugin(**attributes):
     """A plugin object with these attributes (functions become methods)."""
@@ -120,6 +123,7 @@ def test_the_declared_signatures():
         "bridges": "bridges() -> list[dict]",
         "run_bridge": "[async] run_bridge(name, running) -> None",
         "placement": "placement(node, alive) -> None",
+        "reload_tls": "reload_tls() -> None",
         "recorder": "recorder: MessageRecorder",
     }
 
