@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import runtime_settings, session_query
+from broker import deciders, runtime_settings, session_query
 from broker.message import Message
 from broker.mountpoints import inside, outside, subscriber_id
 from broker.mountpoints import problem as mountpoint_problem
@@ -28,6 +29,8 @@ from broker.protocol import ReasonCode
 from broker.session_query import Query
 from broker.topics import valid_topic_filter
 from hooks.side_doors import side_doors
+
+log = logging.getLogger("nautilus.admin")
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings, Config
@@ -238,13 +241,19 @@ def _unsubscribe_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[s
     return rows
 
 
+def _set_here(broker: Managed, values: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = runtime_settings.apply(broker.config, values, broker.settings.node_name)
+    if any(row["setting"] == "broker.allow_anonymous" for row in rows):  # auth on or off
+        for warning in deciders.warnings(broker.config, broker.plugins):
+            log.warning("%s", warning)
+    return rows
+
+
 HERE: dict[str, Callable[[Managed, dict[str, Any]], list[dict[str, Any]]]] = {
     "session/show": _show_here,
     "session/disconnect": _disconnect_here,
     "session/unsubscribe": _unsubscribe_here,
-    "settings/set": lambda broker, values: runtime_settings.apply(
-        broker.config, values, broker.settings.node_name
-    ),
+    "settings/set": lambda broker, values: _set_here(broker, values),
     "settings/show": lambda broker, _: runtime_settings.show(
         broker.config, broker.settings.node_name
     ),

@@ -131,3 +131,18 @@ def test_listener_from_the_command_line(keyed_broker, raw_client, tmp_path):
     assert "running" in start.stdout
     which = admin(server, "listener", "stop", key=key, cwd=tmp_path)
     assert which.returncode == 2 and "ADDRESS" in which.stderr
+
+
+def test_setting_allow_anonymous_with_an_auth_plugin_says_what_it_switches_off(
+    keyed_broker, caplog
+):
+    secret = "a-secret-of-more-than-thirty-two-bytes-for-hs256"
+    jwt = {"auth_jwt": {"enabled": True, "secret": secret, "algorithms": ["HS256"]}}
+    server, key = keyed_broker(broker={"allow_anonymous": False}, plugins=jwt)
+    caplog.set_level(logging.WARNING, logger="nautilus")
+    table(api(server, "set", key, allow_anonymous="true"))
+    said = [r.getMessage() for r in caplog.records if "switches off" in r.getMessage()]
+    assert len(said) == 1 and "plugins.auth_jwt" in said[0]
+    caplog.clear()
+    table(api(server, "set", key, allow_anonymous="false"))
+    assert not [r for r in caplog.records if "switches off" in r.getMessage()]
