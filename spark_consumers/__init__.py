@@ -4,7 +4,8 @@
 numbers, so a checkpointed query runs exactly once), reading through `relay.py`'s
 blocking relay connection; `jobs.py` holds the built-in windowed analytics, `sinks.py`
 where results go (console, Parquet, memory, or back into the broker as retained MQTT
-messages), `session.py` a SparkSession set up for the source, and `cli.py` the
+messages: `mqtt_sink.py` logs in and publishes them), `session.py` a SparkSession set up
+for the source, `errors.py` the failures said in one line, and `cli.py` the
 `nautilus-spark` command. Imports none of the broker, only parts of `event_relay` (its
 frames, event schema, client errors and TLS context, address parsing, and the relay
 options of the command line).

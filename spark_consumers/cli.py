@@ -1,9 +1,11 @@
 """`nautilus-spark`: run a built-in job, or a streaming SQL query, over a relay.
 
-    nautilus-spark JOB --relay HOST:PORT --sink console|parquet:DIR|mqtt:HOST:PORT
+    nautilus-spark JOB --relay HOST:PORT --checkpoint DIR
+                   --sink console|parquet:DIR|mqtt://[USER@]HOST[:PORT]|mqtts://...
                    [--prefix $analytics] [--window '10 seconds'] [--watermark '30 seconds']
-                   --checkpoint DIR [--trigger available-now|'10 seconds']
-                   [--read-on auto|driver|executors]
+                   [--trigger available-now|'10 seconds'] [--read-on auto|driver|executors]
+                   [--sink-password-file FILE] [--sink-cafile FILE] [--sink-certfile FILE]
+                   [--sink-keyfile FILE] [--sink-client-id ID] [--sink-timeout SECONDS]
     nautilus-spark sql "SELECT ... FROM events ..." [the same options]
     relay TLS and secret: [--relay-tls] [--relay-cafile FILE] [--relay-certfile FILE
                    [--relay-keyfile FILE]] [--relay-secret-file FILE]
@@ -19,6 +21,11 @@ for a trigger under a second (small batches, low latency) and on executors other
 comes from --relay-secret-file, else $NAUTILUS_RELAY_SECRET; the TLS options are the
 source's `tls`, `cafile`, `certfile` and `keyfile` (their files at the same path on every
 executor).
+
+A query stopped by something its user must fix (the MQTT sink refused or its broker away
+too long, the relay refusing or gone, events no longer retained) ends with one line on
+stderr saying what, and exit status 1; Spark's own report of it, a stack of Java and
+Python tracebacks, is kept off stderr. Any other failure is raised as Spark raised it.
 """
 
 from __future__ import annotations
@@ -29,16 +36,35 @@ import os
 import sys
 from collections.abc import Callable
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from event_relay.cli import relay_arguments, relay_secret, relay_tls
+from event_relay.client import RelayError
+from spark_consumers.errors import QueryFailed, SinkError, one_line, qualified
 from spark_consumers.jobs import JOBS, SOURCE_OPTIONS, WATERMARK, WINDOW, watermarked
+from spark_consumers.mqtt_sink import PASSWORD_ENV, SINK_TIMEOUT, MqttOptions
 from spark_consumers.session import JavaMissing, local_session, submitted, submitted_session
-from spark_consumers.sinks import PREFIX, RowCount, SinkError, writer
+from spark_consumers.sinks import PREFIX, RowCount, writer
+from spark_consumers.source import EventsGone
 from spark_consumers.summary import seconds, summary
 
 PROGRESS_KEPT = 1_000_000  # progress reports an available-now run keeps (one per batch)
 DRIVER_TRIGGERS = 1.0  # --read-on auto: triggers shorter than this (seconds) read on the driver
+# The failures reported in one line (a traceback's `module.Class`), wherever in Spark
+# they were raised; each message says what failed (a RelayError names the relay).
+ONE_LINE = frozenset(qualified(kind) for kind in (QueryFailed, RelayError, EventsGone))
+# Spark's loggers whose ERRORs repeat the failure main() reports: the query's end and its
+# sink's abort; in a local session, where a failed task fails the query (no retries),
+# also the task's.
+QUERY_LOGGERS: tuple[str, ...] = (
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+)
+LOCAL_TASK_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +74,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("job", choices=[*JOBS, "sql"], help="a built-in job, or sql")
     parser.add_argument("query", nargs="?", help="with sql: the query over the view `events`")
     parser.add_argument("--relay", default="127.0.0.1:7883", metavar="HOST:PORT")
-    parser.add_argument("--sink", default="console", help="console, parquet:DIR, mqtt:HOST:PORT")
+    parser.add_argument(
+        "--sink",
+        default="console",
+        help="console, parquet:DIR, mqtt://[USER@]HOST[:PORT], mqtts://[USER@]HOST[:PORT]",
+    )
     parser.add_argument(
         "--prefix", default=PREFIX, help=f"mqtt sink: the topics' first levels ({PREFIX})"
     )
@@ -76,6 +106,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="where the relay is read (auto: the driver for a trigger under 1 s)",
     )
     relay_arguments(parser)
+    add_mqtt_sink_options(parser)
     args = parser.parse_args(argv)
     if args.job == "sql" and not args.query:
         parser.error('sql needs a query, e.g. "SELECT topic, count(*) FROM events GROUP BY topic"')
@@ -98,6 +129,43 @@ def relay_options(args: argparse.Namespace) -> dict[str, str]:
     if secret is not None:
         options["secret"] = secret
     return options
+
+
+def add_mqtt_sink_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "MQTT sink", "how --sink mqtt://USER@HOST:PORT or mqtts://... logs in (docs/spark.md)"
+    )
+    group.add_argument(
+        "--sink-password-file",
+        metavar="FILE",
+        help=f"the user's password (a JWT for auth_jwt); else ${PASSWORD_ENV}",
+    )
+    group.add_argument(
+        "--sink-cafile", metavar="FILE", help="mqtts: the broker's CAs (default: the system's)"
+    )
+    group.add_argument("--sink-certfile", metavar="FILE", help="mqtts: a client certificate")
+    group.add_argument("--sink-keyfile", metavar="FILE", help="its key, if not in the certfile")
+    group.add_argument(
+        "--sink-client-id", metavar="ID", help="default nautilus-spark-JOB-<checkpoint's hash>"
+    )
+    group.add_argument(
+        "--sink-timeout",
+        type=float,
+        default=SINK_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long the broker may be away before a batch fails ({SINK_TIMEOUT:g})",
+    )
+
+
+def mqtt_options(args: argparse.Namespace) -> MqttOptions:
+    return MqttOptions(
+        password_file=args.sink_password_file,
+        cafile=args.sink_cafile,
+        certfile=args.sink_certfile,
+        keyfile=args.sink_keyfile,
+        client_id=args.sink_client_id,
+        timeout=args.sink_timeout,
+    )
 
 
 def results(
@@ -158,11 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     name = args.job.replace("-", "_")
     count = RowCount(args.sink)
     try:
-        stream = writer(results(spark, args, relay), args.sink, name, args.prefix, count)
+        stream = writer(
+            results(spark, args, relay),
+            args.sink,
+            name,
+            args.prefix,
+            count,
+            mqtt=mqtt_options(args),
+            checkpoint=args.checkpoint,
+        )
     except SinkError as exc:
         print(f"nautilus-spark: {exc}", file=sys.stderr)
         return 2
-    stream = stream.option("checkpointLocation", args.checkpoint)
     once = args.trigger == "available-now"
     if once:
         # Every batch's report, for the summary line (Spark keeps the last 100 by default).
@@ -170,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=args.trigger)
+    quiet_query_end(spark)
     query = stream.start()
     try:
         query.awaitTermination()
@@ -177,11 +253,32 @@ def main(argv: list[str] | None = None) -> int:
             progress = [json.loads(p.json) for p in query.recentProgress]
             written = {args.sink: count.rows(progress)}
             print(summary(progress, written, _window_of(args), args.watermark), file=sys.stderr)
+    except StreamingQueryException as exc:
+        line = one_line(str(exc), ONE_LINE)
+        if line is None:
+            raise
+        print(f"nautilus-spark: {line}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         query.stop()
     finally:
         spark.stop()
     return 0
+
+
+def quiet_query_end(spark: SparkSession) -> None:
+    """Keep Spark's own report of a failed query (ERRORs with the whole stack) off
+    stderr: main() reports the failure itself, in one line, or raises it with the same
+    stack. On a cluster, a task that failed and will be retried is still logged."""
+    context = spark.sparkContext
+    loggers = QUERY_LOGGERS
+    if str(context.master).startswith("local"):
+        loggers += LOCAL_TASK_LOGGERS
+    jvm = context._jvm
+    assert jvm is not None
+    log4j = jvm.org.apache.logging.log4j
+    for name in loggers:
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class RelayConnection:
             host, port = host_port(address, "relay")
             self._socket = socket.create_connection((host, port), TIMEOUT)
         except (OSError, ValueError) as exc:
-            raise RelayError("unreachable", f"cannot reach the relay at {address}: {exc}") from None
+            raise RelayError("unreachable", str(exc), relay=address) from None
         self._reader = frames.FrameReader(frames.MAX_EVENTS_FRAME)
         self._frames: list[tuple[bytes, Any]] = []
         hello: dict[str, Any] = {"version": frames.VERSION, "name": name, "start": None}

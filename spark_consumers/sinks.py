@@ -1,8 +1,10 @@
-"""Where a job's results go: `console`, `parquet:DIR`, `memory:NAME` (tests) or
-`mqtt:HOST:PORT`, which publishes each result row back into the broker as a retained
-message under `<prefix>/<job>/<key>` (for example `$analytics/topic_traffic/sensors/t1`;
-for a SQL query the row's text columns make the key), so any MQTT dashboard can
-subscribe to live analytics.
+"""Where a job's results go: `console`, `parquet:DIR`, `memory:NAME` (tests) or MQTT
+(`mqtt://[USER@]HOST[:PORT]`, `mqtts://...` for TLS, or the older `mqtt:HOST:PORT`), which
+publishes each result row back into the broker as a retained message under
+`<prefix>/<job>/<key>` (for example `$analytics/topic_traffic/sensors/t1`; for a SQL
+query the row's text columns make the key), so any MQTT dashboard can subscribe to live
+analytics. How the MQTT sink logs in, and what it does when the broker refuses or is
+away: spark_consumers.mqtt_sink.
 
 The MQTT sink is idempotent per batch: a row's topic is fixed by its key, and a retained
 message replaces the one before, so a batch Spark runs again after a restart publishes
@@ -14,21 +16,21 @@ from __future__ import annotations
 
 import datetime
 import json
-import threading
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
-import paho.mqtt.client as mqtt
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from spark_consumers.jobs import SINK_CLIENTS
+from spark_consumers.errors import SinkError
+from spark_consumers.mqtt_sink import MqttOptions, MqttTarget, deliver, mqtt_target
+
+__all__ = ["PREFIX", "MqttOptions", "RowCount", "SinkError", "writer"]
 
 PREFIX = "$analytics"
-CONNECT_TIMEOUT = 30.0  # seconds the MQTT sink waits for the broker's CONNACK
+MQTT_SINKS = ("mqtt:", "mqtts://")  # mqtt://, mqtts:// and the older mqtt:HOST:PORT
 # The columns that make a job's row key (its MQTT topic below the job's name).
 KEYS = {
     "topic_traffic": ["topic"],
@@ -39,10 +41,6 @@ KEYS = {
 
 
 PARTITION = "date"  # the Parquet sink's directories: date=YYYY-MM-DD
-
-
-class SinkError(ValueError):
-    """A sink given on the command line that does not exist."""
 
 
 class RowCount:
@@ -57,7 +55,7 @@ class RowCount:
         self.remote = kind == "parquet" and not local  # its files are not looked at here
         self._before = self._files()
         self.published = 0  # the MQTT sink's rows (foreachBatch runs on the driver)
-        self.counts_publishes = kind == "mqtt"
+        self.counts_publishes = sink.startswith(MQTT_SINKS)
 
     def _files(self) -> set[Path]:
         directory = self.directory
@@ -81,9 +79,26 @@ def writer(
     job: str,
     prefix: str = PREFIX,
     count: RowCount | None = None,
+    mqtt: MqttOptions | None = None,
+    checkpoint: str | None = None,
 ) -> DataStreamWriter:
     """A stream writer of `results` to `sink` (output mode chosen for the sink); `count`,
-    if given, is told what the MQTT sink publishes."""
+    if given, is told what the MQTT sink publishes; `mqtt`, how the MQTT sink logs in;
+    `checkpoint`, the query's checkpointLocation (it also makes the MQTT sink's client
+    id, the same at every run). SinkError for a sink or option that cannot work."""
+    stream = _writer(results, sink, job, prefix, count, mqtt or MqttOptions(), checkpoint)
+    return stream if checkpoint is None else stream.option("checkpointLocation", checkpoint)
+
+
+def _writer(
+    results: DataFrame,
+    sink: str,
+    job: str,
+    prefix: str,
+    count: RowCount | None,
+    mqtt: MqttOptions,
+    checkpoint: str | None,
+) -> DataStreamWriter:
     kind, _, where = sink.partition(":")
     stream = results.writeStream
     if kind == "console":
@@ -96,13 +111,13 @@ def writer(
         return stream.format("parquet").outputMode("append").option("path", where)
     if kind == "memory" and where:
         return stream.format("memory").queryName(where).outputMode("complete")
-    if kind == "mqtt" and where:
-        host, _, port = where.rpartition(":")
-        base = f"{prefix}/{job}"
-        publish = MqttPublisher(host or "127.0.0.1", int(port or 1883), base, job, count)
+    if sink.startswith(MQTT_SINKS):
+        target = mqtt_target(sink, job, mqtt, checkpoint)
+        publish = MqttPublisher(target, f"{prefix}/{job}", job, count)
         return stream.outputMode("update").foreachBatch(publish)
     raise SinkError(
-        f"unknown sink {sink!r}: expected console, parquet:DIR, memory:NAME or mqtt:HOST:PORT"
+        f"--sink {sink}: unknown sink: expected console, parquet:DIR, memory:NAME, "
+        "mqtt://[USER@]HOST[:PORT] or mqtts://[USER@]HOST[:PORT]"
     )
 
 
@@ -119,12 +134,12 @@ def _day(results: DataFrame) -> Column | None:
 
 
 class MqttPublisher:
-    """foreachBatch: each row of a batch as a retained QoS 1 message."""
+    """foreachBatch: each row of a batch as a retained QoS 1 message (on the driver)."""
 
     def __init__(
-        self, host: str, port: int, base: str, job: str, count: RowCount | None = None
+        self, target: MqttTarget, base: str, job: str, count: RowCount | None = None
     ) -> None:
-        self.host, self.port, self.base = host, port, base
+        self.target, self.base = target, base
         self.keys = KEYS.get(job)  # None (a SQL query): the row's text columns
         self.count = count
 
@@ -132,30 +147,9 @@ class MqttPublisher:
         rows = batch.collect()
         if not rows:
             return
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{SINK_CLIENTS}{uuid4()}")
-        answered = threading.Event()
-        refused: list[str] = []
-
-        def on_connect(_client: Any, _data: Any, _flags: Any, reason: Any, _props: Any) -> None:
-            if reason.is_failure:
-                refused.append(str(reason))
-            answered.set()
-
-        client.on_connect = on_connect
-        client.connect(self.host, self.port)
-        client.loop_start()
-        try:
-            if not answered.wait(CONNECT_TIMEOUT) or refused:
-                why = refused[0] if refused else "no CONNACK"
-                raise ConnectionError(f"MQTT sink {self.host}:{self.port}: {why}")
-            for row in rows:
-                info = client.publish(self.topic(row), _json(row), qos=1, retain=True)
-                info.wait_for_publish(30)
-            if self.count is not None:
-                self.count.published += len(rows)
-        finally:
-            client.disconnect()
-            client.loop_stop()
+        deliver(self.target, [(self.topic(row), _json(row)) for row in rows])
+        if self.count is not None:
+            self.count.published += len(rows)
 
     def topic(self, row: Row) -> str:
         keys = self.keys

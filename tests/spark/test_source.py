@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +14,8 @@ from event_relay.client import RelayError, tls_context
 from spark_consumers.relay import RelayConnection
 from tests.broker.test_tls import pki
 from tests.conftest import BrokerThread
+
+from .commands import failure_line, nautilus_spark
 
 __all__ = ["pki"]  # a fixture, used by name
 
@@ -214,32 +214,25 @@ def test_a_refused_source_connection_is_one_line_on_each_side(start_broker, pki,
     RelayConnection(address, "spark", SECRET, tls_context(pki.cafile)).close()
 
 
-def nautilus_spark(*args: str):
-    return subprocess.run(
-        [sys.executable, "-m", "spark_consumers.cli", "topic-traffic", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def test_nautilus_spark_with_a_wrong_secret_fails_naming_the_relay(start_broker, tmp_path, pki):
     server = start_broker(event_relay=tls_relay(pki))
     _, address = relay_of(server)
     wrong = tmp_path / "secret"
     wrong.write_text("not the secret\n")
     done = nautilus_spark(
+        "topic-traffic",
         "--relay", address, "--relay-cafile", pki.cafile, "--relay-secret-file", str(wrong),
         "--sink", "console", "--checkpoint", str(tmp_path / "checkpoint"),
         "--trigger", "available-now", "--master", "local[1]",
     )  # fmt: skip
-    assert done.returncode != 0
-    assert f"RelayError: relay {address}: unauthorized: a valid secret is required" in done.stderr
+    assert failure_line(done) == (
+        f"nautilus-spark: relay {address}: unauthorized: a valid secret is required"
+    )
 
 
 def test_nautilus_spark_relay_options_that_do_not_load_are_one_line_exit_2(tmp_path):
     done = nautilus_spark(
-        "--relay-cafile", "missing.pem", "--checkpoint", str(tmp_path / "checkpoint")
+        "topic-traffic", "--relay-cafile", "missing.pem", "--checkpoint", str(tmp_path / "c")
     )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
