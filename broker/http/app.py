@@ -130,6 +130,8 @@ class HttpServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()  # no new connections; aiohttp closes the open ones
+        if self.connections is not None:
+            self.connections.drop_unfinished()  # (aiohttp would wait for their handlers)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -73,6 +73,13 @@ class HttpConnections:
     def __call__(self) -> HttpConnection:
         return HttpConnection(self)
 
+    def drop_unfinished(self) -> None:
+        """At shutdown: a request still arriving is owed nothing. Its handler, if one
+        reads its body, would hold the shutdown until request_timeout."""
+        for connection in list(self.open):
+            if connection.request_due is not None and connection.transport is not None:
+                connection.transport.abort()
+
     def close(self) -> None:
         """What the last second counted, if anything."""
         for lines in (self.bad_requests, self.timeouts, self.errors):

@@ -321,6 +321,18 @@ def test_a_body_that_arrives_in_time_is_published(keyed_broker, raw_client):
     sock.close()
 
 
+def test_a_stalled_body_does_not_hold_the_shutdown(keyed_broker):
+    """Its handler waits for the body; the broker stops at once, not request_timeout
+    later (nor aiohttp's 60 s for a handler to finish)."""
+    server, key = keyed_broker(http={"request_timeout": 30})
+    sock = slow_publish(server, key)
+    server.wait_for(lambda: body_bytes(server) == [0])
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < TIMEOUT
+    wait_closed([sock], TIMEOUT)
+
+
 def test_stalled_bodies_do_not_keep_http_full(keyed_broker):
     """max_connections of them: /health is refused (503) while they hold every place,
     and answers again once request_timeout cut them (they were held for ever)."""
