@@ -13,6 +13,7 @@ import sys
 from importlib.metadata import entry_points
 
 from broker import __version__, logs
+from broker.binding import BindError
 from broker.config import ConfigError, load_config
 from broker.plugins import configured_plugins
 from broker.protocol import use_compiled
@@ -55,8 +56,8 @@ async def serve(config, plugins) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, broker.shutdown_requested.set)
     loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
+    await broker.start()  # a failed start releases what it took
     try:
-        await broker.start()
         gc.freeze()
         await broker.shutdown_requested.wait()
         log.info("shutting down")
@@ -149,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. a TLS listener's certificate that will not load
         print(f"nautilus: {exc}", file=sys.stderr)
         return 2
-    except StoreError as exc:  # locked, corrupt, or from an older version
+    except (StoreError, BindError) as exc:  # a store locked, corrupt, ...; a port taken
         print(f"nautilus: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # e.g. the listener's port is taken
+    except OSError as exc:  # e.g. a store directory that cannot be made
         print(f"nautilus: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

@@ -139,7 +139,7 @@ class HttpSettings:
     prometheus_namespace: str = ""
     api_keys_file: str = "./data/api-keys"  # `nautilus api-key add|list|delete` edits it
     # Limits (broker/http/connections.py): seconds a request may take to arrive whole
-    # (line and headers) and a response to be taken, seconds an idle kept-alive
+    # (line, headers and body) and a response to be taken, seconds an idle kept-alive
     # connection is kept, and connections open at once (at most half of RLIMIT_NOFILE).
     request_timeout: float = 10.0
     keepalive_timeout: float = 75.0

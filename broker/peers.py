@@ -32,6 +32,11 @@ class Peers(Protocol):
     # apply (`refuses`). Read on the hot path before anything else is asked.
     split: bool
 
+    async def bind(self) -> None:
+        """Claim the cluster listener's address, not accepting yet (BindError: it cannot
+        be had): start-up binds every address before it starts anything."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -118,6 +123,9 @@ class Alone:
     """The Peers of a node that is not in a cluster."""
 
     split = False
+
+    async def bind(self) -> None:
+        pass
 
     async def start(self) -> None:
         pass

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker import admin, deciders, optional
+from broker.binding import BindError, claim, reason
 from broker.client.flows import FLOWS
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection
@@ -71,6 +72,7 @@ class Broker:
         )
         self.plugins = configured_plugins(config) if plugins is None else plugins
         self.disabled_plugins: set[str] = set()  # by the admin API: their hooks are not called
+        self.started_plugins: list[tuple[str, Any]] = []  # those stop() stops
         self.tasks: set[asyncio.Task] = set()  # hook flows and async events
         self.hooks = Hooks(self.plugins, self.tasks)
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
@@ -165,35 +167,63 @@ class Broker:
         return props
 
     async def start(self) -> None:
+        """Bind every address (the MQTT listeners, HTTP, the cluster's; the event relay's
+        in its plugin's start), then start the parts, then serve and say so: a port that
+        cannot be had stops start-up (BindError, naming its key) before anything is
+        served or said to listen. A failed start releases what it took (`stop`)."""
         for warning in deciders.warnings(self.config, self.plugins):
             log.warning("%s", warning)
+        try:
+            await self._claim_addresses()
+            await self._start_parts()
+            await self._serve()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _claim_addresses(self) -> None:
+        for index, listener in enumerate(self.config.listeners):
+            self.listening.append(("", 0))  # keeps the list indexed by listener
+            try:
+                self._servers[index] = await self._bind_listener(index, *listener.host_port)
+            except optional.MissingLibrary as exc:  # this listener only: the others serve
+                log.error("%s", exc)
+                self.listeners_down[index] = str(exc)
+            except OSError as exc:
+                key = f"listeners[{index}].address"
+                raise BindError(key, listener.address, exc, "[[listeners]] address") from None
+        if self.http is not None:
+            await self.http.bind()
+        await self.peers.bind()
+
+    async def _start_parts(self) -> None:
         for _, plugin in self.plugins:  # work that runs on one node of a cluster at a time
             place = side_doors(plugin).placement
             if place is not None:
                 node = self.config.cluster.node_name or self.settings.node_name
                 place(node, self.peers.alive)
-        await call_all(self.plugins, "start")
+        for plugin in self.plugins:
+            self.started_plugins.append(plugin)  # stopped too should its start fail half-way
+            await call_all([plugin], "start")
         self._restore()
         await self.peers.start()  # before clients: registrations need it
         self.descriptors.start()
-        for index, listener in enumerate(self.config.listeners):
-            self.listening.append(("", 0))  # keeps the list indexed by listener
-            try:
-                await self._open_listener(index, *listener.host_port)
-            except optional.MissingLibrary as exc:  # this listener only: the others serve
-                log.error("%s", exc)
-                self.listeners_down[index] = str(exc)
+
+    async def _serve(self) -> None:
+        for index, server in self._servers.items():
+            await self._serve_listener(index, server)
         if self.http is not None:
             await self.http.start()
         if self.graphite is not None:
             self.graphite.start()
         self.systree.start()
 
-    async def _open_listener(self, index: int, host: str, port: int) -> None:
-        """Listen on `host`:`port` for listener `index` (MissingLibrary: a library its
-        layers need is not there; OSError: the address cannot be bound)."""
+    async def _bind_listener(self, index: int, host: str, port: int) -> asyncio.Server:
+        """Listener `index`'s server on `host`:`port`, not accepting yet (MissingLibrary:
+        a library its layers need is not there; OSError: the address cannot be bound)."""
         factory, tls = self._protocols(index)
-        server = await self.loop.create_server(
+        server = await claim(
+            self.loop,
             factory,
             host,
             port,
@@ -203,12 +233,16 @@ class Broker:
             # A handshake that does not finish in time is dropped like a silent client.
             ssl_handshake_timeout=self.settings.connect_timeout if tls else None,
         )
+        self.listening[index] = server.sockets[0].getsockname()[:2]
+        return server
+
+    async def _serve_listener(self, index: int, server: asyncio.Server) -> None:
+        await server.start_serving()
         self._servers[index] = server
-        address = server.sockets[0].getsockname()[:2]
-        self.listening[index] = address
         listener = self.config.listeners[index]
         tree = f", mountpoint {listener.mountpoint}" if listener.mountpoint else ""
-        log.info("listening for MQTT on %s:%s (%s%s)", *address, listener.type, tree)
+        host, port = self.listening[index]
+        log.info("listening for MQTT on %s:%s (%s%s)", host, port, listener.type, tree)
 
     async def start_listener(self, index: int) -> None:
         """`nautilus admin listener start`: accept connections again, on the address the
@@ -219,9 +253,14 @@ class Broker:
         if not port:  # never started
             host, port = self.config.listeners[index].host_port
         try:
-            await self._open_listener(index, host, port)
-        except (optional.MissingLibrary, OSError) as exc:
+            server = await self._bind_listener(index, host, port)
+        except optional.MissingLibrary as exc:
             raise ValueError(f"listeners[{index}] cannot start: {exc}") from None
+        except OSError as exc:
+            raise ValueError(
+                f"listeners[{index}] cannot start: {host}:{port}: {reason(exc)}"
+            ) from None
+        await self._serve_listener(index, server)
         self.listeners_down.pop(index, None)
 
     def stop_listener(self, index: int, kill_sessions: bool = False) -> None:
@@ -340,7 +379,8 @@ class Broker:
             task.cancel()
         self.tracer.stop_here("the node stops")  # (their streams end before HTTP does)
         await self.peers.stop()
-        await call_all(self.plugins, "stop")
+        await call_all(self.started_plugins, "stop")
+        self.started_plugins.clear()
         if self.http is not None:
             await self.http.stop()
         if self.graphite is not None:

@@ -23,6 +23,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
+from broker.binding import BindError
 from broker.tls import TlsListener
 from broker.tls_stream import TlsStream
 from event_relay import frames
@@ -70,7 +71,11 @@ class RelayServer:
     async def start(self) -> None:
         host, port = host_port(self.config.address, "event_relay.address")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, host, port)
+        try:
+            self._server = await loop.create_server(self._accept, host, port)
+        except OSError as exc:
+            change = "[event_relay] address, or enabled = false"
+            raise BindError("event_relay.address", self.config.address, exc, change) from None
         self.address = self._server.sockets[0].getsockname()[:2]
         self.log.listen(self._wake)
         log.info("event relay listening on %s:%s", *self.address)

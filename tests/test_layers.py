@@ -69,6 +69,7 @@ LAYERS = {
     "broker.descriptors": 1,  # RLIMIT_NOFILE, and the listeners running out of it
     "broker.optional": 1,  # importing what needs an optional library, when it is needed
     "broker.tls": 1,
+    "broker.binding": 1,  # listening addresses claimed at start-up, errors naming the key
     "broker.message": 2,
     "broker.client_state": 2,  # ClientState: what the broker knows of one client
     "broker.outlet": 2,
@@ -232,8 +233,11 @@ def test_the_hook_contract_does_not_depend_on_the_broker(path):
 
 # What plugins may use; a metadata backend (plugins/redis_subs) implements the cluster's
 # interface, broker/cluster/metadata.py; a plugin's own TLS server (the event relay's)
-# uses the listeners' contexts and their TLS engine, broker/tls.py and tls_stream.py.
+# uses the listeners' contexts and their TLS engine, broker/tls.py and tls_stream.py, and
+# says which key to change when its address cannot be had with broker/binding.py's
+# BindError.
 PUBLIC = (
+    "broker.binding",
     "broker.config",
     "broker.protocol",
     "broker.topics",

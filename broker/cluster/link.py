@@ -228,7 +228,10 @@ class PeerLink(asyncio.Protocol):
             self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
         )
         try:
-            await asyncio.wait_for(asyncio.shield(self._welcomed), HANDSHAKE_TIMEOUT)
+            # Awaited as it is (not shielded): a timeout, or the link closed, cancels it,
+            # so the connection lost after that fails no future that nobody awaits
+            # (asyncio would log "Future exception was never retrieved").
+            await asyncio.wait_for(self._welcomed, HANDSHAKE_TIMEOUT)
         except BaseException:
             if self.transport is not None:
                 self.transport.abort()

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
+from broker.binding import BindError, claim
 from broker.cluster import frames
 from broker.cluster.departure import Departure
 from broker.cluster.frames import (
@@ -135,12 +136,20 @@ class Cluster:
             self.replicated.attach(LinkTransport(self), self.loop)
             self.departure = Departure(self, self.replicated)
 
-    async def start(self) -> None:
+    async def bind(self) -> None:
         host, port = host_port(self.settings.address)
-        self._server = await self.loop.create_server(
-            lambda: ClusterServerProtocol(self), host, port, reuse_address=True
-        )
+        factory = functools.partial(ClusterServerProtocol, self)
+        try:
+            self._server = await claim(self.loop, factory, host, port, reuse_address=True)
+        except OSError as exc:
+            raise BindError(
+                "cluster.address", self.settings.address, exc, "[cluster] address"
+            ) from None
         self.address = self._server.sockets[0].getsockname()[:2]
+
+    async def start(self) -> None:
+        assert self._server is not None and self.address is not None  # bind() first
+        await self._server.start_serving()
         advertise = self.settings.advertise or "{}:{}".format(*self.address)
         await self.backend.open(self.node, self.boot_id, advertise)
         if self.replicated is not None and self.settings.seeds:

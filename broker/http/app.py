@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from broker import admin, session_query
+from broker.binding import BindError, claim
 from broker.config import host_port
 from broker.http import prometheus, publish, status
 from broker.http.access import PUBLISH_COMMAND, Refusal, refusal
@@ -86,14 +87,15 @@ class HttpServer:
             self.app.router.add_route(method, ADMIN + PUBLISH_COMMAND, publishing)
         self.app.router.add_route("*", ADMIN + "trace/client", self.trace)
 
-    async def start(self) -> None:
+    async def bind(self) -> None:
+        """Claim `[http] address`, not accepting yet (BindError: it cannot be had)."""
         host, port = host_port(self.settings.address)
-        timeout = self.settings.request_timeout
         self._runner = web.AppRunner(
             self.app,
             access_log=None,
             keepalive_timeout=self.settings.keepalive_timeout,
-            lingering_time=timeout,  # a body no handler reads: thrown away for this long
+            # A body no handler reads: thrown away for this long.
+            lingering_time=self.settings.request_timeout,
         )
         await self._runner.setup()
         loop = self.broker.loop
@@ -101,17 +103,26 @@ class HttpServer:
         self.connections = HttpConnections(self.settings, loop, self._runner.server)
         # Our own asyncio server rather than aiohttp's TCPSite: its protocol caps and
         # times out connections (broker/http/connections.py).
-        self._server = await loop.create_server(
-            self.connections, host, port, reuse_address=True, backlog=1024
-        )
+        try:
+            self._server = await claim(
+                loop, self.connections, host, port, reuse_address=True, backlog=1024
+            )
+        except OSError as exc:
+            change = "[http] address, or enabled = false"
+            raise BindError("http.address", self.settings.address, exc, change) from None
         bound = self._server.sockets[0].getsockname()  # the port chosen for port 0
         self.address = (bound[0], bound[1])
+
+    async def start(self) -> None:
+        """Serve on the address `bind` claimed."""
+        assert self._server is not None and self.address is not None  # bind() first
+        await self._server.start_serving()
         log.info(
             "HTTP on %s:%s (/metrics, /health, /status, /api/v1); max_connections %d, "
             "request_timeout %gs, keepalive_timeout %gs",
             *self.address,
             self.settings.max_connections,
-            timeout,
+            self.settings.request_timeout,
             self.settings.keepalive_timeout,
         )
         log.log(*describe_reserve(self.broker.config))  # what that leaves MQTT
@@ -119,6 +130,8 @@ class HttpServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()  # no new connections; aiohttp closes the open ones
+        if self.connections is not None:
+            self.connections.drop_unfinished()  # (aiohttp would wait for their handlers)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

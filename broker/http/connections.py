@@ -7,13 +7,16 @@ keep-alive timeout, 3630 seconds by default). So asyncio's server here creates a
 
 - over `[http] max_connections`, a new connection gets a 503 and is closed at once (one
   line when that starts, one when it stops: broker/episodes.py's `Cap`);
-- a request must arrive whole (request line and headers) within `request_timeout` of
-  the connection opening, or of its first byte on a kept-alive connection (bytes that
-  follow a request are its body's until its end: see `data_received`); a response
-  must be taken by the client within `request_timeout` of its handler returning; else
-  the connection is dropped (one line, at most one a second). A body no handler reads
-  is read and thrown away for `request_timeout` at most (aiohttp's lingering time); an
-  idle kept-alive connection is aiohttp's to close, after `keepalive_timeout`;
+- a request must arrive whole (request line, headers and body) within `request_timeout`
+  of the connection opening, or of its first byte on a kept-alive connection (bytes
+  that follow a request's headers are its body's until its end: see `data_received`),
+  unless its handler answers first; a response must be taken by the client within
+  `request_timeout` of its handler returning; else the connection is dropped (one line,
+  at most one a second). aiohttp has no timeout of its own on a body: a handler that
+  reads one (a publish's) would wait for ever for bytes that never come. A body the
+  handler answered without reading is read and thrown away for `request_timeout` at
+  most (aiohttp's lingering time); an idle kept-alive connection is aiohttp's to close,
+  after `keepalive_timeout`;
 - what aiohttp logs about a connection goes through `ConnectionLog`: a malformed request
   is one line, at most one a second, never a traceback.
 
@@ -70,6 +73,13 @@ class HttpConnections:
     def __call__(self) -> HttpConnection:
         return HttpConnection(self)
 
+    def drop_unfinished(self) -> None:
+        """At shutdown: a request still arriving is owed nothing. Its handler, if one
+        reads its body, would hold the shutdown until request_timeout."""
+        for connection in list(self.open):
+            if connection.request_due is not None and connection.transport is not None:
+                connection.transport.abort()
+
     def close(self) -> None:
         """What the last second counted, if anything."""
         for lines in (self.bad_requests, self.timeouts, self.errors):
@@ -95,13 +105,14 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.handler: RequestHandler | None = None  # None: refused (or not yet made)
         self.peer = "?"
-        # Loop times by which a request must have reached its handler, and by which the
-        # client must have taken a response; None: no such deadline now.
+        # Loop times by which a request must have arrived whole (its body too, unless its
+        # handler answered first), and by which the client must have taken a response;
+        # None: no such deadline now.
         self.request_due: float | None = None
         self.response_due: float | None = None
-        self._body: StreamReader | None = None  # the last request's
+        self.body: StreamReader | None = None  # the last request's, as its handler reads it
         self._timer: asyncio.TimerHandle | None = None
-        self._gone = False
+        self.gone = False  # the connection is closed
         self._closed: asyncio.Future[None] | None = None  # made when a stream asks
 
     # -- asyncio.Protocol -------------------------------------------------------------
@@ -126,10 +137,14 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.handler is None:
             return
-        if self.request_due is None and (self._body is None or self._body.is_eof()):
+        body = self.body
+        unfinished = body is not None and not body.is_eof()  # `data` is more of it
+        if self.request_due is None and not unfinished:
             self.request_due = self.loop.time() + self.timeout  # a request's first bytes
             self._watch()
         self.handler.data_received(data)
+        if unfinished and body is not None and body.is_eof():  # `data` ended the body
+            self.request_due = None
 
     def eof_received(self) -> None:  # None: the transport closes (aiohttp's answer too)
         if self.handler is not None:
@@ -152,7 +167,7 @@ class HttpConnection(asyncio.Protocol):
         connections = self.connections
         connections.open.discard(self)
         connections.cap.closed(len(connections.open))
-        self._gone = True
+        self.gone = True
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
         self.handler.connection_lost(exc)
@@ -162,17 +177,20 @@ class HttpConnection(asyncio.Protocol):
         tells a handler only when it writes)."""
         if self._closed is None:
             self._closed = self.loop.create_future()
-            if self._gone:
+            if self.gone:
                 self._closed.set_result(None)
         return self._closed
 
     # -- where the request is (the app's middleware) ----------------------------------
 
     def request_started(self, request: web.BaseRequest) -> None:
-        self.request_due = None
-        self._body = request.content  # bytes that follow, until its end, are the body's
+        self.body = request.content  # bytes that follow, until its end, are the body's
+        if self.body.is_eof():  # whole: the handler may take its time
+            self.request_due = None
 
     def request_handled(self) -> None:
+        if self.body is not None and not self.body.is_eof():
+            self.request_due = None  # answered unread: aiohttp lingers over it, so long
         self.response_due = self.loop.time() + self.timeout
         self._watch()
 
@@ -215,8 +233,9 @@ class ConnectionLog(logging.LoggerAdapter):
     aiohttp would log it as a traceback (3.9.1; 3.14 too, but for a bad method on a
     connection's first request, which it logs at debug). An error of a handler (a bug of
     ours: aiohttp answers 500; aiohttp logs it with logger.exception) is an ERROR line with
-    its traceback, at most one a second too. aiohttp's debug lines pass through as they
-    are."""
+    its traceback, at most one a second too; but the ConnectionResetError a handler gets
+    when its client goes while it reads the body is a debug line. aiohttp's debug lines
+    pass through as they are."""
 
     def __init__(self, connection: HttpConnection) -> None:
         super().__init__(log, {})
@@ -229,6 +248,10 @@ class ConnectionLog(logging.LoggerAdapter):
             message = one_line(exc.message).removesuffix(" ^")  # llhttp's pointer
             detail = f"from {self.connection.peer}: {exc.code} {message}"
             connections.bad_requests.occurred("http: bad request %s", detail, reason=detail)
+        elif isinstance(exc, ConnectionResetError) and self.connection.gone:
+            # Its handler was reading the body when the client went, or was dropped (the
+            # drop has its own line): no answer is owed, and nothing of ours went wrong.
+            self.logger.debug("http: %s went while its request was read", self.connection.peer)
         elif level >= logging.WARNING:
             text = str(msg) % args if args else str(msg)
             detail = f"{self.connection.peer}: {one_line(text)}"

@@ -6,6 +6,8 @@ whose password the database found equal (so `Row.passhash` is None), with bcrypt
 one with its hash, which the broker checks. `row(mountpoint, row_client_id, username)`:
 one row again, by its key, to re-read its ACLs (no password: the client proved it when
 it connected). Errors are `DatabaseError` (down, refused, timed out), said in one line.
+Each step is bound by the query timeout (acquiring a pooled connection, connecting, the
+query); the plugin bounds the whole of it too (plugin.py: `_within_timeout`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ class Row:
 
 
 class Backend(Protocol):
+    name: str  # the database, as errors name it ("PostgreSQL")
+
     async def start(self) -> None: ...
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        """Close the pool, within the query timeout: a hung database's connections are
+        cut rather than waited for."""
+        ...
 
     async def rows(
         self, mountpoint: str, client_id: str, username: str, password: str

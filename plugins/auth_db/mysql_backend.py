@@ -68,6 +68,8 @@ def connect_args(url: str) -> dict[str, Any]:
 
 
 class MysqlBackend(SqlBackend):
+    name = "MySQL"
+
     def __init__(
         self,
         url: str,
@@ -94,7 +96,10 @@ class MysqlBackend(SqlBackend):
     async def stop(self) -> None:
         if self._pool is not None:
             self._pool.close()
-            await self._pool.wait_closed()
+            try:  # waits for every connection to be let go of, and says goodbye on each
+                await asyncio.wait_for(self._pool.wait_closed(), self.timeout)
+            except TimeoutError:
+                self._pool.terminate()
 
     def in_use(self) -> int:
         pool = self._pool
@@ -107,9 +112,9 @@ class MysqlBackend(SqlBackend):
                     await cursor.execute(query.text, query.arguments(values))
                     return list(await cursor.fetchall())
         except TimeoutError:
-            raise DatabaseError(f"MySQL did not answer in {self.timeout:g} s") from None
+            raise DatabaseError(f"{self.name} did not answer in {self.timeout:g} s") from None
         except (OSError, MySQLError) as exc:
-            raise DatabaseError(f"MySQL: {_one_line(exc)}") from None
+            raise DatabaseError(f"{self.name}: {_one_line(exc)}") from None
 
 
 def _one_line(exc: BaseException) -> str:

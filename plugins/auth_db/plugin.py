@@ -23,7 +23,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from broker.protocol import ReasonCode
 from hooks import (
@@ -50,6 +51,7 @@ INVALID_ACL = Error("invalid_acl")
 NOT_AUTHORIZED = Error("not_authorized")
 REFUSED = int(ReasonCode.NOT_AUTHORIZED)
 _OK = Ok()
+T = TypeVar("T")
 
 
 def make_backend(config: AuthDbConfig) -> Backend:
@@ -78,8 +80,10 @@ class AuthDbPlugin:
         self.cache = AclCache()
         self.counts: Counter[str] = Counter()  # metrics: queries, errors, hits, misses
         self.query_seconds = 0.0
+        self.timeout = float(config.query_timeout)
         self._refresher: asyncio.Task[None] | None = None
         self._down = False  # the last query failed: log the next success once
+        self._abandoned: set[asyncio.Task[Any]] = set()  # queries nobody waits for
 
     async def start(self) -> None:
         await self.backend.start()
@@ -91,6 +95,8 @@ class AuthDbPlugin:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
+        for query in list(self._abandoned):
+            query.cancel()  # still letting go of their connections: the pool closes them
         await self.backend.stop()
 
     # -- hooks ----------------------------------------------------------------------------
@@ -199,11 +205,11 @@ class AuthDbPlugin:
         if current is entry:  # still that connection's (not replaced meanwhile)
             entry.acls, entry.loaded_at = acls, time.monotonic()
 
-    async def _query(self, call: Any) -> Any:
+    async def _query(self, call: Coroutine[Any, Any, T]) -> T:
         started = time.perf_counter()
         self.counts["queries"] += 1
         try:
-            result = await call
+            result = await self._within_timeout(call)
         except DatabaseError as exc:
             self.counts["errors"] += 1
             if not self._down:
@@ -218,6 +224,35 @@ class AuthDbPlugin:
             log.warning("auth_db: the database answers again")
             self._down = False
         return result
+
+    async def _within_timeout(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`'s answer within query_timeout, whatever the driver waits on. The
+        backends bound each step with it (acquiring a pooled connection, connecting, the
+        query), but a driver may wait on the database again to let go of a connection
+        whose query timed out (asyncpg's cancel request and reset, asyncmy's cursor
+        reading what is left): on a hung database a CONNECT waited twice query_timeout
+        and more. So the query runs as a task of its own; one that is late is cancelled
+        and left to let go of its connection in the background."""
+        query = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({query}, timeout=self.timeout)
+        except asyncio.CancelledError:  # the CONNECT went (its client closed)
+            self._abandon(query)
+            raise
+        if not done:
+            self._abandon(query)
+            raise DatabaseError(f"{self.backend.name} did not answer in {self.timeout:g} s")
+        return query.result()
+
+    def _abandon(self, query: asyncio.Task[Any]) -> None:
+        query.cancel()
+        self._abandoned.add(query)
+        query.add_done_callback(self._forget)
+
+    def _forget(self, query: asyncio.Task[Any]) -> None:
+        self._abandoned.discard(query)
+        if not query.cancelled():
+            query.exception()  # an answer, or an error, too late for anyone: not logged
 
     # -- metrics --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ one row), with the same named parameters and columns.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,8 @@ QUERIES = {  # VerneMQ's (postgres.lua), with the plugin's named parameters
 
 
 class PostgresBackend(SqlBackend):
+    name = "PostgreSQL"
+
     def __init__(
         self,
         url: str,
@@ -46,7 +49,10 @@ class PostgresBackend(SqlBackend):
 
     async def stop(self) -> None:
         if self._pool is not None:
-            await self._pool.close()
+            try:  # close() waits for every connection to be let go of
+                await asyncio.wait_for(self._pool.close(), self.timeout)
+            except TimeoutError:
+                self._pool.terminate()
 
     def in_use(self) -> int:
         pool = self._pool
@@ -60,9 +66,9 @@ class PostgresBackend(SqlBackend):
             async with self._pool.acquire(timeout=self.timeout) as connection:
                 return list(await connection.fetch(query.text, *args, timeout=self.timeout))
         except TimeoutError:
-            raise DatabaseError(f"PostgreSQL did not answer in {self.timeout:g} s") from None
+            raise DatabaseError(f"{self.name} did not answer in {self.timeout:g} s") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise DatabaseError(f"PostgreSQL: {_one_line(exc)}") from None
+            raise DatabaseError(f"{self.name}: {_one_line(exc)}") from None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ entry), the value a JSON object `{"passhash": <bcrypt>, "publish_acl": [...],
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -22,6 +23,8 @@ def key(mountpoint: str, client_id: str, username: str) -> str:
 
 
 class RedisBackend:
+    name = "Redis"
+
     def __init__(self, url: str, pool_size: int, password_hash: str, timeout: float) -> None:
         self.url, self.pool_size, self.timeout = url, pool_size, timeout
         self._client: Any = None
@@ -33,13 +36,15 @@ class RedisBackend:
             self.url,
             max_connections=self.pool_size,
             timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
             socket_timeout=self.timeout,
         )
         self._client = aioredis.Redis(connection_pool=pool)
 
     async def stop(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            with contextlib.suppress(TimeoutError):  # its connections are dropped anyway
+                await asyncio.wait_for(self._client.aclose(), self.timeout)
 
     async def rows(
         self, mountpoint: str, client_id: str, username: str, password: str
@@ -64,9 +69,9 @@ class RedisBackend:
         try:
             return await asyncio.wait_for(command, self.timeout)
         except TimeoutError:
-            raise DatabaseError(f"Redis did not answer in {self.timeout:g} s") from None
+            raise DatabaseError(f"{self.name} did not answer in {self.timeout:g} s") from None
         except (OSError, RedisError) as exc:
-            raise DatabaseError(f"Redis: {' '.join(str(exc).split())}") from None
+            raise DatabaseError(f"{self.name}: {' '.join(str(exc).split())}") from None
 
 
 def _row(client_id: str, value: bytes) -> Row:

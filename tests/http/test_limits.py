@@ -24,7 +24,7 @@ import pytest
 
 from broker.config import ConfigError
 from broker.http.connections import HttpConnections
-from tests.broker.helpers import TIMEOUT, unique_id
+from tests.broker.helpers import PUBLISH, TIMEOUT, unique_id
 from tests.conftest import BrokerThread
 
 from .conftest import basic, get
@@ -253,6 +253,97 @@ def test_a_body_that_never_arrives_is_not_waited_for_past_request_timeout(start_
     settle(server)
     server.advance(6)
     wait_closed([sock], TIMEOUT)
+
+
+def slow_publish(server: BrokerThread, key: str) -> socket.socket:
+    """A POST to /api/v1/publish that says its body is 100 bytes and sends none of it."""
+    sock = connect(server)
+    auth = basic(key)["Authorization"]
+    sock.sendall(
+        "POST /api/v1/publish?topic=slow/body HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        f"{auth}\r\nContent-Length: 100\r\n\r\n".encode()
+    )
+    return sock
+
+
+def body_bytes(server: BrokerThread) -> list[int]:
+    """The bytes of body each open connection's handler has been given so far (None:
+    no handler is reading one)."""
+    return [c.body.total_bytes for c in connections(server).open if c.body is not None]
+
+
+def test_a_publish_whose_body_never_arrives_is_dropped_after_request_timeout(keyed_broker, caplog):
+    server, key = keyed_broker(http={"request_timeout": 5, "keepalive_timeout": 60})
+    sock = slow_publish(server, key)
+    server.wait_for(lambda: body_bytes(server) == [0])  # the handler waits for the body
+    server.advance(4)
+    assert is_open(sock)
+    with caplog.at_level(logging.INFO, "nautilus.http"):
+        server.advance(2)  # 6s since the request began
+        wait_closed([sock], TIMEOUT)
+        wait_open_http(server, 0)
+    (dropped,) = lines(caplog, "http: dropped")
+    assert dropped.getMessage().endswith(": no complete request within 5s")
+    assert not lines(caplog, "http: error")  # the handler's read cut short: not a bug
+
+
+def test_a_body_dribbled_in_is_dropped_request_timeout_after_the_request_began(keyed_broker):
+    """Bytes that keep coming do not earn a request more time: the whole of it is due."""
+    server, key = keyed_broker(http={"request_timeout": 5, "keepalive_timeout": 60})
+    sock = slow_publish(server, key)
+    for sent in (10, 20, 30):
+        sock.sendall(b"x" * 10)
+        server.wait_for(lambda sent=sent: body_bytes(server) == [sent])
+        server.advance(1.5)
+    assert is_open(sock)  # 4.5s
+    sock.sendall(b"x" * 10)
+    server.wait_for(lambda: body_bytes(server) == [40])
+    server.advance(1)  # 5.5s since the request began
+    wait_closed([sock], TIMEOUT)
+
+
+def test_a_body_that_arrives_in_time_is_published(keyed_broker, raw_client):
+    """The deadline ends with the body: the publish goes through, and the connection
+    is kept alive past request_timeout."""
+    server, key = keyed_broker(http={"request_timeout": 5, "keepalive_timeout": 60})
+    subscriber = raw_client(server)
+    subscriber.connect(unique_id("sub"))
+    subscriber.subscribe(("slow/#", 0))
+    sock = slow_publish(server, key)
+    server.wait_for(lambda: body_bytes(server) == [0])
+    server.advance(4)
+    sock.sendall(b"y" * 100)
+    assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+    assert subscriber.expect(PUBLISH).payload == b"y" * 100
+    settle(server)
+    server.advance(10)  # past request_timeout: idle now, not a slow request
+    assert is_open(sock)
+    sock.close()
+
+
+def test_a_stalled_body_does_not_hold_the_shutdown(keyed_broker):
+    """Its handler waits for the body; the broker stops at once, not request_timeout
+    later (nor aiohttp's 60 s for a handler to finish)."""
+    server, key = keyed_broker(http={"request_timeout": 30})
+    sock = slow_publish(server, key)
+    server.wait_for(lambda: body_bytes(server) == [0])
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < TIMEOUT
+    wait_closed([sock], TIMEOUT)
+
+
+def test_stalled_bodies_do_not_keep_http_full(keyed_broker):
+    """max_connections of them: /health is refused (503) while they hold every place,
+    and answers again once request_timeout cut them (they were held for ever)."""
+    server, key = keyed_broker(http={"request_timeout": 5, "max_connections": 4})
+    stalled = [slow_publish(server, key) for _ in range(4)]
+    server.wait_for(lambda: body_bytes(server) == [0] * 4)
+    assert get(server, "/health").status == 503  # http.max_connections is reached
+    server.advance(6)
+    wait_closed(stalled, TIMEOUT)
+    wait_open_http(server, 0)
+    assert get(server, "/health").status == 200
 
 
 def test_a_response_the_client_does_not_read_is_not_waited_for_past_request_timeout(

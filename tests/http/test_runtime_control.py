@@ -109,6 +109,12 @@ def test_a_stopped_listener_refuses_connections_and_keeps_the_open_ones(keyed_br
     assert health.status == 503 and "stopped" in health.json["reasons"][0]
     assert "not running" in error(api(server, "listener/stop", key, address="0"), 400)
 
+    with socket.socket() as squatter:  # another program takes the port meanwhile
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # `kept` is on it
+        squatter.bind((host, port))
+        squatter.listen()
+        taken = error(api(server, "listener/start", key, address="0"), 400)
+    assert taken == f"listeners[0] cannot start: {host}:{port}: address already in use"
     (started,) = table(api(server, "listener/start", key, address="0"))  # by index too
     assert (started["state"], started["address"]) == ("running", f"{host}:{port}")
     raw_client(server).connect("back")

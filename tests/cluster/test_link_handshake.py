@@ -1,0 +1,117 @@
+"""A cluster link whose handshake does not finish leaves nothing for asyncio to complain
+about: no future holding an exception that nobody retrieves (asyncio logs each as
+"Future exception was never retrieved ... ConnectionError('closed during the
+handshake')" when it is collected; a netsplit logged two).
+
+One node runs in-process (tests/conftest.py's start_broker, its clock moved by
+`advance`) on the session's redis-server; its link goes to a peer that is a plain socket:
+one that the kernel accepts for and that never answers (a hung or blackholed node), or
+one that accepts and closes at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from broker.cluster.link import HANDSHAKE_TIMEOUT, RECONNECT_DELAY, PeerLink
+from tests.cluster.nodes import cluster_of, start_in_process_node
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def silent_peer() -> Iterator[tuple[str, int]]:
+    """An address whose connections the kernel accepts, and nothing ever answers."""
+    with socket.socket() as listening:
+        listening.bind((HOST, 0))
+        listening.listen(16)
+        yield HOST, listening.getsockname()[1]
+
+
+@pytest.fixture
+def closing_peer() -> Iterator[tuple[tuple[str, int], list[int]]]:
+    """An address that closes each connection as soon as it accepts it; and the count
+    of connections it closed (one item)."""
+    closed = [0]
+    with socket.socket() as listening:
+        listening.bind((HOST, 0))
+        listening.listen(16)
+
+        def close_each() -> None:
+            while True:
+                try:
+                    connection, _ = listening.accept()
+                except OSError:  # the fixture closed the listening socket
+                    return
+                connection.close()
+                closed[0] += 1
+
+        threading.Thread(target=close_each, daemon=True).start()
+        yield (HOST, listening.getsockname()[1]), closed
+        listening.shutdown(socket.SHUT_RDWR)
+
+
+def unretrieved(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """asyncio's complaints so far, once whatever is unreachable has been collected."""
+    gc.collect()
+    return [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def link_to(node: Any, address: tuple[str, int]) -> PeerLink:
+    """A link from the node to `address`, connecting (as the node makes one to each
+    member it learns of)."""
+    cluster = cluster_of(node)
+    return node.call(lambda: PeerLink(cluster, "ghost", address))
+
+
+def in_handshake(link: PeerLink) -> bool:
+    return link.transport is not None and not link.up
+
+
+def lost(link: PeerLink) -> bool:
+    """Its connection is gone (connection_lost has run)."""
+    return link.transport is None
+
+
+def test_a_link_closed_during_its_handshake(start_broker, redis_url, silent_peer, caplog):
+    """The node gives up on the peer (dead) while its link waits for WELCOME."""
+    node = start_in_process_node(start_broker, redis_url)
+    link = link_to(node, silent_peer)
+    node.wait_for(functools.partial(in_handshake, link))
+    node.call(link.close)
+    node.wait_for(functools.partial(lost, link))
+    del link  # and with it its future, if it held one
+    assert unretrieved(caplog) == []
+
+
+def test_a_handshake_that_times_out(start_broker, redis_url, silent_peer, caplog):
+    """No WELCOME within HANDSHAKE_TIMEOUT: the attempt is cut, and the next one made.
+    (What a netsplit does to each node's next attempt: the future was shielded from the
+    timeout, then failed by the connection's loss, with nobody awaiting it.)"""
+    node = start_in_process_node(start_broker, redis_url)
+    link = link_to(node, silent_peer)
+    node.wait_for(lambda: in_handshake(link))
+    node.advance(HANDSHAKE_TIMEOUT)
+    node.wait_for(lambda: lost(link))
+    node.advance(RECONNECT_DELAY)  # the next attempt: the last one's future is let go of
+    node.wait_for(lambda: in_handshake(link))
+    assert unretrieved(caplog) == []
+    node.call(link.close)
+
+
+def test_a_peer_that_accepts_and_closes(start_broker, redis_url, closing_peer, caplog):
+    address, closed = closing_peer
+    node = start_in_process_node(start_broker, redis_url)
+    link = link_to(node, address)
+    for attempts in range(1, 4):
+        node.wait_for(lambda attempts=attempts: closed[0] >= attempts and not in_handshake(link))
+        node.advance(RECONNECT_DELAY)
+    node.call(link.close)
+    assert unretrieved(caplog) == []
