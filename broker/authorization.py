@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from broker.protocol import Property, ReasonCode
+from broker.protocol import MQTT5, Property, ReasonCode
 from hooks import Error, Ok, PublishContext, Result, TopicRequest
 
-MQTT5 = 5
 # Reasons that mean "these credentials are wrong" rather than "you may not".
 _BAD_CREDENTIALS = {"invalid_credentials", "bad_username_or_password", "invalid_signature"}
 _ACK_PROPERTIES = (Property.REASON_STRING, Property.USER_PROPERTY)

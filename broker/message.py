@@ -12,12 +12,10 @@ import math
 from typing import TYPE_CHECKING
 
 from broker.mountpoints import outside
-from broker.protocol import Properties, Property, Publish, PublishTemplate
+from broker.protocol import MQTT5, Properties, Property, Publish, PublishTemplate
 
 if TYPE_CHECKING:
     from broker.router import SharedGroup
-
-MQTT5 = 5
 
 
 class Message:

@@ -14,16 +14,15 @@ into its status.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from broker.authorization import apply_publish_modifiers, refusal_reason, subscriber_pair
-from broker.message import Message
-from broker.mountpoints import inside, subscriber_id
+from broker.authorization import refusal_reason, subscriber_pair
+from broker.mountpoints import subscriber_id
+from broker.protocol import MQTT5
 from broker.topics import valid_topic_name
 from hooks import Ok, PublishContext, RegisterContext, Result
 from hooks.results import NO_HOOK
@@ -33,13 +32,8 @@ if TYPE_CHECKING:
     import asyncio
 
     from broker.config import BrokerSettings
-    from broker.flow import FlowControl
     from broker.hook_callers import HookCallers
-    from broker.peers import Peers
-    from broker.routing import Routing
-    from broker.store import MessageStore
-
-MQTT5 = 5
+    from broker.ingress import Ingress
 
 
 class PublishHost(Protocol):
@@ -47,12 +41,8 @@ class PublishHost(Protocol):
 
     settings: BrokerSettings
     loop: asyncio.AbstractEventLoop
-    chains: HookCallers
-    routing: Routing
-    flow: FlowControl
-    store: MessageStore
-    peers: Peers
-    before_ack: list[Callable[[], bool]]  # plugins that must keep a QoS 1/2 message first
+    chains: HookCallers  # auth_on_register, on_register_failed
+    ingress: Ingress  # the message's way in
 
 
 class Kind(Enum):
@@ -109,12 +99,11 @@ async def publish(host: PublishHost, request: OnBehalf) -> PublishContext:
         request.properties,
         mountpoint=register.mountpoint,
     )
-    chain = host.chains.auth_on_publish[True]
-    if chain:
-        result = await chain.run(context)
-        if type(result) is not Ok:
-            raise Refused(Kind.NOT_AUTHORIZED, refusal_reason(result))
-        apply_publish_modifiers(context, result)
+    authorizer = host.ingress.authorizer(True)
+    if authorizer is not None:
+        decision = host.ingress.decided(context, await authorizer.run(context))
+        if not decision.allowed:
+            raise Refused(Kind.NOT_AUTHORIZED, refusal_reason(decision.result))
     _route(host, context)
     return context
 
@@ -132,12 +121,9 @@ def _check(host: PublishHost, request: OnBehalf) -> None:
     limit = host.settings.max_message_size
     if limit and len(request.payload) > limit:
         raise Refused(Kind.INVALID, f"the payload is larger than max_message_size ({limit})")
-    if host.peers.split and host.peers.refuses("publish") is not None:
-        raise Refused(Kind.UNAVAILABLE, "a netsplit (allow_publish_during_netsplit is off)")
-    if request.qos and host.store.failed:
-        host.store.commit()  # try again: there may be room by now
-        if host.store.failed:
-            raise Refused(Kind.UNAVAILABLE, "the broker cannot store messages now")
+    closed = host.ingress.closed_for(request.qos)
+    if closed is not None:
+        raise Refused(Kind.UNAVAILABLE, closed)
 
 
 def _register_context(request: OnBehalf) -> RegisterContext:
@@ -181,35 +167,14 @@ def _register_failed(host: PublishHost, context: RegisterContext, result: Result
 
 
 def _route(host: PublishHost, context: PublishContext) -> None:
-    """The allowed message on the path of any publish (broker/client/publish.py)."""
-    routing = host.routing
-    topic = inside(context.mountpoint, context.topic)
-    if host.flow.congested and routing.full_subscribers(topic):
+    """The allowed message through the ingress, as any publish; answered only once it is
+    kept (QoS 1/2), as a PUBACK is."""
+    ingress = host.ingress
+    sender = subscriber_id(context.mountpoint, context.client_id)
+    message = ingress.message(context, sender, host.loop.time())
+    if ingress.waits_for(message.topic):
         # An MQTT publisher would be held until they catch up; a request is not held.
         raise Refused(Kind.UNAVAILABLE, "subscribers of this topic are behind; try again")
-    message = Message(
-        topic,
-        context.payload,
-        context.qos,
-        context.retain,
-        context.properties,
-        subscriber_id(context.mountpoint, context.client_id),
-        now=host.loop.time(),
-    )
-    matched = context.matched_acl
-    if matched is not None:
-        message.acl_name = matched.name
-    chains = host.chains
-    if chains.recorder is not None:
-        chains.recorder.published(context, message, matched)
-    if chains.on_publish[True]:
-        chains.notify(chains.on_publish[True], context)
-    routing.publish(message)
-    if chains.on_message_drop and not routing.has_subscribers(message.topic):
-        # Courier's, as for an MQTT publish (a copy: on_publish's tasks hold the context)
-        dropped = dataclasses.replace(context, reason="no_matching_subscribers")
-        chains.notify(chains.on_message_drop, dropped)
-    if context.qos:  # stored before it is answered, as a PUBACK is
-        host.store.commit()
-        if host.store.failed or not all(kept() for kept in host.before_ack):
-            raise Refused(Kind.UNAVAILABLE, "the broker could not store the message")
+    ingress.publish(message, context, True, context)
+    if context.qos and not ingress.kept():
+        raise Refused(Kind.UNAVAILABLE, "the broker could not store the message")

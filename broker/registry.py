@@ -40,6 +40,7 @@ from hooks import Chain, ClientContext
 if TYPE_CHECKING:
     from broker.clock import Clock
     from broker.hook_callers import HookCallers
+    from broker.ingress import Ingress
     from broker.router import SubOptions
     from broker.routing import Routing
     from broker.store import MessageStore
@@ -55,12 +56,14 @@ class Registry(Mapping[str, Session]):
         self,
         make_session: Callable[[str], Session],
         routing: Routing,
+        ingress: Ingress,
         store: MessageStore,
         chains: HookCallers,
         clock: Clock,
     ) -> None:
         self.new_session = make_session  # a session for a client id, not registered
-        self.routing = routing
+        self.routing = routing  # subscriptions (its router), a shared group's members
+        self.publish_will = ingress.publish_own  # wills: authorized at their CONNECT
         self.store = store
         self.chains = chains
         self.clock = clock
@@ -138,13 +141,13 @@ class Registry(Mapping[str, Session]):
             if owner.online:  # the others carry on: only this connection's will is due
                 self._event(self.chains.on_client_offline, client)
                 if will is not None:
-                    self.clock.call_later(will_delay, self.routing.publish, will)
+                    self.clock.call_later(will_delay, self.publish_will, will)
                 return
             session = owner  # that was the last: the client id goes offline
         self.save(session)
         if session.expiry == 0:
             if will is not None:
-                self.routing.publish(will)
+                self.publish_will(will)
             self.end(session)
             self._event(self.chains.on_client_gone, client)
             return
@@ -157,7 +160,7 @@ class Registry(Mapping[str, Session]):
                 timer = self.clock.call_later(delay, self._publish_will, session)
                 session.pending_will = (timer, will)
             else:
-                self.routing.publish(will)
+                self.publish_will(will)
         if session.expiry is not None:
             session.expiry_timer = self.clock.call_later(session.expiry, self.expire, session)
 
@@ -182,7 +185,7 @@ class Registry(Mapping[str, Session]):
         assert session.pending_will is not None
         _, will = session.pending_will
         session.pending_will = None
-        self.routing.publish(will)
+        self.publish_will(will)
 
     @staticmethod
     def _shared_deliveries(session: Session) -> list[Delivery]:
@@ -201,7 +204,7 @@ class Registry(Mapping[str, Session]):
             timer, will = session.pending_will
             timer.cancel()
             session.pending_will = None
-            self.routing.publish(will)
+            self.publish_will(will)
         if session.expiry_timer is not None:
             session.expiry_timer.cancel()
             session.expiry_timer = None

@@ -25,6 +25,7 @@ from broker.episodes import Cap
 from broker.flow import FlowControl
 from broker.graphite import GraphiteReporter
 from broker.hook_callers import HookCallers
+from broker.ingress import Ingress
 from broker.message import Message
 from broker.metrics import Metrics
 from broker.multi_session import MultiSession
@@ -47,8 +48,6 @@ if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
     from broker.proxy_protocol import ProxyHeaderReader
 
 log = logging.getLogger("nautilus")
-
-MQTT5 = 5
 
 
 class Broker:
@@ -76,9 +75,15 @@ class Broker:
         self.tasks: set[asyncio.Task] = set()  # hook flows and async events
         self.hooks = Hooks(self.plugins, self.tasks)
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
-        self.registry = Registry(self.new_session, self.routing, self.store, self.chains, self.loop)
         # Plugins that keep something before the broker acknowledges a message.
         self.before_ack = _before_ack(self.plugins)
+        # Every message's way into routing (broker/ingress.py).
+        self.ingress = Ingress(
+            self.routing, self.flow, self.chains, self.store, self.metrics, self.before_ack
+        )
+        self.registry = Registry(
+            self.new_session, self.routing, self.ingress, self.store, self.chains, self.loop
+        )
         self.started_at = time.time()
         self.stopping = False
         self.shutdown_requested = asyncio.Event()  # a signal, or the node left its cluster
@@ -404,7 +409,7 @@ class Broker:
 
     def publish(self, message: Message) -> None:
         """Publish a message of the broker's own (the $SYS tree)."""
-        self.routing.publish(message)
+        self.ingress.publish_own(message)
 
     def gauges(self) -> dict[str, int]:
         """Values read from the broker's state, under VerneMQ's names where it has one

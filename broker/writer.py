@@ -7,8 +7,9 @@ unflushed bytes pass OUT_HIGH_WATER, `writable` turns false and deliveries wait 
 session's bounded queue until there is room (`resume`), when the session drains.
 
 The flush keeps the store's promise: the turn's store batch is committed before the
-bytes go out, so a PUBACK never leaves before what it acknowledges is on disk, and the
-plugins that keep something before an acknowledgement (`before_ack`) have kept it.
+bytes go out, and when they hold a PUBACK or PUBREC, the ingress is asked to keep what
+they acknowledge (Ingress.kept: the store committed, and the plugins that keep something
+before an acknowledgement have kept it) first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from broker.protocol import Packet, Property, encode
 
 if TYPE_CHECKING:
     from broker.client_state import ClientState
+    from broker.ingress import Ingress
     from broker.metrics import Metrics
     from broker.session import Session
     from broker.store import MessageStore
@@ -39,7 +41,7 @@ class Host(Protocol):
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
     store: MessageStore  # committed before a turn's bytes go out
-    before_ack: list[Callable[[], bool]]  # plugins that keep a message before its ack
+    ingress: Ingress  # keeps the promise a PUBACK / PUBREC makes (Ingress.kept)
 
 
 class Writer:
@@ -117,11 +119,11 @@ class Writer:
         out = self._out
         if out and not self.shut:
             host = self.host
-            store = host.store
-            store.commit()  # a PUBACK goes out only after what it acknowledges is stored
-            if self._acked and (store.failed or not self._plugins_kept()):
-                # Not written (a full disk): acknowledge nothing; the client resends what
-                # it has not seen acknowledged.
+            if not self._acked:
+                host.store.commit()  # deliveries of stored messages: as they were stored
+            elif not host.ingress.kept():  # a PUBACK goes out only after its message is kept
+                # Not kept (a full disk): acknowledge nothing; the client resends what it
+                # has not seen acknowledged.
                 self.discard()
                 self.transport.abort()
                 return
@@ -145,15 +147,6 @@ class Writer:
         self._out = _NOTHING
         self._out_bytes = 0
         self._acked = False
-
-    def _plugins_kept(self) -> bool:
-        """Plugins that must keep something before an acknowledgement (the event relay
-        with acknowledged durability) have kept it."""
-        for before_ack in self.host.before_ack:
-            if not before_ack():
-                self.host.metrics.store_publish_refused += 1
-                return False
-        return True
 
     def pause(self) -> None:
         """The transport's buffer is full (asyncio's pause_writing)."""

@@ -15,8 +15,9 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   3 store          the message stores
   4 sessions       session, session_queue, multi_session (write to an Outlet, never to a
                    connection)
-  5 registry       client id -> session; cluster (this node among others: it hands
-                   sessions to and from other nodes)
+  5 registry       client id -> session; routing (a message to its subscribers); ingress
+                   (every message's one way into routing); cluster (this node among
+                   others: it hands sessions to and from other nodes)
   6 client         the per-client engine (client.engine: one client's MQTT, no I/O)
                    and the packet flows it runs (client.connect, client.publish,
                    client.subscribe; client.flows: which handles each packet), plugins,
@@ -44,6 +45,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +84,7 @@ LAYERS = {
     "broker.multi_session": 4,
     "broker.peers": 5,  # what the core tells the other nodes (the cluster, or Alone)
     "broker.routing": 5,  # a message to the sessions that subscribed to it
+    "broker.ingress": 5,  # every message's one way into routing
     "broker.registry": 5,
     "broker.cluster": 5,  # membership, links, the routing view of other nodes
     "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O) and its flows
@@ -319,3 +322,20 @@ def test_optional_pieces_are_imported_only_when_the_config_asks(tmp_path):
     for when, modules in json.loads(result.stdout).items():
         loaded = [m for m in modules if any(m == o or m.startswith(f"{o}.") for o in OPTIONAL)]
         assert not loaded, f"{when} imports {loaded}"
+
+
+# Routing's entry points for a new message: only the ingress calls them (broker/ingress.py:
+# every message takes its steps, whatever brought it).
+_ROUTING_ENTRY = re.compile(r"routing\.(publish|publish_run|publish_forwarded)\b")
+
+
+def test_only_the_ingress_calls_routings_publish_entry_points():
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for package in ("broker", "plugins", "event_relay", "bench")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "broker" / "ingress.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _ROUTING_ENTRY.search(line)
+    ]
+    assert not found, "route through the Ingress instead: " + ", ".join(found)

@@ -25,13 +25,14 @@ from broker.authorization import (
     session_limits,
     subscriber_pair,
 )
-from broker.client.publish import publish_context
 from broker.client_state import AUTHENTICATING, CONNECTED
 from broker.enhanced_auth import CONTINUE, SUCCESS, AuthExchange
 from broker.episodes import Episode
+from broker.ingress import context_of
 from broker.message import Message, TopicAliases
 from broker.mountpoints import inside, subscriber_id
 from broker.protocol import (
+    MQTT5,
     V3_CONNACK_CODE,
     Auth,
     ConnAck,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nautilus.connection")
 
-MQTT5 = 5
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval meaning "never" [3.1.2.11.2]
 REFUSALS_INTERVAL = 10.0  # seconds between two lines counting CONNECTs refused (an outage)
 
@@ -183,7 +183,7 @@ def _check_will(
     if will_check is None:
         return _accept(engine, packet, assigned, modifiers, auth_props)
     assert packet.will is not None
-    will = publish_context(engine, packet.will)
+    will = context_of(engine.client, packet.will)
     args = (engine, packet, assigned, context, modifiers, auth_props)
     if will_check.synchronous:
         return _will_checked(*args, will_check.run_sync(will))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.client_state import AUTHENTICATING, CLOSING
 from broker.outlet import Outlet
 from broker.protocol import (
+    MQTT5,
     Auth,
     ConnAck,
     ConnectReturnCode,
@@ -44,17 +45,16 @@ if TYPE_CHECKING:
     from broker.enhanced_auth import AuthExchange
     from broker.flow import FlowControl
     from broker.hook_callers import HookCallers
+    from broker.ingress import Ingress
     from broker.message import Message
     from broker.metrics import Metrics
     from broker.peers import Peers
     from broker.registry import Registry
     from broker.routing import Routing
     from broker.session import Session
-    from broker.store import MessageStore
 
 log = logging.getLogger("nautilus.connection")
 
-MQTT5 = 5
 PINGRESP = encode(PingResp(), 4)  # the same bytes in every version
 # Bounded work per loop turn: one read may hold thousands of packets (uvloop reads up to
 # 256 KiB at once), and handling them all in one callback would keep every other client
@@ -96,10 +96,10 @@ class Host(Protocol):
     settings: BrokerSettings
     metrics: Metrics
     chains: HookCallers  # the plugins' hooks
-    store: MessageStore  # a QoS 1/2 publish is refused while it cannot write
-    flow: FlowControl
+    ingress: Ingress  # its publishes' way into routing
+    flow: FlowControl  # holds it while a subscriber it feeds is full
     registry: Registry  # the client's session
-    routing: Routing  # its publishes
+    routing: Routing  # retained messages for its subscriptions
     peers: Peers  # its client id registered cluster-wide
     max_packet_size: int
     connack_properties: dict  # what an MQTT 5 client learns in CONNACK

@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.authorization import apply_publish_modifiers, publish_refusal, refusal_properties
+from broker.authorization import publish_refusal, refusal_properties
+from broker.ingress import NETSPLIT, UNSTORABLE, context_of
 from broker.message import Message
 from broker.mountpoints import inside
 from broker.protocol import (
+    MQTT5,
     Property,
     PubAck,
     PubComp,
@@ -25,25 +27,20 @@ from broker.protocol import (
     PubRec,
     PubRel,
     ReasonCode,
-    Will,
     encode_puback,
     encode_pubrec,
 )
 from broker.topics import valid_topic_name
-from hooks import Ok, PublishContext, Result
-from hooks.spec import new_publish_context
+from hooks import PublishContext, Result
 
 if TYPE_CHECKING:
-    from broker.client.engine import ClientEngine, Host
-    from broker.flow import Subscriber
+    from broker.client.engine import ClientEngine
 
 log = logging.getLogger("nautilus.connection")
 
-MQTT5 = 5
 # The fast path of QoS 0 floods: PUBLISHes to one topic that arrived together, up to this
 # many bytes, are routed at once (see _route_run).
 RUN_BYTES = 64 * 1024
-_NOBODY: list[Subscriber] = []  # shared, never appended to: nobody to wait for
 ACKS_AT_ONCE = 256  # PUBACKs from one subscriber handled together (one drain after them)
 
 
@@ -58,11 +55,12 @@ def _utf8(data: bytes) -> bool:
 def on_publish(engine: ClientEngine, packet: Publish) -> None:
     host = engine.host
     client = engine.client
+    ingress = host.ingress
     host.metrics.mqtt_publish_received += 1
-    peers = host.peers
-    if peers.split and peers.refuses("publish") is not None:
-        # A netsplit (allow_publish_during_netsplit off), as VerneMQ: QoS 0 is dropped,
-        # QoS 1/2 get no acknowledgement, so the client sends them again.
+    closed = ingress.closed_for(packet.qos)
+    if closed is NETSPLIT:
+        # As VerneMQ: QoS 0 is dropped, QoS 1/2 get no acknowledgement, so the client
+        # sends them again.
         return None
     if client.max_message_rate:
         engine.count_rate()
@@ -88,10 +86,8 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
             ack = PubAck if packet.qos == 1 else PubRec
             return engine.outlet.send(ack(_packet_id(packet), ReasonCode.PAYLOAD_FORMAT_INVALID))
         return None
-    if packet.qos and engine.host.store.failed:
-        engine.host.store.commit()  # try again: there may be room by now
-        if engine.host.store.failed:
-            return _refuse_unstorable(engine, packet)
+    if closed is UNSTORABLE:
+        return _refuse_unstorable(engine, packet)
     if packet.qos == 2:
         session = engine.session
         assert session is not None  # PUBLISH comes after CONNECT (the decoder sees to it)
@@ -101,14 +97,14 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
         if len(received) >= engine.host.settings.receive_max_broker:
             why = "more QoS 2 messages unreleased than receive_max_broker"
             return _protocol_error(engine, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, why)
-    chain = host.chains.auth_on_publish[client.protocol_level == MQTT5]
-    if not chain:  # no authorization plugin: publishing is allowed
+    chain = ingress.authorizer(client.protocol_level == MQTT5)
+    if chain is None:  # no authorization plugin: publishing is allowed
         if not (packet.qos or properties or client.max_message_rate):
             run = engine.decoder.take_like(packet, RUN_BYTES)
             if run:
                 return _route_run(engine, [packet, *run])
         return _route(engine, packet, None, False)
-    context = publish_context(engine, packet)
+    context = context_of(client, packet)
     if chain.synchronous:  # every plugin decides at once: inline, the hot path
         return _authorized_publish(engine, packet, context, chain.run_sync(context))
     engine.decide_later(chain, context, _authorized_publish, engine, packet, context)
@@ -136,7 +132,7 @@ def _refuse_unstorable(engine: ClientEngine, packet: Publish) -> None:
     if engine.client.protocol_level != MQTT5:
         return engine.close()
     ack = PubAck if packet.qos == 1 else PubRec
-    reason: dict[int, str] = {Property.REASON_STRING: "the broker cannot store messages now"}
+    reason: dict[int, str] = {Property.REASON_STRING: UNSTORABLE}
     engine.outlet.send(ack(_packet_id(packet), ReasonCode.UNSPECIFIED_ERROR, reason))
 
 
@@ -166,9 +162,9 @@ def _resolve_alias(engine: ClientEngine, packet: Publish) -> bool:
 def _authorized_publish(
     engine: ClientEngine, packet: Publish, context: PublishContext, result: Result
 ) -> None:
-    if type(result) is Ok:
-        changed = apply_publish_modifiers(context, result)
-        return _route(engine, packet, context, changed)
+    decision = engine.host.ingress.decided(context, result)
+    if decision.allowed:
+        return _route(engine, packet, context, decision.changed)
     log.debug("%s: publish to %r refused: %s", engine.client.name(), packet.topic, result)
     if engine.client.protocol_level == 4:
         engine.client.disconnect_reason = "publish_not_authorized_3_1_1"  # Courier's name
@@ -211,51 +207,22 @@ def _route(
         assert context is not None
         if context.topic.startswith("$SYS"):
             return _acknowledge(engine, packet)
-        message = Message(
-            inside(context.mountpoint, context.topic),  # a plugin may move it to another tree
-            context.payload,
-            context.qos,
-            context.retain,
-            context.properties,
-            client.subscriber_id,
-            now=engine.clock(),
-        )
-    if context is not None and context.matched_acl is not None:
-        message.acl_name = context.matched_acl.name  # deliveries report the publisher's
+        message = engine.host.ingress.message(context, client.subscriber_id, engine.clock())
     route_held(engine, packet, message, context)
 
 
 def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
     """Route a run of QoS 0 PUBLISHes to one topic, unretained and without properties,
-    that no plugin authorizes or changes: each subscriber that can take them as the
-    publisher sent them gets them in one write (Routing.publish_run), and the recorder, if
-    a plugin has one, is told the run in one call; if any subscriber cannot, or the run
-    must be seen message by message (an on_publish hook, flow control holding publishers,
-    a message nobody subscribed to while on_message_drop is watched), they are routed one
-    at a time, as always. Either way, what each subscriber receives and in which order,
-    and what is recorded, is the same."""
-    broker = engine.host
-    chains = broker.chains
-    client = engine.client
-    topic = inside(client.mountpoint, packets[0].topic)
-    if not (
-        _waits_for(broker, topic)
-        or chains.on_publish[client.protocol_level == MQTT5]
-        or topic.startswith("$SYS")
-    ):
-        raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]
-        receivers = broker.routing.publish_run(topic, raws, client)
-        # Nobody subscribed: nothing was written, and each message is dropped, and said so.
-        if receivers is not None and (receivers or not chains.on_message_drop):
-            recorder = chains.recorder
-            if recorder is not None:
-                payloads = [packet.payload for packet in packets]
-                recorder.published_run(client, packets[0].topic, payloads, receivers)
-            broker.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
-            return None
+    that no plugin authorizes or changes: in one piece where the ingress can
+    (Ingress.publish_run), else one at a time, as always. Either way, what each
+    subscriber receives and in which order, and what is recorded, is the same."""
+    host = engine.host
+    if host.ingress.publish_run(engine.client, packets):
+        host.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
+        return None
     for i, packet in enumerate(packets):
         if i:
-            broker.metrics.mqtt_publish_received += 1
+            host.metrics.mqtt_publish_received += 1
         _route(engine, packet, None, False)
         if engine.closing or engine.reading_paused or engine.awaiting_hooks:
             # Held by flow control (or closed): the rest waits in the decoder, unread.
@@ -270,37 +237,20 @@ def route_held(
     full queue: then the engine keeps it (unacknowledged) and is held, and this runs
     again when it is released. So no queue ever takes a message above its high-water
     mark, however many publishers feed it (broker/flow.py)."""
-    broker = engine.host
-    flow = broker.flow
-    waiting_for = _waits_for(broker, message.topic)
+    host = engine.host
+    ingress = host.ingress
+    waiting_for = ingress.waits_for(message.topic)
     if waiting_for:
         engine.postpone(packet, message, context)
-        return flow.hold(engine, waiting_for)
+        return host.flow.hold(engine, waiting_for)
     session = engine.session
     assert session is not None
-    chains = broker.chains
-    recorder = chains.recorder
-    if recorder is not None:  # before routing, as on_publish: it tells the publish first
-        recorder.published(engine.client, message, context.matched_acl if context else None)
-    on_publish = chains.on_publish[engine.client.protocol_level == MQTT5]
-    if on_publish:  # before routing: events tell the publish before its deliveries
-        chains.notify(on_publish, context or publish_context(engine, packet))
-    full = broker.routing.publish(message, session.shared_policy)
+    client = engine.client
+    v5 = client.protocol_level == MQTT5
+    full = ingress.publish(message, client, v5, context, packet, session.shared_policy)
     if full:
-        flow.hold(engine, full)
-    if chains.on_message_drop and not broker.routing.has_subscribers(message.topic):
-        # Courier's: a message nobody subscribed to is dropped, and said so.
-        dropped = publish_context(engine, packet)
-        dropped.reason = "no_matching_subscribers"
-        dropped.matched_acl = context.matched_acl if context is not None else None
-        chains.notify(chains.on_message_drop, dropped)
+        host.flow.hold(engine, full)
     _acknowledge(engine, packet)
-
-
-def _waits_for(broker: Host, topic: str) -> list[Subscriber]:
-    """The full subscribers a message to `topic` must wait for (flow control): looked
-    for only while some subscriber holds publishers, so it costs nothing otherwise."""
-    return broker.routing.full_subscribers(topic) if broker.flow.congested else _NOBODY
 
 
 def _packet_id(packet: Publish) -> int:
@@ -316,23 +266,6 @@ def _acknowledge(engine: ClientEngine, packet: Publish) -> None:
     elif packet.qos == 2:
         engine.host.metrics.mqtt_pubrec_sent += 1
         engine.outlet.acknowledge(encode_pubrec(_packet_id(packet)))
-
-
-def publish_context(engine: ClientEngine, packet: Publish | Will) -> PublishContext:
-    """This client's PUBLISH (or the will its CONNECT carries) as hooks see it."""
-    client = engine.client
-    return new_publish_context(
-        client.client_id,
-        client.username,
-        client.attributes,
-        client.session_id,
-        packet.topic,
-        packet.payload,
-        packet.qos,
-        packet.retain,
-        packet.properties,  # plugins change it by modifier, not in place
-        mountpoint=client.mountpoint,
-    )
 
 
 def on_pubrel(engine: ClientEngine, packet: PubRel) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.authorization import ack_properties, granted_topics, refusal_properties
 from broker.mountpoints import inside
-from broker.protocol import Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
+from broker.protocol import MQTT5, Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
 from broker.protocol import SubAck as SubAckPacket
 from broker.router import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter
@@ -19,7 +19,6 @@ from hooks import Error, Ok, Result, SubscribeContext, TopicRequest, Unsubscribe
 if TYPE_CHECKING:
     from broker.client.engine import ClientEngine
 
-MQTT5 = 5
 ALLOWED = Ok()  # the verdict when no plugin has a say
 
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from broker.config import BrokerSettings
     from broker.flow import FlowControl
+    from broker.ingress import Ingress
     from broker.metrics import Metrics
     from broker.registry import Registry
     from broker.retain import RetainedMessages
@@ -46,7 +47,8 @@ class Host(Protocol):
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
     router: Router  # other nodes' subscribers go in as RemoteNodes, moving ones as Forwarders
-    routing: Routing  # forwarded messages, a leaving shared member's deliveries
+    routing: Routing  # a leaving shared member's deliveries
+    ingress: Ingress  # forwarded messages
     registry: Registry  # sessions: taken from dead nodes, handed to and from other nodes
     retained: RetainedMessages  # kept in step with the metadata's
     store: MessageStore  # session records and retained messages

@@ -223,19 +223,23 @@ class PeerLink(asyncio.Protocol):
                 await asyncio.sleep(RECONNECT_DELAY)
 
     async def _connect(self) -> None:
-        self._welcomed = self.loop.create_future()
-        await asyncio.wait_for(
-            self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
-        )
+        welcomed = self._welcomed = self.loop.create_future()
         try:
-            # Awaited as it is (not shielded): a timeout, or the link closed, cancels it,
-            # so the connection lost after that fails no future that nobody awaits
-            # (asyncio would log "Future exception was never retrieved").
-            await asyncio.wait_for(self._welcomed, HANDSHAKE_TIMEOUT)
+            await asyncio.wait_for(
+                self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
+            )
+            # Awaited as it is (not shielded): a timeout, or the link closed, cancels it.
+            await asyncio.wait_for(welcomed, HANDSHAKE_TIMEOUT)
         except BaseException:
             if self.transport is not None:
                 self.transport.abort()
             raise
+        finally:
+            # Nobody waits for it any more (this was cancelled, or failed): a connection
+            # lost later must fail no future that nobody awaits (asyncio would log
+            # "Future exception was never retrieved").
+            if not welcomed.done():
+                welcomed.cancel()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

@@ -586,7 +586,7 @@ class Cluster:
             message = frames.unpack_message(frame[1], self.loop.time())
             self.forwarding = True  # Forwarders send it on (they ignore local publishes)
             try:
-                congested = self.host.routing.publish_forwarded(message)
+                congested = self.host.ingress.forwarded(message)
             finally:
                 self.forwarding = False
             if self.handover.keeping and not any(

@@ -14,6 +14,7 @@ from ._compiled import hot, use_compiled
 from ._decoder import MAX_PACKET_SIZE, Decoder
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
+    MQTT5,
     Auth,
     ConnAck,
     Connect,
@@ -42,6 +43,7 @@ from ._writers import PublishTemplate, encode, encode_puback, encode_pubrec
 
 __all__ = [
     "MAX_PACKET_SIZE",
+    "MQTT5",
     "V3_CONNACK_CODE",
     "Auth",
     "ConnAck",

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+MQTT5 = 5  # the protocol level of an MQTT 5.0 CONNECT (3.1 is 3, 3.1.1 is 4)
+
 
 class PacketType(IntEnum):
     CONNECT = 1

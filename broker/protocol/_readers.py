@@ -20,6 +20,7 @@ from ._buffer import (
 )
 from ._errors import RemoteProtocolError, malformed, protocol_error
 from ._events import (
+    MQTT5,
     Auth,
     ConnAck,
     Connect,
@@ -44,7 +45,6 @@ from ._events import (
 from ._properties import PROPERTY_SPEC, REPEATABLE, Property, PropertyType
 from ._reasons import ReasonCode
 
-MQTT5 = 5
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
 
 # Properties whose value 0 is a Protocol Error, and those that must be 0 or 1.

@@ -29,7 +29,7 @@ import time
 from collections import Counter, deque
 from typing import Any
 
-from broker.protocol import Connect, Publish, Subscription
+from broker.protocol import MQTT5, Connect, Publish, Subscription
 from broker.topics import topic_matches
 from plugins.bridge.buffer import DiskBuffer, MemoryBuffer
 from plugins.bridge.client import Endpoint, MqttClient, MqttError
@@ -41,7 +41,6 @@ LOCAL_RETRY = 0.5  # seconds between attempts to reach this broker (starting up)
 WINDOW = 100  # QoS 1 and 2 messages unacknowledged by the remote at once
 ECHO_SECONDS = 10.0  # how long a message sent out is remembered, to drop its echo
 UNSUPPORTED_VERSION = 1  # MQTT 3 CONNACK: "unacceptable protocol version"
-MQTT5 = 5
 RULES_KEPT = 10_000  # topics whose out rule is remembered (all forgotten when full)
 
 
