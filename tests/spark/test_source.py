@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 
 import pytest
 
@@ -238,3 +239,14 @@ def test_nautilus_spark_relay_options_that_do_not_load_are_one_line_exit_2(tmp_p
     assert done.stderr.splitlines() == [
         "nautilus-spark: --relay-cafile: cannot load missing.pem: No such file or directory"
     ]
+
+
+def test_an_unreachable_relay_is_named_in_the_error():
+    """What `nautilus-spark` prints in one line (spark_consumers.cli.ONE_LINE), as the
+    wrong secret above is, through a real run."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    with pytest.raises(RelayError) as info:
+        RelayConnection(address, "spark")
+    assert str(info.value) == f"relay {address}: unreachable: [Errno 111] Connection refused"
