@@ -140,9 +140,11 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writer.pause()
+        self.engine.writing(False)
 
     def resume_writing(self) -> None:
         self.writer.resume()
+        self.engine.writing(True)
 
     # -- Shell: what the engine asks of the I/O ----------------------------------------
 

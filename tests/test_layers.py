@@ -11,7 +11,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    caps), descriptors (the process's file descriptors), optional
                    (importing what needs an optional library)
   2 values         message (Message, Delivery), client_state (ClientState), outlet, flow, retain,
-                   inflight (a session's in-flight window)
+                   inflight (a session's in-flight window), read_gate (whether a
+                   connection reads now)
   3 store          the message stores
   4 sessions       session, session_queue, multi_session (write to an Outlet, never to a
                    connection)
@@ -76,6 +77,7 @@ LAYERS = {
     "broker.client_state": 2,  # ClientState: what the broker knows of one client
     "broker.outlet": 2,
     "broker.flow": 2,
+    "broker.read_gate": 2,  # whether a connection reads now, and why not
     "broker.retain": 2,
     "broker.inflight": 2,  # a session's in-flight window: packet ids, no I/O
     "broker.store": 3,

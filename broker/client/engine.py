@@ -37,6 +37,7 @@ from broker.protocol import (
     UnsupportedProtocolVersion,
     encode,
 )
+from broker.read_gate import HELD, HOOKS, THROTTLED, WRITING, YIELDED, ReadGate
 from hooks import Chain, ClientContext, PublishContext
 
 if TYPE_CHECKING:
@@ -164,15 +165,13 @@ class ClientEngine:
         "client",
         "clock",
         "decoder",
+        "gate",
         "host",
         "listener",
         "outlet",
-        "reading_paused",
         "session",
         "shell",
         "tap",
-        "throttled",
-        "yielded",
     )
 
     def __init__(
@@ -193,10 +192,10 @@ class ClientEngine:
         self.decoder = Decoder("server", max_packet_size=host.max_packet_size)
         self.session: Session | None = None
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
-        self.reading_paused = False  # held by flow control: a subscriber we feed is full
+        # Whether the client is read now: flow control, hook flows, the rate limit, the
+        # turn's budget and its writes each close it for their reason (broker/read_gate.py).
+        self.gate = ReadGate(self._read)
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
-        self.throttled = False  # max_message_rate reached for this second
-        self.yielded = False  # its turn's budget is spent: the rest waits for the next turn
         self.tap: Tap | None = None  # while the client is traced
         self._rate_count = 0
         self._rate_window_end = 0.0
@@ -225,22 +224,17 @@ class ClientEngine:
         """Handle every complete packet buffered, unless closed or paused meanwhile."""
         decoder = self.decoder
         client = self.client
+        gate = self.gate
         flows = self.host.flows
         handlers = flows.handlers
         try:
             postponed = self._postponed
-            if postponed is not None and not (self.reading_paused or client.phase == CLOSING):
+            if postponed is not None and not (gate.holds(HELD) or client.phase == CLOSING):
                 self._postponed = None  # routed first: this client's messages keep order
                 flows.route_held(self, *postponed)
             handled = 0
             started = 0.0
-            while not (
-                client.phase == CLOSING
-                or self.reading_paused
-                or self.awaiting_hooks
-                or self.throttled
-                or self.yielded
-            ):
+            while not (gate.closed or client.phase == CLOSING):
                 packet = decoder.next_packet()
                 if packet is None:
                     return
@@ -367,35 +361,37 @@ class ClientEngine:
     def hold(self) -> None:
         """Stop reading: a subscriber this client feeds has a full queue."""
         self.host.metrics.flow_publisher_held += 1
-        self.reading_paused = True
-        self._update_reading()
+        self.gate.close(HELD)
 
     def release(self) -> None:
         """Read again: the subscribers it waited for have drained."""
-        if self.reading_paused and not self.closing:
-            self.reading_paused = False
-            self._update_reading()
+        if self.gate.holds(HELD) and not self.closing:
+            self.gate.open(HELD)
             self.shell.call_soon(self.process)  # packets that arrived before the hold
 
-    def _update_reading(self) -> None:
-        """Stop reading while back-pressure, a hook flow, the rate limit or the turn's
-        budget holds us."""
+    def writing(self, taken: bool) -> None:
+        """The client takes what we write (`taken`), or has stopped (the transport's
+        buffer is full): it is read only while it does."""
+        if not taken:
+            self.gate.close(WRITING)
+        elif self.gate.open(WRITING) and not self.closing:
+            self.shell.call_soon(self.process)  # packets that arrived before
+
+    def _read(self, wanted: bool) -> None:
+        """The gate's answer changed: tell the shell (not once the connection closes: it
+        reads and discards then, broker/connection.py)."""
         if not self.closing:
-            self.shell.read(
-                not (self.reading_paused or self.awaiting_hooks or self.throttled or self.yielded)
-            )
+            self.shell.read(wanted)
 
     def _yield_turn(self) -> None:
         """This turn's budget is spent (TURN_BUDGET): go on in the next one."""
         self.host.metrics.client_turns_yielded += 1
-        self.yielded = True
-        self._update_reading()
+        self.gate.close(YIELDED)
         self.shell.call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
-        if self.yielded and not self.closing:
-            self.yielded = False
-            self._update_reading()
+        if self.gate.holds(YIELDED) and not self.closing:
+            self.gate.open(YIELDED)
             self.process()
 
     # -- hook flows that await ---------------------------------------------------------
@@ -419,19 +415,20 @@ class ClientEngine:
         """Run an awaiting hook flow; no further packet is handled until it is done, so
         this client's packets keep their order. (A flow may start the next one.)"""
         self.awaiting_hooks += 1
-        self._update_reading()
+        self.gate.close(HOOKS)
         self.shell.spawn(flow)
 
     def flow_done(self, error: BaseException | None, cancelled: bool = False) -> None:
         """A hook flow ended (`error`: what it raised)."""
         self.awaiting_hooks -= 1
+        if not self.awaiting_hooks:
+            self.gate.open(HOOKS)
         if cancelled:
             return
         if error is not None:
             log.error("%s: internal error in a hook flow", self.client.name(), exc_info=error)
             return self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
         if not self.closing:
-            self._update_reading()
             self.process()
 
     # -- max_message_rate ---------------------------------------------------------------
@@ -446,14 +443,12 @@ class ClientEngine:
         self._rate_count += 1
         if self._rate_count >= self.client.max_message_rate:
             self.host.metrics.client_publish_throttled += 1
-            self.throttled = True
-            self._update_reading()
+            self.gate.close(THROTTLED)
             self.shell.call_at(self._rate_window_end, self._end_throttle)
 
     def _end_throttle(self) -> None:
-        if self.throttled and not self.closing:
-            self.throttled = False
-            self._update_reading()
+        if self.gate.holds(THROTTLED) and not self.closing:
+            self.gate.open(THROTTLED)
             self.process()
 
 

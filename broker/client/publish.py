@@ -224,7 +224,7 @@ def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
         if i:
             host.metrics.mqtt_publish_received += 1
         _route(engine, packet, None, False)
-        if engine.closing or engine.reading_paused or engine.awaiting_hooks:
+        if engine.closing or engine.gate.closed:
             # Held by flow control (or closed): the rest waits in the decoder, unread.
             return engine.decoder.give_back(packets[i + 1 :])
     return None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from broker.protocol import Connect, Decoder, Publish, Subscribe, Subscription, encode
+from broker.protocol import Connect, Decoder, PubAck, Publish, Subscribe, Subscription, encode
+from broker.read_gate import HELD, WRITING
 
 from .helpers import TIMEOUT
 
@@ -53,7 +54,7 @@ def count_publishes(sock: socket.socket, expected: int, quiet: float = 1.0) -> i
 
 def publisher_paused(broker) -> bool:
     return any(
-        c.engine.reading_paused for c in broker.connections if c.client.client_id == "flooder"
+        c.engine.gate.holds(HELD) for c in broker.connections if c.client.client_id == "flooder"
     )
 
 
@@ -95,3 +96,45 @@ def test_a_stuck_subscriber_does_not_stall_the_others(start_broker):
     metrics = server.call(server.broker.metrics.snapshot)
     assert metrics["queue_message_drop"] > 0
     stuck.close()
+
+
+def test_a_publisher_that_does_not_read_its_pubacks_is_not_read_either(start_broker):
+    """Its PUBACKs wait in a transport past its high-water mark: the broker stops reading
+    it (the read gate's WRITING) instead of acknowledging without bound, and reads on,
+    acknowledging every message, once it takes its PUBACKs."""
+    server = start_broker()
+    flooder = open_client(server, "deaf", rcvbuf=4096)
+
+    def small_send_buffer() -> None:  # the kernel's share, small: the transport's fills
+        (connection,) = [c for c in server.broker.connections if c.client.client_id == "deaf"]
+        sock = connection.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    server.call(small_send_buffer)
+    count = 100_000  # 4 bytes of PUBACK each: far more than the socket buffers hold
+    data = b"".join(
+        encode(Publish("deaf/t", b"", qos=1, packet_id=1 + i % 65535), 4) for i in range(count)
+    )
+    flooder.settimeout(60)
+    sending = threading.Thread(target=flooder.sendall, args=(data,), daemon=True)
+    sending.start()
+
+    def deaf_not_read() -> bool:
+        return any(
+            c.engine.gate.holds(WRITING)
+            for c in server.broker.connections
+            if c.client.client_id == "deaf"
+        )
+
+    server.wait_for(deaf_not_read)
+    received = server.call(lambda: server.broker.metrics.mqtt_publish_received)
+    assert received < count  # the rest waits unread, in the sockets
+    acked = 0
+    decoder = Decoder("client", 4)
+    flooder.settimeout(TIMEOUT)
+    while acked < count:
+        decoder.receive_data(flooder.recv(1 << 16))
+        while (packet := decoder.next_packet()) is not None:
+            acked += isinstance(packet, PubAck)
+    sending.join(TIMEOUT)
+    assert acked == count

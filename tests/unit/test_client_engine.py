@@ -33,6 +33,7 @@ from broker.protocol import (
     Subscription,
     encode,
 )
+from broker.read_gate import YIELDED
 from broker.server import Broker
 from broker.session import Session
 from hooks import Error, Ok
@@ -308,13 +309,13 @@ def test_a_long_read_is_handled_over_several_loop_turns():
     pub.send(*(Publish("t", str(i).encode(), 1, packet_id=i + 1) for i in range(100)))
     first = [p.payload for p in sub.received()]
     assert 0 < len(first) < 100  # the budget ran out on the way
-    assert not pub.shell.reading and pub.engine.yielded
+    assert not pub.shell.reading and pub.engine.gate.holds(YIELDED)
     assert broker.metrics.client_turns_yielded == 1
     while pub.shell.soon:  # the next turns
         pub.shell.soon.pop(0)()
     rest = [p.payload for p in sub.received()]
     assert first + rest == [str(i).encode() for i in range(100)]
-    assert pub.shell.reading and not pub.engine.yielded
+    assert pub.shell.reading and not pub.engine.gate.holds(YIELDED)
 
 
 def _subscribed(broker: Broker, client_id: str, topic: str, level: int = V311) -> Client:
