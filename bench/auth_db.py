@@ -1,8 +1,8 @@
 # `python -m bench.auth_db`: CONNECTs per second and publish authorizations per second
 # with each auth_db backend, against the password-file plugin (passwd).
 #
-# Strategy: for each mode a database of its own (PostgreSQL, Redis, MariaDB: the test
-# suite's server classes, on ephemeral ports) holds `--users` users, each a default row
+# Strategy: for each mode a database of its own (PostgreSQL, Redis, MariaDB: testing/'s
+# servers, which the tests use too, on ephemeral ports) holds `--users` users, each a default row
 # (client_id `*`) whose ACLs allow `bench/#`; a fresh Nautilus process runs with
 # `allow_anonymous = false` and the mode's plugin. Passwords are hashed as each mode's
 # documented set-up does, at comparable cost: pgcrypto's `gen_salt('bf')` (bcrypt, cost
@@ -24,13 +24,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import bcrypt
 import redis
 
 from broker.protocol import Connect, encode
 from plugins.passwd.hashes import make_hash
+from testing.databases import MariaDbServer, PostgresServer
+from testing.lifecycle import Missing, ServerError, ServerProcess
+from testing.redis_server import RedisServer
 
 from . import cgen
 from .brokers import HOST, BrokerSpec, RunningBroker, raise_fd_limit
@@ -94,13 +96,11 @@ def passwd_mode(kind: str, acl: bool = False) -> Callable[[Path, int], str]:
     return prepare
 
 
-SERVERS: list[Any] = []  # the databases started, stopped at the end
+SERVERS: list[ServerProcess] = []  # the databases started, stopped at the end
 
 
 def postgres_mode(password_hash: str) -> Callable[[Path, int], str]:
     def prepare(work: Path, users: int) -> str:
-        from tests.plugins.auth_db.servers import PostgresServer
-
         server = PostgresServer(work / "postgres").start()
         SERVERS.append(server)
         stored = "crypt('{p}', gen_salt('bf'))" if password_hash == "crypt" else "'{h}'"
@@ -117,8 +117,6 @@ def postgres_mode(password_hash: str) -> Callable[[Path, int], str]:
 
 
 def redis_mode(work: Path, users: int) -> str:
-    from tests.cluster.redis_server import RedisServer
-
     server = RedisServer(work / "redis").start()
     SERVERS.append(server)
     store = redis.Redis.from_url(server.url)
@@ -131,8 +129,6 @@ def redis_mode(work: Path, users: int) -> str:
 
 
 def mysql_mode(work: Path, users: int) -> str:
-    from tests.plugins.auth_db.servers import MariaDbServer
-
     server = MariaDbServer(work / "mariadb").start()
     SERVERS.append(server)
     values = ",".join(
@@ -212,7 +208,6 @@ async def publishes(port: int, args: argparse.Namespace) -> float:
 def measure(mode: Mode, args: argparse.Namespace) -> tuple[float, list[float], float]:
     with tempfile.TemporaryDirectory(prefix="bench-auth-db-") as tmp:
         work = Path(tmp)
-        section = mode.prepare(work, args.users)
 
         def command(workdir: Path, port: int) -> list[str]:
             config = workdir / "nautilus.toml"
@@ -220,6 +215,7 @@ def measure(mode: Mode, args: argparse.Namespace) -> tuple[float, list[float], f
             return [sys.executable, "-m", "broker", "--config", str(config)]
 
         try:
+            section = mode.prepare(work, args.users)
             with RunningBroker(BrokerSpec("nautilus", mode.name, command, lambda: "")) as broker:
                 try:
                     rates = _run(connects(broker.target.port, args))
@@ -255,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|")
     for name in args.modes.split(","):
         mode = MODES[name]
-        median, rates, published = measure(mode, args)
+        try:
+            median, rates, published = measure(mode, args)
+        except (Missing, ServerError) as exc:  # a database not installed, or not starting
+            print(f"python -m bench.auth_db: {mode.name}: {exc}", file=sys.stderr)
+            return 1
         rounds = ", ".join(f"{r:,.0f}" for r in rates)
         print(f"| {mode.what} | {median:,.0f} | {rounds} | {published:,.0f} |", flush=True)
     return 0

@@ -1,8 +1,8 @@
 # `python -m bench.auth_db_drivers`: the two asyncio MySQL drivers, aiomysql and asyncmy,
 # side by side on auth_db's CONNECT query, against a real MariaDB.
 #
-# Strategy: a MariaDB of its own (the tests' server, tests/plugins/auth_db/servers.py) in
-# a temporary directory, vmq_auth_acl filled with `--rows` rows whose passwords are
+# Strategy: a MariaDB of its own (testing/databases.py, which the tests use too) in a
+# temporary directory, vmq_auth_acl filled with `--rows` rows whose passwords are
 # MariaDB's PASSWORD() (VerneMQ's default hash for MySQL); then, for each driver, a pool of
 # `--pool` connections (autocommit, as the backend opens them) and two measurements, on
 # uvloop as the broker runs:
@@ -29,7 +29,8 @@ from typing import Any
 
 from plugins.auth_db.backends import prepare
 from plugins.auth_db.mysql_backend import QUERIES, connect_args
-from tests.plugins.auth_db.servers import MariaDbServer
+from testing.databases import MariaDbServer
+from testing.lifecycle import Missing, ServerError
 
 DRIVERS = ("aiomysql", "asyncmy")
 QUERY = prepare(QUERIES["password"], lambda _: "%s", "bench").text  # auth_on_register's
@@ -121,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     results: dict[str, list[Result]] = {driver: [] for driver in DRIVERS}
     with tempfile.TemporaryDirectory(prefix="auth-db-drivers-") as directory:
-        server = MariaDbServer(Path(directory)).start()
+        try:
+            server = MariaDbServer(Path(directory)).start()
+        except (Missing, ServerError) as exc:  # not installed, or not starting
+            print(f"python -m bench.auth_db_drivers: {exc}", file=sys.stderr)
+            return 1
         try:
             _fill(server, args.rows)
             version = server.sql("SELECT VERSION()").strip()

@@ -47,11 +47,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from testing.lifecycle import Missing, ServerError
+from testing.redis_server import RedisServer
+
 from . import compare, packets, report
 from .brokers import HOST, MODES, for_mode, raise_fd_limit
 from .client import MqttClient, Uniform, open_client, subscribe
 from .cluster_clients import Numbered, NumberedReceiver, Prober, Ticker, connect
-from .cluster_procs import Deployment, NodeConfig, ProcessError, Redis
+from .cluster_procs import Deployment, NodeConfig, ProcessError, private_redis
 from .cluster_report import FIGURES, Args, figure_text, with_section
 from .loadgen import Backlog, Flood, Paced, Windowed
 
@@ -208,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, list[Result]] = {}
     texts: dict[str, str] = {}
     try:
-        with Redis() as redis_server:
+        with private_redis() as redis_server:
             for figure in args.only:
                 FIGURE_RUNS[figure](args, redis_server, raw)
                 texts[figure] = figure_text(figure, args, raw, command, date)
                 print(texts[figure], flush=True)
+    except (Missing, ServerError) as exc:  # redis-server not installed, or not starting
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: every process started has been stopped", file=sys.stderr)
         _save_raw(raw, {"command": command, "date": date, "interrupted": True})
@@ -282,7 +288,7 @@ def node_config(args: Args, mode: str = "bounded", base: NodeConfig | None = Non
 def _deployed(
     nodes: int,
     config: NodeConfig,
-    redis_server: Redis,
+    redis_server: RedisServer,
     work: Callable[[Deployment], Coroutine[Any, Any, Result]],
     names: Sequence[str] = ("a", "b", "c"),
 ) -> Result:
@@ -384,7 +390,7 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # -- 1. throughput ----------------------------------------------------------------------
 
 
-def run_throughput(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -> None:
+def run_throughput(args: Args, redis_server: RedisServer, raw: dict[str, list[Result]]) -> None:
     cells = [
         (layout, qos, mode) for qos in (0, 1) for mode in ("bounded", "flood") for layout in LAYOUTS
     ]
@@ -482,7 +488,7 @@ async def _lost(subs: list[MqttClient], pub: MqttClient, fanout: int, base: int)
 # -- 2. latency -------------------------------------------------------------------------
 
 
-def run_latency(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -> None:
+def run_latency(args: Args, redis_server: RedisServer, raw: dict[str, list[Result]]) -> None:
     for _ in range(args.repeats):
         for name in LATENCY_LAYOUTS:
             layout = BY_LAYOUT[name]
@@ -542,7 +548,7 @@ async def _latency(d: Deployment, layout: Layout, args: Args) -> Result:
 PROPAGATION_CASES = ("idle", "bounded", "flood")
 
 
-def run_propagation(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -> None:
+def run_propagation(args: Args, redis_server: RedisServer, raw: dict[str, list[Result]]) -> None:
     for case in PROPAGATION_CASES:
         key = f"propagation/{case}"
 
@@ -662,7 +668,7 @@ async def _one_propagation(sub: Prober, pub: MqttClient, topic: str) -> tuple[fl
 # -- 4. connect rate ---------------------------------------------------------------------
 
 
-def run_connect(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -> None:
+def run_connect(args: Args, redis_server: RedisServer, raw: dict[str, list[Result]]) -> None:
     for _ in range(args.repeats):
         for name, nodes in (("plain", 0), ("cluster", 2)):
             key = f"connect/{name}"
@@ -727,7 +733,7 @@ async def _connects(d: Deployment, args: Args) -> Result:
 MIGRATION_CONFIG = NodeConfig(store="leveldb", broker="max_offline_messages = -1")
 
 
-def run_migration(args: Args, redis_server: Redis, raw: dict[str, list[Result]]) -> None:
+def run_migration(args: Args, redis_server: RedisServer, raw: dict[str, list[Result]]) -> None:
     for size in args.queue:
         repeats = 1 if size >= ONCE_FROM else args.repeats
         key = f"migration/{size}"
@@ -827,7 +833,7 @@ async def _migration(d: Deployment, count: int) -> Result:
     return result
 
 
-FIGURE_RUNS: dict[str, Callable[[Args, Redis, dict[str, list[Result]]], None]] = {
+FIGURE_RUNS: dict[str, Callable[[Args, RedisServer, dict[str, list[Result]]], None]] = {
     "throughput": run_throughput,
     "latency": run_latency,
     "propagation": run_propagation,

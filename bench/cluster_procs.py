@@ -1,32 +1,31 @@
 # The processes of the clustering benchmark (bench/cluster.py): a private redis-server
 # and Nautilus nodes, started and stopped by it.
 #
-# Strategy: one redis-server for the whole run (temporary directory, ephemeral port,
-# nothing persisted), emptied (FLUSHALL, FUNCTION FLUSH) before every deployment; a
-# deployment is a fresh set of `python -m broker` processes, one plain node or a cluster
-# of named nodes (a, b, c), each with its config and its log (stdout and stderr) in a
-# temporary directory of its own. MQTT and the cluster listener bind port 0; a node is
-# ready once its log says where it listens for MQTT and, in a cluster, that its link to
-# every other node is up. Every process is stopped in `finally` (SIGTERM, then SIGKILL),
-# and on Linux also dies with this process (PR_SET_PDEATHSIG), so neither an exception,
-# Ctrl-C nor a killed benchmark leaves one behind.
+# Strategy: one redis-server for the whole run (testing/redis_server.py: temporary
+# directory, ephemeral port, nothing persisted), emptied (FLUSHALL, FUNCTION FLUSH)
+# before every deployment; a deployment is a fresh set of `python -m broker` processes,
+# one plain node or a cluster of named nodes (a, b, c), each with its config and its log
+# (stdout and stderr) in a temporary directory of its own. MQTT and the cluster listener
+# bind port 0; a node is ready once its log says where it listens for MQTT and, in a
+# cluster, that its link to every other node is up. Every process is stopped in `finally`
+# (SIGTERM, then SIGKILL), and on Linux also dies with this process (PR_SET_PDEATHSIG),
+# so neither an exception, Ctrl-C nor a killed benchmark leaves one behind.
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-import redis
+from testing.redis_server import RedisServer
 
 from .brokers import HOST, MODES, REPO, child_env, free_port, nautilus_toml, raise_fd_limit
 from .scenarios import cpu_seconds
@@ -65,90 +64,15 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(STOP_TIMEOUT)
 
 
-class Redis:
-    """A private redis-server: ephemeral port, temporary directory, nothing persisted."""
-
-    def __init__(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="bench-cluster-redis-")
-        self.directory = Path(self._tmp.name)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def __enter__(self) -> Redis:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def start(self) -> None:
-        executable = shutil.which("redis-server") or "/usr/bin/redis-server"
-        log = self.directory / "redis.log"
-        for _ in range(5):  # a port found free may be taken before the server binds it
-            port = free_port()
-            with log.open("ab") as out:
-                self.proc = subprocess.Popen(
-                    [
-                        *(executable, "--port", str(port), "--bind", HOST),
-                        *("--save", "", "--appendonly", "no", "--protected-mode", "no"),
-                        *("--dir", str(self.directory)),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.directory,
-                    preexec_fn=_child_setup,
-                )
-            if self._answers(port):
-                self.port = port
-                return
-        tail = log.read_text(errors="replace")[-2000:]
-        raise ProcessError(f"redis-server did not start:\n{tail}")
-
-    def _answers(self, port: int) -> bool:
-        proc = self.proc
-        assert proc is not None
-        client = redis.Redis(HOST, port, socket_timeout=1, socket_connect_timeout=1)
-        deadline = time.monotonic() + 10.0
-        try:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    return False
-                with contextlib.suppress(redis.RedisError):
-                    if int(client.info("server")["process_id"]) == proc.pid:
-                        return True
-                time.sleep(POLL)
-        finally:
-            client.close()
-        _stop(proc)
-        return False
-
-    def flush(self) -> None:
-        """No keys, no functions: the next cluster starts from nothing."""
-        with redis.Redis(HOST, self.port, socket_timeout=5) as client:
-            client.flushall()
-            client.function_flush()
-
-    def close(self) -> None:
-        _stop(self.proc)
-        self._tmp.cleanup()
+@contextlib.contextmanager
+def private_redis() -> Iterator[RedisServer]:
+    """The run's redis-server (testing/redis_server.py, as the tests' one) in a temporary
+    directory; it also dies with this process."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-cluster-redis-") as directory,
+        RedisServer(Path(directory), child_setup=_child_setup) as server,
+    ):
+        yield server
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +211,7 @@ class Deployment:
         self,
         nodes: int,
         config: NodeConfig,
-        redis_server: Redis | None,
+        redis_server: RedisServer | None,
         names: Sequence[str] = NAMES,
     ) -> None:
         swc = config.metadata == "swc"

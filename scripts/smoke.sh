@@ -29,6 +29,11 @@ for needed in event_relay/_recorder.c broker/protocol/_speedups.c setup.cfg setu
     broker/http/status.html plugins/redis_subs/ event_relay/sidecar_pb/on_publish_pb2.py; do
     grep -q "/$needed" <<<"$listing" || { echo "smoke: the sdist lacks $needed" >&2; exit 1; }
 done
+# testing/ (the real servers the tests and the benchmarks start) is shipped in neither.
+if grep -qE '(^|/)testing/' <<<"$listing"$'\n'"$("$python" -m zipfile -l "$wheel")"; then
+    echo "smoke: testing/ is in the sdist or the wheel (setup.cfg's packages leave it out)" >&2
+    exit 1
+fi
 
 # Without a C compiler the sdist still builds: a wheel of the pure-Python twins (whose
 # behaviour the tests check with NAUTILUS_NO_SPEEDUPS=1).

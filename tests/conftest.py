@@ -15,6 +15,10 @@ Waiting on the broker's state. `server.wait_for(condition)` blocks until `condit
 run on the broker's loop, holds. Nothing polls: the loop itself evaluates the conditions
 each time it is about to wait for I/O, that is once per turn, after whatever ran in it.
 The same hook tells `advance` when the loop has nothing due any more.
+
+Real servers (Redis, PostgreSQL, MariaDB, Mosquitto, carbon-cache) come from testing/,
+started by fixtures; one whose binary is not installed skips the tests that need it, with
+the package to install (`skip_when_missing`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import selectors
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +37,7 @@ import pytest
 from broker.config import config_from_dict
 from broker.protocol import use_compiled
 from broker.server import Broker
+from testing.lifecycle import Missing
 
 # NAUTILUS_NO_SPEEDUPS=1: the pure-Python twins of the compiled hot path, as on a machine
 # without a C compiler (`make test` runs the engine's tests this way too).
@@ -40,6 +45,29 @@ if os.environ.get("NAUTILUS_NO_SPEEDUPS"):
     use_compiled(False)
 
 WAIT = 10.0  # the longest the test thread waits for the broker's loop
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    """A server (testing/) that a fixture starts and is not installed: the test is
+    skipped, with the package to install, not failed."""
+    with skip_when_missing():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """The same for a server the test starts through a factory (`start_mosquitto`)."""
+    with skip_when_missing():
+        return (yield)
+
+
+@contextlib.contextmanager
+def skip_when_missing() -> Iterator[None]:
+    try:
+        yield
+    except Missing as missing:
+        pytest.skip(str(missing))
 
 
 class _Waiter:

@@ -277,6 +277,41 @@ def test_the_spark_jobs_talk_to_the_relay_over_tcp_only(path):
     assert not core, f"{module_name(path)} imports {core}"
 
 
+# testing/ holds the real servers (Redis, the databases, Mosquitto, carbon) that the tests
+# and the benchmarks share: the benchmarks take them from there, not from tests/; testing/
+# needs neither the tests nor pytest (a benchmark runs without them); and what is shipped
+# (setup.cfg's packages) imports none of it.
+SHIPPED = ("broker", "hooks", "plugins", "event_relay", "spark_consumers")
+
+
+def importers_of(packages: tuple[str, ...], forbidden: set[str]) -> list[str]:
+    """`file imports module` for each import, in `packages`, of a module under `forbidden`."""
+    return [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for package in packages
+        for path in python_files(package)
+        for module, _ in imports(path)
+        if module.split(".")[0] in forbidden
+    ]
+
+
+def test_the_benchmarks_and_testing_import_nothing_from_the_tests():
+    found = importers_of(("bench", "testing"), {"tests", "pytest"})
+    assert not found, "move what is shared to testing/: " + ", ".join(found)
+
+
+def test_the_shipped_packages_import_nothing_from_testing():
+    found = importers_of(SHIPPED, {"testing"})
+    assert not found, ", ".join(found)
+
+
+def test_an_import_inside_a_function_counts(tmp_path):
+    # As bench/auth_db.py's of the tests' servers were: made when a mode started one.
+    probe = tmp_path / "probe.py"
+    probe.write_text("def start():\n    from tests.cluster import conftest\n")
+    assert imports(probe) == [("tests.cluster.conftest", False)]
+
+
 # What a config must ask for before it is imported (broker/optional.py): a ws/wss or
 # proxy_protocol listener, [http], [cluster], a plugin.
 OPTIONAL = (

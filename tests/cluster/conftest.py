@@ -1,6 +1,7 @@
-"""Fixtures of the cluster tests: a real redis-server, TCP proxies to cut links, and the
-broker-process harness of tests/test_cli.py (`start_process`, imported so that it is a
-fixture here too; BrokerProcess, clean_env, write_config are imported from there).
+"""Fixtures of the cluster tests: a real redis-server (testing/redis_server.py), TCP
+proxies to cut links, and the broker-process harness of tests/test_cli.py
+(`start_process`, imported so that it is a fixture here too; BrokerProcess, clean_env,
+write_config are imported from there).
 
 `redis_url` is the session's server, emptied (FLUSHALL, FUNCTION FLUSH) before the test;
 a test that stops, restarts or pauses Redis takes `own_redis` instead.
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.redis_server import RedisServer
 from tests.cluster.proxy import TcpProxy
-from tests.cluster.redis_server import RedisServer
 from tests.test_cli import start_process
 
 __all__ = ["start_process"]  # a fixture, used by name

@@ -62,10 +62,10 @@ from paho.mqtt.properties import Properties
 from broker.cluster import frames
 from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME
 from broker.cluster.node import DRAIN_TIMEOUT
+from testing.redis_server import RedisServer
 from tests.broker.helpers import PAHO_PROTOCOL, V5, V311, PahoClient, RawClient
 from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, ClusterNode, read_frames
 from tests.cluster.proxy import TcpProxy
-from tests.cluster.redis_server import RedisServer
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0  # the longest any expected event may take

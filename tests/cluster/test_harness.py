@@ -17,8 +17,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from testing.lifecycle import free_port
+from testing.redis_server import RedisServer
 from tests.cluster.proxy import TcpProxy
-from tests.cluster.redis_server import RedisServer, free_port
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0  # the longest any expected event may take

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from testing.redis_server import RedisServer
 from tests.broker.helpers import PahoClient, unique_id
 from tests.cluster.nodes import ClusterNode
 from tests.cluster.proxy import TcpProxy
-from tests.cluster.redis_server import RedisServer
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0

@@ -30,8 +30,8 @@ from broker.cluster.metadata import (
 )
 from broker.router import SubOptions
 from plugins.redis_subs.store import FUNCTIONS, RedisStore
+from testing.redis_server import RedisServer
 from tests.cluster.proxy import TcpProxy
-from tests.cluster.redis_server import RedisServer
 
 T = TypeVar("T")
 TIMEOUT = 5.0  # the longest anything expected may take

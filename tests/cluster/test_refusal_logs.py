@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from testing.redis_server import RedisServer
 from tests.broker.helpers import RawClient, unique_id
 from tests.cluster.nodes import cluster_of, start_in_process_node
-from tests.cluster.redis_server import RedisServer
 
 SERVER_UNAVAILABLE = 3  # MQTT 3.1.1 CONNACK code
 CONNECTION_LOGGER = "nautilus.connection"

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from testing.lifecycle import free_port
 from tests.broker.helpers import (
     PUBLISH,
     UNSUBACK,
@@ -32,7 +33,6 @@ from tests.broker.helpers import (
     unsubscribe_packet,
 )
 from tests.cluster.nodes import API_KEY
-from tests.cluster.redis_server import free_port
 from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,

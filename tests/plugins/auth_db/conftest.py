@@ -1,4 +1,5 @@
-"""Fixtures of the auth_db tests: real PostgreSQL, MariaDB and Redis servers on 127.0.0.1.
+"""Fixtures of the auth_db tests: real PostgreSQL, MariaDB and Redis servers on 127.0.0.1
+(testing/databases.py, testing/redis_server.py).
 
 `postgres` and `mariadb` are the session's servers with `vmq_auth_acl` emptied before
 the test; a test that stops, restarts, kills or pauses its database takes `own_postgres`
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.databases import MariaDbServer, PostgresServer
 from tests.cluster.conftest import own_redis, redis_server, redis_url
-from tests.plugins.auth_db.servers import MariaDbServer, PostgresServer
 
 __all__ = ["own_redis", "redis_server", "redis_url"]  # fixtures, used by name
 

@@ -1,6 +1,6 @@
 """auth_db in a real broker against real databases (PostgreSQL and redis-server started
-by the tests, tests/plugins/auth_db/servers.py), with real clients (paho-mqtt v3.1.1 and
-v5; raw sockets where the exact MQTT 3 CONNACK byte matters).
+by the tests, testing/databases.py and testing/redis_server.py), with real clients
+(paho-mqtt v3.1.1 and v5; raw sockets where the exact MQTT 3 CONNACK byte matters).
 
 The rows are VerneMQ's documented ones (vmq_diversity's postgres.lua and redis.lua):
 passwords hashed by the database (`crypt`) or bcrypt, ACLs as JSON arrays.

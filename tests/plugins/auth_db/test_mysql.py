@@ -1,5 +1,5 @@
 """auth_db's MySQL backend in a real broker against a real MariaDB (started by the tests,
-tests/plugins/auth_db/servers.py), with real clients (paho-mqtt v3.1.1 and v5).
+testing/databases.py), with real clients (paho-mqtt v3.1.1 and v5).
 
 The rows are VerneMQ's documented ones (vmq_diversity's mysql.lua): ACLs as JSON text,
 passwords hashed by the database (PASSWORD(), MD5(), SHA1(), SHA2()) or bcrypt, which

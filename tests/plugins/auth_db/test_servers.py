@@ -10,15 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.plugins.auth_db.servers import (
-    DATABASE,
-    HOST,
-    PASSWORD,
-    USER,
-    MariaDbServer,
-    PostgresServer,
-    client_env,
-)
+from testing.databases import DATABASE, PASSWORD, USER, MariaDbServer, PostgresServer, client_env
+from testing.lifecycle import HOST
 
 ROW = "('', 'client-1', 'user-1', 'hash', '[{\"pattern\": \"a/#\"}]', NULL)"
 TIMEOUT = 30.0

@@ -1,6 +1,6 @@
 """Fixtures of the bridge tests: a real Mosquitto as the remote (`mosquitto`, or
-`start_mosquitto(users=...)`), and a Nautilus with bridges on a listener of a fixed port
-(the bridge connects to it as a client)."""
+`start_mosquitto(users=...)`; testing/mosquitto.py), and a Nautilus with bridges on a
+listener of a fixed port (the bridge connects to it as a client)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from testing.lifecycle import free_port
+from testing.mosquitto import Mosquitto
 from tests.cluster.conftest import redis_server, redis_url
-from tests.plugins.bridge.mosquitto import Mosquitto, free_port
 
 __all__ = ["redis_server", "redis_url"]  # fixtures, used by name (the cluster test)
 
@@ -29,7 +30,7 @@ def start_mosquitto(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
 
     yield start
     for server in started:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture

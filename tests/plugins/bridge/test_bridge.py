@@ -15,10 +15,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from broker.http.api_keys import ApiKeys
+from testing.lifecycle import free_port
 from tests.broker.helpers import V5, V311, PahoClient
 from tests.http.conftest import api, error, table
 from tests.http.test_commands import admin
-from tests.plugins.bridge.mosquitto import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,12 +1,11 @@
-"""Real PostgreSQL and MariaDB servers for the auth_db tests, on 127.0.0.1.
+"""Real PostgreSQL and MariaDB servers (auth_db's tests and bench.auth_db), on 127.0.0.1.
 
 Each server keeps its data directory (`data/`) and its log in the directory it is given;
 the unix socket, through which `sql()` runs statements as the superuser, lies inside the
 data directory. The first start creates VerneMQ's database `vernemq_db`, its table
 `vmq_auth_acl` and the user `root` with password `password` (VerneMQ's defaults), which
 must give that password over TCP. stop() and start() again keep the port and the data;
-kill() SIGKILLs every process of the server. Modelled on tests/cluster/redis_server.py: a
-start that fails quotes the log's tail; without the binaries, `start()` skips the test.
+kill() SIGKILLs every process of the server (testing/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -18,24 +17,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Self
 
-import pytest
+from testing.lifecycle import HOST, Missing, ServerError, ServerProcess
 
-from tests.cluster.redis_server import free_port
-
-HOST = "127.0.0.1"
 USER = "root"
 PASSWORD = "password"
 DATABASE = "vernemq_db"
-START_TIMEOUT = 20.0  # until the server accepts connections
-STOP_TIMEOUT = 10.0
 INIT_TIMEOUT = 60.0  # initdb / mariadb-install-db
 CLIENT_TIMEOUT = 30.0  # one sql() call
-POLL = 0.02
-PORT_ATTEMPTS = 5  # a port picked free may be taken before the server binds it
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes, the last one a NUL
 
 PG_ROOT = Path("/usr/lib/postgresql")  # Debian: /usr/lib/postgresql/NN/bin, not on PATH
@@ -85,44 +76,25 @@ def run_client(args: list[str], text: str) -> str:
     return done.stdout
 
 
-class DatabaseServer:
-    """What both servers share: the port kept across restarts, the processes, the log.
+class DatabaseServer(ServerProcess):
+    """What both servers add to the shared life cycle: a data directory, prepared once
+    (`_initialise`), in which the server runs with all its processes, and the schema,
+    created after the first start (`_create_schema`)."""
 
-    A subclass prepares its data directory once (`_initialise`), gives the server's
-    command line (`_command`), says when it accepts connections (`_answers`) and creates
-    the schema after the first start (`_create_schema`).
-    """
-
-    NAME: ClassVar[str]
-    STOP_SIGNAL: ClassVar[signal.Signals] = signal.SIGTERM
+    START_TIMEOUT = 20.0  # until the server accepts connections
+    NEW_SESSION = True  # not in the caller's group: no Ctrl-C of theirs
 
     def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.directory = Path(directory)
+        super().__init__(directory, port)
         self.data_dir = self.directory / "data"
-        self.log_path = self.directory / f"{self.NAME}.log"
-        self._port = port
-        self._chosen = port is not None  # a port of the caller's, or one that has served
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._live = False  # processes of the server's may exist
-        self._paused = False
         self._schema_made = self.directory / "schema-made"  # the data directory has it
 
     # ------------------------------------------------------------------ to override
-
-    def _check_installed(self) -> None:
-        """pytest.skip() when a binary is missing."""
-        raise NotImplementedError
 
     def _initialised(self) -> bool:
         raise NotImplementedError
 
     def _initialise(self) -> None:
-        raise NotImplementedError
-
-    def _command(self, port: int) -> list[str]:
-        raise NotImplementedError
-
-    def _answers(self) -> bool:
         raise NotImplementedError
 
     def _create_schema(self) -> None:
@@ -131,30 +103,12 @@ class DatabaseServer:
     def _socket_path(self, port: int) -> Path:
         raise NotImplementedError
 
-    def _after_kill(self) -> None:
-        """Frees what a SIGKILLed server leaves behind."""
-
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> Self:
-        """Start the server and return once it accepts connections (on the same port as
-        before if it has run already); the first start creates the schema."""
-        self._check_installed()
-        assert not self.running, "already running"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if not self._initialised():
-            self._initialise()
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = self._port if self._chosen and self._port is not None else free_port()
-            socket_path = self._socket_path(port)
-            assert len(bytes(socket_path)) <= SOCKET_PATH_MAX, f"path too long: {socket_path}"
-            if self._launch(port):
-                self._port, self._chosen = port, True
-                break
-            if self._chosen or attempt == PORT_ATTEMPTS:
-                raise AssertionError(
-                    f"{self.NAME} did not start; {self.log_path}:\n{self.log_tail()}"
-                )
+        """Starts the server (see ServerProcess.start); the first start creates the
+        schema."""
+        super().start()
         if not self._schema_made.exists():
             try:
                 self._create_schema()
@@ -163,6 +117,24 @@ class DatabaseServer:
                 raise
             self._schema_made.touch()
         return self
+
+    def _prepare(self) -> None:
+        if not self._initialised():
+            self._initialise()
+
+    def _launch(self, port: int) -> bool:
+        socket_path = self._socket_path(port)
+        assert len(bytes(socket_path)) <= SOCKET_PATH_MAX, f"path too long: {socket_path}"
+        return super()._launch(port)
+
+    def _workdir(self) -> Path:
+        return self.data_dir
+
+    def _environment(self) -> dict[str, str]:
+        return client_env()
+
+    def _processes(self) -> set[int]:
+        return super()._processes() | processes_in(self.data_dir)
 
     def _run_init(self, args: list[str]) -> None:
         """Runs initdb / mariadb-install-db into the log; on failure the half-made data
@@ -182,144 +154,10 @@ class DatabaseServer:
             )
         if done.returncode != 0:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-            raise AssertionError(
+            raise ServerError(
                 f"{Path(args[0]).name} exited {done.returncode}; "
                 f"{self.log_path}:\n{self.log_tail()}"
             )
-
-    def _launch(self, port: int) -> bool:
-        """Run the server on `port`; True once it answers, False if it exited first."""
-        with self.log_path.open("ab") as log:
-            log.write(f"--- starting on port {port}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self._command(port),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                env=client_env(),
-                start_new_session=True,  # not in the tests' group: no Ctrl-C of theirs
-            )
-        self._live = True
-        self._paused = False
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.kill()
-                return False  # e.g. the port was taken meanwhile: see the log
-            if self._answers():
-                return True
-            time.sleep(POLL)
-        self.kill()
-        raise AssertionError(
-            f"{self.NAME} did not accept connections within {START_TIMEOUT}s; "
-            f"{self.log_path}:\n{self.log_tail()}"
-        )
-
-    def stop(self) -> None:
-        """A clean shutdown that also ends the clients' connections; waits for the exit
-        (SIGKILL if it takes over STOP_TIMEOUT)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is not None:
-            self.kill()  # it died on its own: its children may not have
-            return
-        self.proc.send_signal(self.STOP_SIGNAL)
-        if self._paused:
-            self.resume()  # a stopped process handles the signal only once continued
-        try:
-            self.proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(
-                f"{self.NAME} ignored {self.STOP_SIGNAL.name}:\n{self.log_tail()}"
-            ) from None
-        self._live = self.running or bool(processes_in(self.data_dir))
-        self._paused = False
-
-    def kill(self) -> None:
-        """SIGKILL to the server and all its processes (works on a paused server too), and
-        wait until none is left. What was committed stays (as after a crash of the server)."""
-        if self.proc is None or not self._live:
-            return
-        deadline = time.monotonic() + STOP_TIMEOUT
-        # Again until none is left: a child forked just before its parent died shows up
-        # on the next look.
-        while (left := self._processes()) and time.monotonic() < deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(POLL)
-        self.proc.wait(STOP_TIMEOUT)
-        self._live = self._paused = False
-        self._after_kill()
-        assert not left, f"{self.NAME}: processes {sorted(left)} survived SIGKILL"
-
-    def _processes(self) -> set[int]:
-        assert self.proc is not None
-        found = processes_in(self.data_dir)
-        if self.proc.poll() is None:
-            found.add(self.proc.pid)
-        return found
-
-    def close(self) -> None:
-        """stop() if running, which frees all the server holds; kill() in any case."""
-        try:
-            with contextlib.suppress(AssertionError):
-                self.stop()
-        finally:
-            self.kill()
-
-    def restart(self) -> Self:
-        """stop() then start() on the same port; the data stays."""
-        self.stop()
-        return self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP to every process: connections are accepted by the kernel but nothing
-        answers."""
-        self._signal_all(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        """SIGCONT after pause()."""
-        self._signal_all(signal.SIGCONT)
-        self._paused = False
-
-    def _signal_all(self, signum: int) -> None:
-        assert self.running, f"{self.NAME} not running"
-        for pid in self._processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ access
-
-    @property
-    def port(self) -> int:
-        assert self._port is not None, "start() first"
-        return self._port
-
-    @property
-    def host(self) -> str:
-        return HOST
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            return f"(no log: {exc})"
-        return "\n".join(text.splitlines()[-lines:])
 
 
 # ---------------------------------------------------------------------- PostgreSQL
@@ -342,12 +180,13 @@ def postgres_bin_dir() -> Path | None:
 def unprivileged_prefix() -> list[str]:
     """postgres and initdb refuse to run as root: as root, run them as `nobody`. They keep
     one capability, to search directories, so as to reach their data directory under
-    pytest's tmp dirs (mode 0700, root's); they can write no more than `nobody` can."""
+    the caller's temporary directory (pytest's are mode 0700, root's); they can write no
+    more than `nobody` can."""
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        pytest.skip("setpriv is not installed (apt-get install util-linux)")
+        raise Missing("setpriv is not installed (apt-get install util-linux)")
     nobody = pwd.getpwnam("nobody")
     return [
         *(setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"),
@@ -376,10 +215,10 @@ class PostgresServer(DatabaseServer):
         GRANT ALL PRIVILEGES ON TABLE vmq_auth_acl TO root;
     """
 
-    def _check_installed(self) -> None:
+    def _find_binaries(self) -> None:
         bin_dir = postgres_bin_dir()
         if bin_dir is None or not (bin_dir / "initdb").is_file():
-            pytest.skip("postgresql is not installed (apt-get install postgresql)")
+            raise Missing("postgresql is not installed (apt-get install postgresql)")
         self.bin_dir = bin_dir
         # The client of the same version; else Debian's wrapper on PATH.
         psql = bin_dir / "psql"
@@ -420,7 +259,7 @@ class PostgresServer(DatabaseServer):
         postgres = str(self.bin_dir / "postgres")
         return [*self.prefix, postgres, "-D", str(self.data_dir), "-p", str(port), *options]
 
-    def _answers(self) -> bool:
+    def _answers(self, port: int) -> bool:
         """postmaster.pid names our process and says "ready" (as pg_ctl -w checks)."""
         assert self.proc is not None
         try:
@@ -504,12 +343,12 @@ class MariaDbServer(DatabaseServer):
           CONSTRAINT vmq_auth_acl_primary_key PRIMARY KEY (mountpoint, client_id, username));
     """
 
-    def _check_installed(self) -> None:
+    def _find_binaries(self) -> None:
         server = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin")
         install_db = shutil.which("mariadb-install-db")
         client = shutil.which("mariadb")
         if server is None or install_db is None or client is None:
-            pytest.skip("mariadb-server is not installed (apt-get install mariadb-server)")
+            raise Missing("mariadb-server is not installed (apt-get install mariadb-server)")
         self.server, self.install_db, self.client = server, install_db, client
         # mariadbd runs as root only when told so; files stay root's, as pytest's are.
         self.user_args = ["--user=root"] if os.geteuid() == 0 else []
@@ -541,7 +380,7 @@ class MariaDbServer(DatabaseServer):
             *self.FAST,
         ]
 
-    def _answers(self) -> bool:
+    def _answers(self, port: int) -> bool:
         """The server greets on its socket (ours: it lies in our data directory) only
         once it accepts connections."""
         with socket.socket(socket.AF_UNIX) as sock:
