@@ -1,8 +1,13 @@
 """What an operator can ask of a running broker, whatever carries the request (the HTTP
 admin API, `nautilus admin`): sessions, one client's subscriptions and queue, disconnects,
-retained messages, metrics, plugins, run-time settings and listeners. Plain functions over
-the broker (as `Managed`) returning plain data (JSON-ready), so the API stays a thin
-translation and the operations are testable.
+retained messages, metrics, plugins, run-time settings and listeners. Plain functions
+returning plain data (JSON-ready), so the API stays a thin translation and the
+operations are testable.
+
+Each function takes the node through the port of its role, below (`SessionDirectory`,
+`CommandRunner`, `ListenerControl`, `RetainedKeeper`, `FigureSource`,
+`PluginSwitchboard`): the Broker plays them all, and none of this imports
+broker/server.py.
 
 Session queries, disconnects and unsubscribes by query, and settings run on every node of
 a cluster (`everywhere`): this node runs its part (`HERE`), the others theirs, asked in an
@@ -28,7 +33,6 @@ from broker.mountpoints import problem as mountpoint_problem
 from broker.protocol import ReasonCode
 from broker.session_query import Query
 from broker.topics import valid_topic_filter
-from hooks.side_doors import side_doors
 
 log = logging.getLogger("nautilus.admin")
 
@@ -42,59 +46,93 @@ if TYPE_CHECKING:
     from broker.session import Session
     from broker.store import MessageStore
     from broker.trace.tracer import Tracer
+    from hooks import PluginDoors
 
 
-class Managed(Protocol):
-    """What the admin operations and the HTTP side (broker/http/) read and change of the
-    broker: the Broker provides it, and they never import broker/server.py."""
+class SessionDirectory(Protocol):
+    """This node's sessions and the connections attached to them: a client's row, and
+    the sessions a query finds, disconnects or unsubscribes."""
 
-    config: Config
-    settings: BrokerSettings
-    loop: asyncio.AbstractEventLoop
-    metrics: Metrics
+    settings: BrokerSettings  # node_name: each row says its node
     registry: Registry
-    retained: RetainedMessages
-    store: MessageStore
-    peers: Peers
     connections: set[Connection]
-    tracer: Tracer
-    plugins: list[tuple[str, Any]]  # (name, plugin), in the order they are called
-    disabled_plugins: set[str]
-    started_at: float  # time.time()
-    stopping: bool
+
+
+class CommandRunner(SessionDirectory, Protocol):
+    """A node that runs commands on every node of the cluster (`everywhere`): its part of
+    them (HERE: session queries, settings), and the other nodes asked theirs."""
+
+    config: Config  # the run-time settings change it
+    plugins: list[tuple[str, Any]]  # (name, plugin): who decides, once auth is on or off
+    peers: Peers
+
+
+class ListenerControl(Protocol):
+    """The node's MQTT listeners: how each is, and starting or stopping one."""
+
+    config: Config  # listeners
     listening: list[tuple[str, int]]  # each listener's address; ("", 0): not started
     listeners_down: dict[int, str]  # listener index -> why it is not started
     listener_connections: list[int]  # connections open, per listener
-
-    def gauges(self) -> dict[str, int]: ...
-
-    def plugin_hooks(self) -> dict[str, list[str]]: ...
-
-    def set_plugin_enabled(self, name: str, enabled: bool) -> None: ...
 
     async def start_listener(self, index: int) -> None: ...
 
     def stop_listener(self, index: int, kill_sessions: bool = False) -> None: ...
 
 
+class RetainedKeeper(Protocol):
+    """The retained messages, in memory and in the store."""
+
+    retained: RetainedMessages
+    store: MessageStore
+    loop: asyncio.AbstractEventLoop  # the clock of their expiry
+
+
+class FigureSource(Protocol):
+    """The node's figures: counters, gauges, uptime, the store's, the cluster's, the
+    plugins' (the admin API's metrics, /metrics, /status.json, Graphite)."""
+
+    metrics: Metrics
+    started_at: float  # time.time()
+    store: MessageStore
+    peers: Peers
+    doors: PluginDoors  # the plugins' metrics()
+
+    def gauges(self) -> dict[str, int]: ...
+
+
+class PluginSwitchboard(Protocol):
+    """The loaded plugins: which are enabled, their hooks, and their side doors the
+    admin side opens (invalidate, the bridges)."""
+
+    plugins: list[tuple[str, Any]]  # (name, plugin), in the order they are called
+    disabled_plugins: set[str]
+    doors: PluginDoors  # resolved again when a plugin is enabled or disabled
+
+    def plugin_hooks(self) -> dict[str, list[str]]: ...
+
+    def set_plugin_enabled(self, name: str, enabled: bool) -> None: ...
+
+
 class NotFound(LookupError):
     """No such client, topic or plugin."""
 
 
-def _connections_of(broker: Managed, session: Session) -> list[Connection]:
+def _connections_of(directory: SessionDirectory, session: Session) -> list[Connection]:
     """The connections attached to a registered session (several with
     allow_multiple_sessions: each attached to a member, whose owner it is)."""
-    return [c for c in broker.connections if c.session is not None and c.session.owner is session]
+    connections = directory.connections
+    return [c for c in connections if c.session is not None and c.session.owner is session]
 
 
-def client(broker: Managed, client_id: str, mountpoint: str = "") -> dict[str, Any]:
+def client(directory: SessionDirectory, client_id: str, mountpoint: str = "") -> dict[str, Any]:
     """One client: its session row, subscriptions (filter and options) and queue."""
     key = subscriber_id(mountpoint, client_id)
-    session = broker.registry.get(key)
+    session = directory.registry.get(key)
     if session is None:
         raise NotFound(f"no session for client id {client_id!r}{_on(mountpoint)}")
-    node = broker.settings.node_name
-    row = session_query.session_row(node, session, _connections_of(broker, session))
+    node = directory.settings.node_name
+    row = session_query.session_row(node, session, _connections_of(directory, session))
     row["subscriptions"] = [
         {
             "topic": outside(topic_filter),
@@ -126,14 +164,14 @@ class Gathered:
 
 
 async def everywhere(
-    broker: Managed, command: str, arguments: dict[str, Any], nodes: set[str] | None = None
+    node: CommandRunner, command: str, arguments: dict[str, Any], nodes: set[str] | None = None
 ) -> Gathered:
     """Run `command` (one of HERE) on this node and on every other one alive (those of
     `nodes` only, if given); each row says its node."""
-    here = broker.settings.node_name
-    rows = run_here(broker, command, arguments) if nodes is None or here in nodes else []
+    here = node.settings.node_name
+    rows = run_here(node, command, arguments) if nodes is None or here in nodes else []
     gathered = Gathered(list(rows))
-    for answer in await broker.peers.ask_others(command, arguments, nodes):
+    for answer in await node.peers.ask_others(command, arguments, nodes):
         if answer.error is not None:
             gathered.errors.append({"node": answer.node, "error": answer.error})
         else:
@@ -141,41 +179,41 @@ async def everywhere(
     return gathered
 
 
-def run_here(broker: Managed, command: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+def run_here(node: CommandRunner, command: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     """One node's part of a cluster-wide command (also what another node's ADMIN frame
     asks of this one): ValueError for arguments it cannot take."""
     operation = HERE.get(command)
     if operation is None:
         raise LookupError(f"no admin command {command!r} on this node")
-    return operation(broker, arguments)
+    return operation(node, arguments)
 
 
-async def session_show(broker: Managed, query: Query) -> Gathered:
+async def session_show(node: CommandRunner, query: Query) -> Gathered:
     """`session show`: the rows of every node, at most `limit` (one more asked of each
     node, so that a cut is known)."""
     arguments = query.wire(limit=query.limit + 1)
-    gathered = await everywhere(broker, "session/show", arguments, query.nodes())
+    gathered = await everywhere(node, "session/show", arguments, query.nodes())
     gathered.truncated = len(gathered.rows) > query.limit
     del gathered.rows[query.limit :]
     return gathered
 
 
-async def session_disconnect(broker: Managed, query: Query, cleanup: bool) -> Gathered:
+async def session_disconnect(node: CommandRunner, query: Query, cleanup: bool) -> Gathered:
     """Close the connections of the sessions the query matches (MQTT 5: DISCONNECT 0x98,
     administrative action); with `cleanup`, delete those sessions too."""
     _filtered(query, "disconnect")
     arguments = {"query": query.wire(), "cleanup": cleanup}
-    gathered = await everywhere(broker, "session/disconnect", arguments, query.nodes())
+    gathered = await everywhere(node, "session/disconnect", arguments, query.nodes())
     if not gathered.rows and not gathered.errors:
         raise NotFound("no session matches" if cleanup else "no connected session matches")
     return gathered
 
 
-async def session_unsubscribe(broker: Managed, query: Query) -> Gathered:
+async def session_unsubscribe(node: CommandRunner, query: Query) -> Gathered:
     """Remove the subscriptions the query matches (--topic=F: that filter; no topic
     condition: all of the matched sessions')."""
     _filtered(query, "unsubscribe")
-    gathered = await everywhere(broker, "session/unsubscribe", query.wire(), query.nodes())
+    gathered = await everywhere(node, "session/unsubscribe", query.wire(), query.nodes())
     if not gathered.rows and not gathered.errors:
         raise NotFound("no subscription matches")
     return gathered
@@ -189,35 +227,37 @@ def _filtered(query: Query, command: str) -> None:
         )
 
 
-async def set_settings(broker: Managed, pairs: list[tuple[str, str]]) -> Gathered:
+async def set_settings(node: CommandRunner, pairs: list[tuple[str, str]]) -> Gathered:
     """`set KEY=VALUE ...` on every node; checked here first, so that a bad key or value
     changes nothing anywhere (ValueError)."""
-    return await everywhere(broker, "settings/set", runtime_settings.parse(pairs))
+    return await everywhere(node, "settings/set", runtime_settings.parse(pairs))
 
 
-async def show_settings(broker: Managed) -> Gathered:
-    return await everywhere(broker, "settings/show", {})
+async def show_settings(node: CommandRunner) -> Gathered:
+    return await everywhere(node, "settings/show", {})
 
 
-def _show_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+def _show_here(directory: SessionDirectory, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     query = Query.from_wire(arguments)
-    node = broker.settings.node_name
-    return session_query.select(query, node, broker.registry.values(), broker.connections)
+    node = directory.settings.node_name
+    return session_query.select(query, node, directory.registry.values(), directory.connections)
 
 
-def _disconnect_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+def _disconnect_here(
+    directory: SessionDirectory, arguments: dict[str, Any]
+) -> list[dict[str, Any]]:
     query, cleanup = Query.from_wire(arguments["query"]), bool(arguments["cleanup"])
-    node = broker.settings.node_name
-    found = session_query.matching(query, node, broker.registry.values(), broker.connections)
+    node, registry = directory.settings.node_name, directory.registry
+    found = session_query.matching(query, node, registry.values(), directory.connections)
     rows = []
     for session in dict.fromkeys(session for session, _ in found):  # once each, in order
-        connections = _connections_of(broker, session)
+        connections = _connections_of(directory, session)
         if not connections and not cleanup:
             continue
         for connection in connections:
             connection.close(ReasonCode.ADMINISTRATIVE_ACTION)
-        if cleanup and broker.registry.get(session.subscriber_id) is session:  # (closing may
-            broker.registry.end(session)  # have ended it)
+        if cleanup and registry.get(session.subscriber_id) is session:  # (closing may
+            registry.end(session)  # have ended it)
         rows.append(
             {
                 "node": node,
@@ -230,53 +270,53 @@ def _disconnect_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[st
     return rows
 
 
-def _unsubscribe_here(broker: Managed, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+def _unsubscribe_here(
+    directory: SessionDirectory, arguments: dict[str, Any]
+) -> list[dict[str, Any]]:
     query = Query.from_wire(arguments)
-    node = broker.settings.node_name
-    sessions, connections = broker.registry.values(), broker.connections
+    node, registry = directory.settings.node_name, directory.registry
+    sessions, connections = registry.values(), directory.connections
     rows = []
     for session, row in list(session_query.matching(query, node, sessions, connections, True)):
-        broker.registry.unsubscribe(session, inside(session.mountpoint, row["topic"]))
+        registry.unsubscribe(session, inside(session.mountpoint, row["topic"]))
         rows.append({key: row[key] for key in ("node", "mountpoint", "client_id", "topic")})
     return rows
 
 
-def _set_here(broker: Managed, values: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = runtime_settings.apply(broker.config, values, broker.settings.node_name)
+def _set_here(node: CommandRunner, values: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = runtime_settings.apply(node.config, values, node.settings.node_name)
     if any(row["setting"] == "broker.allow_anonymous" for row in rows):  # auth on or off
-        for warning in deciders.warnings(broker.config, broker.plugins):
+        for warning in deciders.warnings(node.config, node.plugins):
             log.warning("%s", warning)
     return rows
 
 
-HERE: dict[str, Callable[[Managed, dict[str, Any]], list[dict[str, Any]]]] = {
+HERE: dict[str, Callable[[CommandRunner, dict[str, Any]], list[dict[str, Any]]]] = {
     "session/show": _show_here,
     "session/disconnect": _disconnect_here,
     "session/unsubscribe": _unsubscribe_here,
-    "settings/set": lambda broker, values: _set_here(broker, values),
-    "settings/show": lambda broker, _: runtime_settings.show(
-        broker.config, broker.settings.node_name
-    ),
+    "settings/set": _set_here,
+    "settings/show": lambda node, _: runtime_settings.show(node.config, node.settings.node_name),
 }
 
 
 # -- listeners (this node's) ------------------------------------------------------------
 
 
-def listeners(broker: Managed) -> list[dict[str, Any]]:
+def listeners(control: ListenerControl) -> list[dict[str, Any]]:
     """Each MQTT listener: kind, address (the one bound, once it was), whether it
     accepts connections, and how many it holds."""
     rows = []
-    for index, settings in enumerate(broker.config.listeners):
-        bound = broker.listening[index] if index < len(broker.listening) else ("", 0)
+    for index, settings in enumerate(control.config.listeners):
+        bound = control.listening[index] if index < len(control.listening) else ("", 0)
         rows.append(
             {
                 "listener": index,
                 "type": settings.type,
                 "address": _address(*bound) if bound[1] else settings.address,
                 "mountpoint": settings.mountpoint,
-                "state": "stopped" if index in broker.listeners_down else "running",
-                "connections": broker.listener_connections[index],
+                "state": "stopped" if index in control.listeners_down else "running",
+                "connections": control.listener_connections[index],
                 "max_connections": settings.max_connections,
             }
         )
@@ -287,31 +327,33 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _listener(broker: Managed, which: str) -> int:
+def _listener(control: ListenerControl, which: str) -> int:
     """The index of the listener `which` names: its index, or its address (as bound, or
     as configured)."""
-    for row in listeners(broker):
+    for row in listeners(control):
         index = row["listener"]
-        if which in (str(index), row["address"], broker.config.listeners[index].address):
+        if which in (str(index), row["address"], control.config.listeners[index].address):
             return index
-    known = ", ".join(row["address"] for row in listeners(broker))
+    known = ", ".join(row["address"] for row in listeners(control))
     raise NotFound(f"no listener {which!r} (listeners: {known})")
 
 
-async def start_listener(broker: Managed, which: str) -> list[dict[str, Any]]:
+async def start_listener(control: ListenerControl, which: str) -> list[dict[str, Any]]:
     """Accept connections again (on the address it had; ValueError: it cannot)."""
-    await broker.start_listener(_listener(broker, which))
-    return listeners(broker)
+    await control.start_listener(_listener(control, which))
+    return listeners(control)
 
 
-def stop_listener(broker: Managed, which: str, kill_sessions: bool) -> list[dict[str, Any]]:
+def stop_listener(
+    control: ListenerControl, which: str, kill_sessions: bool
+) -> list[dict[str, Any]]:
     """Accept no new connections; those open stay, or are closed (`kill_sessions`)."""
-    broker.stop_listener(_listener(broker, which), kill_sessions)
-    return listeners(broker)
+    control.stop_listener(_listener(control, which), kill_sessions)
+    return listeners(control)
 
 
 def retained(
-    broker: Managed, topic_filter: str = "#", limit: int = 1000, mountpoint: str = ""
+    keeper: RetainedKeeper, topic_filter: str = "#", limit: int = 1000, mountpoint: str = ""
 ) -> list[dict]:
     """Retained messages of `mountpoint`'s tree whose topic matches `topic_filter`, at
     most `limit`, by topic (as for a subscription, "#" leaves out `$` topics: ask for
@@ -319,7 +361,7 @@ def retained(
     if not valid_topic_filter(topic_filter):
         raise ValueError(f"topic: {topic_filter!r} is not a topic filter")
     _check_mountpoint(mountpoint)
-    found = broker.retained.matching(inside(mountpoint, topic_filter), broker.loop.time())
+    found = keeper.retained.matching(inside(mountpoint, topic_filter), keeper.loop.time())
     return [_message_row(m) for m in sorted(found, key=lambda m: m.topic)[:limit]]
 
 
@@ -338,17 +380,17 @@ def _message_row(message: Message) -> dict[str, Any]:
     }
 
 
-def delete_retained(broker: Managed, topic: str, mountpoint: str = "") -> dict[str, str]:
+def delete_retained(keeper: RetainedKeeper, topic: str, mountpoint: str = "") -> dict[str, str]:
     """Clear the retained message of `topic` (a topic name, no wildcards) in
     `mountpoint`'s tree."""
     if "+" in topic or "#" in topic:
         raise ValueError("topic: a topic name, without wildcards")
     _check_mountpoint(mountpoint)
     key = inside(mountpoint, topic)
-    if not broker.retained.matching(key, broker.loop.time()):
+    if not keeper.retained.matching(key, keeper.loop.time()):
         raise NotFound(f"no retained message on {topic!r}{_on(mountpoint)}")
-    broker.retained.update(Message(key, b"", 0, retain=True))
-    broker.store.delete_retained(key)
+    keeper.retained.update(Message(key, b"", 0, retain=True))
+    keeper.store.delete_retained(key)
     return {"deleted": topic}
 
 
@@ -363,74 +405,74 @@ def _on(mountpoint: str) -> str:
     return f" on mountpoint {mountpoint!r}" if mountpoint else ""
 
 
-def delete_expired_retained(broker: Managed) -> dict[str, int]:
+def delete_expired_retained(keeper: RetainedKeeper) -> dict[str, int]:
     """Sweep the retained messages whose MQTT 5 expiry has passed (they go when matched
     anyway; this frees them now)."""
-    return {"deleted": broker.retained.delete_expired(broker.loop.time())}
+    return {"deleted": keeper.retained.delete_expired(keeper.loop.time())}
 
 
-def metrics(broker: Managed) -> dict[str, int]:
-    values = broker.metrics.snapshot()
-    values.update(broker.gauges())
-    values["uptime_seconds"] = int(time.time() - broker.started_at)
+def metrics(figures: FigureSource) -> dict[str, int]:
+    values = figures.metrics.snapshot()
+    values.update(figures.gauges())
+    values["uptime_seconds"] = int(time.time() - figures.started_at)
     return values
 
 
-def reset_metrics(broker: Managed) -> dict[str, int]:
+def reset_metrics(figures: FigureSource) -> dict[str, int]:
     """Counters back to 0 (gauges read the broker's state and stay what they are)."""
-    broker.metrics.reset()
-    return metrics(broker)
+    figures.metrics.reset()
+    return metrics(figures)
 
 
-def cluster_nodes(broker: Managed) -> list[dict[str, Any]]:
+def cluster_nodes(peers: Peers) -> list[dict[str, Any]]:
     """Every node this one knows: alive, its link, what went over it (vmq-admin cluster
     show, with the link figures)."""
-    return cluster_status(broker)["nodes"]
+    return cluster_status(peers)["nodes"]
 
 
-def cluster_join(broker: Managed, address: str) -> dict[str, Any]:
-    return {"result": broker.peers.join(address)}
+def cluster_join(peers: Peers, address: str) -> dict[str, Any]:
+    return {"result": peers.join(address)}
 
 
-async def cluster_leave(broker: Managed, node: str) -> dict[str, Any]:
+async def cluster_leave(peers: Peers, node: str) -> dict[str, Any]:
     """`node` (empty: this node) leaves the cluster."""
-    return {"result": await broker.peers.leave(node)}
+    return {"result": await peers.leave(node)}
 
 
-def cluster_status(broker: Managed) -> dict[str, Any]:
+def cluster_status(peers: Peers) -> dict[str, Any]:
     """The metadata's state, the nodes, and the routing score."""
-    status = broker.peers.status()
+    status = peers.status()
     if status is None:
         raise NotFound("this node is not in a cluster ([cluster] address is empty)")
     return status
 
 
-def plugins(broker: Managed) -> list[dict[str, Any]]:
+def plugins(switchboard: PluginSwitchboard) -> list[dict[str, Any]]:
     return [
-        {"name": name, "enabled": name not in broker.disabled_plugins, "hooks": hooks}
-        for name, hooks in broker.plugin_hooks().items()
+        {"name": name, "enabled": name not in switchboard.disabled_plugins, "hooks": hooks}
+        for name, hooks in switchboard.plugin_hooks().items()
     ]
 
 
-def set_plugin_enabled(broker: Managed, name: str, enabled: bool) -> list[dict[str, Any]]:
-    if name not in dict(broker.plugins):
-        raise NotFound(f"no plugin {name!r} (loaded: {', '.join(dict(broker.plugins))})")
-    broker.set_plugin_enabled(name, enabled)
-    return plugins(broker)
+def set_plugin_enabled(
+    switchboard: PluginSwitchboard, name: str, enabled: bool
+) -> list[dict[str, Any]]:
+    loaded = dict(switchboard.plugins)
+    if name not in loaded:
+        raise NotFound(f"no plugin {name!r} (loaded: {', '.join(loaded)})")
+    switchboard.set_plugin_enabled(name, enabled)
+    return plugins(switchboard)
 
 
 async def invalidate_auth(
-    broker: Managed, client_id: str | None, username: str | None
+    switchboard: PluginSwitchboard, client_id: str | None, username: str | None
 ) -> list[dict[str, Any]]:
     """Each enabled plugin that keeps auth decisions re-reads them for these connected
     clients (both None: all of them, on this node): a row per plugin, with how many."""
     done = []
-    for name, plugin in broker.plugins:
-        door = side_doors(plugin).invalidate
-        if door is None or name in broker.disabled_plugins:
-            continue
+    for name, invalidate in switchboard.doors.invalidate:  # the enabled plugins'
         try:
-            count = door(client_id, username)
+            count = invalidate(client_id, username)
             if inspect.isawaitable(count):
                 count = await count
         except Exception as exc:  # the plugin could not (its database is down): said
@@ -442,31 +484,25 @@ async def invalidate_auth(
     return done
 
 
-def bridges(broker: Managed) -> list[dict[str, Any]]:
+def bridges(switchboard: PluginSwitchboard) -> list[dict[str, Any]]:
     """Every bridge, a row each (`[[bridges]]`: docs/bridge.md)."""
-    rows: list[dict[str, Any]] = []
-    for _, plugin in broker.plugins:
-        door = side_doors(plugin).bridges
-        if door is not None:
-            rows += door()
-    return rows
+    return [row for control in switchboard.doors.bridges for row in control.rows()]
 
 
-async def run_bridge(broker: Managed, name: str, running: bool) -> list[dict[str, Any]]:
+async def run_bridge(
+    switchboard: PluginSwitchboard, name: str, running: bool
+) -> list[dict[str, Any]]:
     """Start or stop the bridge `name`; the bridges after."""
-    for _, plugin in broker.plugins:
-        doors = side_doors(plugin)
-        if doors.run_bridge is None or doors.bridges is None:
-            continue
-        if any(row["name"] == name for row in doors.bridges()):
-            done = doors.run_bridge(name, running)
+    for control in switchboard.doors.bridges:
+        if any(row["name"] == name for row in control.rows()):
+            done = control.run(name, running)
             if inspect.isawaitable(done):
                 await done
-            return bridges(broker)
-    known = ", ".join(row["name"] for row in bridges(broker)) or "none"
+            return bridges(switchboard)
+    known = ", ".join(row["name"] for row in bridges(switchboard)) or "none"
     raise NotFound(f"no bridge {name!r} (configured: {known})")
 
 
-def stop_traces(broker: Managed) -> dict[str, int]:
+def stop_traces(tracer: Tracer) -> dict[str, int]:
     """`trace stop-all`: every trace ends, on this node and the others (how many here)."""
-    return {"stopped": broker.tracer.stop_all()}
+    return {"stopped": tracer.stop_all()}

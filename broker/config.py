@@ -213,6 +213,12 @@ class ClusterSettings:
     swc: SwcSettings = field(default_factory=SwcSettings)
 
 
+# A top-level table that configures one plugin, instead of [plugins.<name>]: its plugin
+# (named after the table) is the class the table's `nautilus.tables` entry point names
+# (setup.cfg), which makes its section from the config (broker/plugins.py).
+PLUGIN_TABLE = {"plugin": True}
+
+
 @dataclass(slots=True)
 class Config:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
@@ -225,9 +231,18 @@ class Config:
     # [plugins.<name>] tables; each plugin validates its own keys (broker/plugins.py).
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     # [event_relay]: the relay validates its own keys (event_relay/config.py).
-    event_relay: dict[str, Any] = field(default_factory=dict)
+    event_relay: dict[str, Any] = field(default_factory=dict, metadata=PLUGIN_TABLE)
     # [[bridges]]: each checked by the bridge plugin (plugins/bridge/config.py).
-    bridges: list[dict[str, Any]] = field(default_factory=list)
+    bridges: list[dict[str, Any]] = field(default_factory=list, metadata=PLUGIN_TABLE)
+
+
+# The tables of PLUGIN_TABLE, by name.
+PLUGIN_TABLES = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("plugin"))
+
+
+def plugin_tables(config: Config) -> dict[str, Any]:
+    """The plugin tables (PLUGIN_TABLES) this config has, by name."""
+    return {name: getattr(config, name) for name in PLUGIN_TABLES if getattr(config, name)}
 
 
 # Keys whose value must satisfy more than its type says.

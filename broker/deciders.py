@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from broker.config import Config
+from broker.config import PLUGIN_TABLES, Config
 
 # What a client asks for -> the hooks that decide it (v4 and MQTT 5 names).
 DECISIONS = {
@@ -22,13 +22,12 @@ DECISIONS = {
     "SUBSCRIBE": ("auth_on_subscribe", "auth_on_subscribe_m5"),
     "AUTH": ("on_auth_m5",),  # MQTT 5 enhanced authentication
 }
-# Plugins built from a table of their own rather than [plugins.<name>].
-TABLES = {"event_relay": "event_relay", "bridge": "bridges"}
 
 
 def table(name: str) -> str:
-    """The config table a plugin comes from: `plugins.auth_jwt`, `event_relay`."""
-    return TABLES.get(name, f"plugins.{name}")
+    """The config table a plugin comes from: `plugins.auth_jwt`, or a table of its own
+    (`event_relay`, `bridges`), whose name the plugin has."""
+    return name if name in PLUGIN_TABLES else f"plugins.{name}"
 
 
 def deciders(plugins: list[tuple[str, Any]]) -> dict[str, list[str]]:

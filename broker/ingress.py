@@ -79,14 +79,16 @@ class Ingress:
         chains: HookCallers,
         store: MessageStore,
         metrics: Metrics,
-        before_ack: list[Callable[[], bool]],
+        before_ack: Sequence[Callable[[], bool]],
     ) -> None:
         self.routing = routing
         self.flow = flow
         self.chains = chains
         self.store = store
         self.metrics = metrics
-        self.before_ack = before_ack  # plugins that keep something before an ack
+        # The enabled plugins that keep something before an ack (the Broker sets them
+        # anew when one is enabled or disabled).
+        self.before_ack = before_ack
 
     # -- admission: before anything is asked of the message ----------------------------
 

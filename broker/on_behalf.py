@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from broker.ingress import Ingress
 
 
-class PublishHost(Protocol):
-    """What a publish on behalf of a client uses of the broker (the Broker provides it)."""
+class PublishGate(Protocol):
+    """What a publish on behalf of a client goes through: the node's authentication
+    chains and its ingress (the Broker provides it)."""
 
     settings: BrokerSettings
     loop: asyncio.AbstractEventLoop
@@ -76,16 +77,16 @@ class OnBehalf:
     listener: tuple[str, int] = ("", 0)  # where it came in (the hooks' listener_addr/port)
 
 
-async def publish(host: PublishHost, request: OnBehalf) -> PublishContext:
+async def publish(gate: PublishGate, request: OnBehalf) -> PublishContext:
     """Authenticate, authorize and route `request`'s message; the message as routed
     (after the plugins' modifiers). Raises Refused."""
-    _check(host, request)
+    _check(gate, request)
     register = _register_context(request)
-    if not host.settings.allow_anonymous:
-        chain = host.chains.auth_on_register[True]
+    if not gate.settings.allow_anonymous:
+        chain = gate.chains.auth_on_register[True]
         result = await chain.run(register) if chain else NO_HOOK
         if type(result) is not Ok:
-            _register_failed(host, register, result)
+            _register_failed(gate, register, result)
         _apply_register_modifiers(register, result.modifiers, request)
     context = new_publish_context(
         register.client_id,
@@ -99,29 +100,29 @@ async def publish(host: PublishHost, request: OnBehalf) -> PublishContext:
         request.properties,
         mountpoint=register.mountpoint,
     )
-    authorizer = host.ingress.authorizer(True)
+    authorizer = gate.ingress.authorizer(True)
     if authorizer is not None:
-        decision = host.ingress.decided(context, await authorizer.run(context))
+        decision = gate.ingress.decided(context, await authorizer.run(context))
         if not decision.allowed:
             raise Refused(Kind.NOT_AUTHORIZED, refusal_reason(decision.result))
-    _route(host, context)
+    _route(gate, context)
     return context
 
 
-def _check(host: PublishHost, request: OnBehalf) -> None:
+def _check(gate: PublishGate, request: OnBehalf) -> None:
     """What a broker refuses before any plugin is asked (as it does for a PUBLISH)."""
     topic = request.topic
     if not valid_topic_name(topic):
         raise Refused(Kind.INVALID, f"{topic!r} is not a topic to publish to")
     if topic.startswith("$SYS"):
         raise Refused(Kind.INVALID, "the $SYS tree is the broker's")
-    depth = host.settings.topic_max_depth
+    depth = gate.settings.topic_max_depth
     if depth and topic.count("/") >= depth:
         raise Refused(Kind.INVALID, f"the topic is deeper than topic_max_depth ({depth})")
-    limit = host.settings.max_message_size
+    limit = gate.settings.max_message_size
     if limit and len(request.payload) > limit:
         raise Refused(Kind.INVALID, f"the payload is larger than max_message_size ({limit})")
-    closed = host.ingress.closed_for(request.qos)
+    closed = gate.ingress.closed_for(request.qos)
     if closed is not None:
         raise Refused(Kind.UNAVAILABLE, closed)
 
@@ -156,22 +157,22 @@ def _apply_register_modifiers(
         raise Refused(Kind.INVALID, f"the payload is larger than this client's limit ({limit})")
 
 
-def _register_failed(host: PublishHost, context: RegisterContext, result: Result) -> NoReturn:
+def _register_failed(gate: PublishGate, context: RegisterContext, result: Result) -> NoReturn:
     reason = refusal_reason(result)
-    chain = host.chains.on_register_failed
+    chain = gate.chains.on_register_failed
     if chain:
         context.reason = reason
         context.password = None  # events never see credentials
-        host.chains.notify(chain, context)
+        gate.chains.notify(chain, context)
     raise Refused(Kind.NOT_AUTHENTICATED, reason)
 
 
-def _route(host: PublishHost, context: PublishContext) -> None:
+def _route(gate: PublishGate, context: PublishContext) -> None:
     """The allowed message through the ingress, as any publish; answered only once it is
     kept (QoS 1/2), as a PUBACK is."""
-    ingress = host.ingress
+    ingress = gate.ingress
     sender = subscriber_id(context.mountpoint, context.client_id)
-    message = ingress.message(context, sender, host.loop.time())
+    message = ingress.message(context, sender, gate.loop.time())
     if ingress.waits_for(message.topic):
         # An MQTT publisher would be held until they catch up; a request is not held.
         raise Refused(Kind.UNAVAILABLE, "subscribers of this topic are behind; try again")

@@ -1,4 +1,5 @@
-"""Loading plugins from `[plugins.<name>]` config tables.
+"""Loading plugins from `[plugins.<name>]` config tables, and from the top-level tables
+that configure one plugin each (`[event_relay]`, `[[bridges]]`).
 
 A table with `enabled = true` loads a plugin:
 - built-in plugins by their short name: `[plugins.acl]` imports the package `plugins.acl`
@@ -8,12 +9,20 @@ A table with `enabled = true` loads a plugin:
 A plugin class may define `Config`, a dataclass of its keys with their defaults; the
 table's other keys are validated against it with the same rules and messages as the rest
 of the config (`plugins.acl.acl_file: expected str, got int`). The plugin is built as
-`Class(config)`; optional `start()` and `stop()` methods (sync or async) run with the
-broker. Order: plugins with a `priority` first, lowest number first; then config order.
-Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt hook, a
-hook with the wrong signature or a side door (start/stop, before_ack, metrics, metadata,
-recorder: hooks/side_doors.py) that breaks its declaration stops start-up like a config
-error, naming the plugin.
+`Class(config)`. Order: plugins with a `priority` first, lowest number first; then config
+order. Each built plugin is held to the hook contract (hooks.check_plugin): a misspelt
+hook, a hook with the wrong signature or a side door (hooks/spec.py SIDE_DOORS: start,
+stop, before_ack, metrics, metadata, metadata_backend, invalidate, bridges, placement,
+reload_tls, recorder) that breaks its declaration stops start-up like a config error,
+naming the plugin. The broker resolves the side doors once (hooks.plugin_doors).
+
+A top-level table of the config's PLUGIN_TABLES configures the plugin of its name. Which
+class that is, the broker does not say: the distribution that ships the plugin declares
+it as an entry point of the group `nautilus.tables` (setup.cfg: `event_relay =
+event_relay.plugin:EventRelay`), as it declares its `nautilus` subcommands. The class
+makes its section from the whole config with a classmethod, `table_section(config)`
+(None: the config leaves it off); its module is imported only when the config has its
+table. These plugins come after the [plugins.*] ones (priorities first, as always).
 
 A plugin whose module is there but a library it imports is missing or broken
 (broker/optional.py) does not stop start-up: one ERROR line names the library and the fix,
@@ -25,32 +34,28 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterable
+from importlib.metadata import entry_points
 from typing import Any, Literal
 
 from broker import optional
-from broker.config import Config, ConfigError, build_section
-from hooks import Error, PluginError, check_plugin, side_doors
+from broker.config import PLUGIN_TABLES, Config, ConfigError, build_section, plugin_tables
+from hooks import Error, Lifecycle, PluginError, check_plugin
 
 log = logging.getLogger("nautilus.plugins")
 
 RESERVED_KEYS = ("enabled", "priority", "module")
-# The event relay is a plugin configured by its own top-level table, [event_relay].
-EVENT_RELAY = "event_relay.plugin:EventRelay"
-BRIDGES = "plugins.bridge:BridgePlugin"  # built from the [[bridges]] tables
+TABLES_GROUP = "nautilus.tables"  # entry points: a plugin table's name = its plugin class
 
 
 def load_plugins(
-    sections: dict[str, dict[str, Any]],
-    event_relay: dict[str, Any] | None = None,
-    node_name: str = "nautilus",
+    sections: dict[str, dict[str, Any]], own_tables: dict[str, dict[str, Any]] | None = None
 ) -> list[tuple[str, Any]]:
-    """Build the enabled plugins, in call order, as (name, instance) pairs. The event
-    relay (when [event_relay] or [event_relay.sidecar] is enabled) comes first, so that
-    its on_deliver sees every delivery before a plugin may take it."""
+    """Build the enabled plugins, in call order, as (name, instance) pairs: those of
+    [plugins.<name>] `sections`, then those of `own_tables` (a top-level table's name ->
+    its plugin's section, as configured_plugins makes them)."""
     tables = [(f"plugins.{name}", name, section) for name, section in sections.items()]
-    relay = _relay_section(event_relay or {}, node_name)
-    if relay is not None:
-        tables.insert(0, ("event_relay", "event_relay", relay))
+    tables += [(table, table, section) for table, section in (own_tables or {}).items()]
     loaded = []
     for position, (where, name, section) in enumerate(tables):
         enabled = section.get("enabled", False)
@@ -62,6 +67,8 @@ def load_plugins(
                 # issue 369) is a plugin left off by a forgotten `enabled`. Said, not fatal.
                 log.warning("%s has settings but no `enabled = true`: the plugin is off", where)
             continue
+        if where != name and name in PLUGIN_TABLES:  # [plugins.bridges]: names must differ
+            raise ConfigError(f"{where}: {name!r} is the plugin of the [{name}] table")
         priority = section.get("priority")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigError(f"{where}.priority: expected an integer, got {priority!r}")
@@ -85,45 +92,36 @@ def load_plugins(
 
 
 def configured_plugins(config: Config) -> list[tuple[str, Any]]:
-    """The plugins a whole config enables: [plugins.*], the event relay and the bridges."""
-    sections = dict(config.plugins)
-    if config.bridges:
-        # The first tcp listener of each mountpoint: a bridge acts on its tree through it.
-        tcp: dict[str, str] = {}
-        for listener in config.listeners:
-            if listener.type == "tcp":
-                tcp.setdefault(listener.mountpoint, listener.address)
-        sections["bridge"] = {
-            "enabled": True,
-            "module": BRIDGES,
-            "tables": config.bridges,
-            "local_addresses": tcp,
-            "node_name": config.broker.node_name,
-            "data_dir": config.store.path,
-        }
-    return load_plugins(sections, config.event_relay, config.broker.node_name)
+    """The plugins a whole config enables: [plugins.*], then those of the plugin tables."""
+    return load_plugins(config.plugins, _own_tables(config))
 
 
-def _relay_section(table: dict[str, Any], node_name: str) -> dict[str, Any] | None:
-    """[event_relay] as a plugin table, or None when neither the relay server nor the
-    sidecar push is enabled. Its `enabled` turns on the server (`serve`)."""
-    serve = table.get("enabled", False)
-    if not isinstance(serve, bool):
-        raise ConfigError(f"event_relay.enabled: expected true or false, got {serve!r}")
-    sidecar = table.get("sidecar", {})
-    push = isinstance(sidecar, dict) and sidecar.get("enabled", False) is True
-    settings = {key: value for key, value in table.items() if key != "enabled"}
-    settings.setdefault("node_name", node_name)
-    if not (serve or push):
-        if settings.keys() - {"node_name"}:  # keys of a relay that is off: checked all the
-            # same, so that a misspelt `enabled` is an error, not a relay silently off
-            try:
-                relay = _plugin_class("event_relay", EVENT_RELAY, "event_relay")
-            except optional.MissingLibrary:
-                return None  # not checked: it is off, so nothing needs its library
-            build_section(relay.Config, settings, "event_relay")  # type: ignore[attr-defined]
-        return None
-    return {"enabled": True, "module": EVENT_RELAY, "priority": -1, "serve": serve, **settings}
+def _own_tables(config: Config) -> dict[str, dict[str, Any]]:
+    """The sections of the plugins the config's plugin tables turn on, by table. A class
+    that cannot be imported for a missing library gets a section all the same: the
+    loader puts the stand-in in its place (it cannot say whether the table turns it on)."""
+    declared = {entry.name: entry.value for entry in entry_points(group=TABLES_GROUP)}
+    sections = {}
+    for table in plugin_tables(config):
+        module = declared.get(table)
+        if module is None:
+            raise ConfigError(
+                f"{table}: no installed plugin reads this table (the {TABLES_GROUP} entry "
+                "points of nautilus-mqtt are missing: install it again, `pip install -e .` "
+                "in a checkout)"
+            )
+        try:
+            cls = _plugin_class(table, module, table)
+        except optional.MissingLibrary:
+            sections[table] = {"enabled": True, "module": module}
+            continue
+        make_section = getattr(cls, "table_section", None)
+        if make_section is None:
+            raise ConfigError(f"{table}: {module} has no classmethod table_section(config)")
+        section = make_section(config)
+        if section is not None:
+            sections[table] = {**section, "enabled": True, "module": module}
+    return sections
 
 
 def _build(name: str, section: dict[str, Any], where: str) -> Any:
@@ -208,11 +206,11 @@ class Unavailable:
     on_auth_m5 = _refuse
 
 
-async def call_all(plugins: list[tuple[str, Any]], method: Literal["start", "stop"]) -> None:
-    """Run each plugin's start() or stop(), awaiting the async ones."""
-    for _, plugin in plugins:
-        doors = side_doors(plugin)
-        function = doors.start if method == "start" else doors.stop
+async def call_all(lifecycles: Iterable[Lifecycle], method: Literal["start", "stop"]) -> None:
+    """Run each plugin's start() or stop() (hooks.plugin_doors' lifecycles), awaiting the
+    async ones."""
+    for lifecycle in lifecycles:
+        function = lifecycle.start if method == "start" else lifecycle.stop
         if function is not None:
             result = function()
             if inspect.isawaitable(result):

@@ -1,8 +1,10 @@
 """The Broker: makes the node's parts and joins them, and owns the listeners.
 
 The parts: the store, the router and retained messages, routing (broker/routing.py), the
-registry of sessions (broker/registry.py), flow control, the plugins' hook chains, the
-other nodes of a cluster if any (`peers`, broker/peers.py), $SYS, and the HTTP side.
+registry of sessions (broker/registry.py), flow control, the plugins' hook chains and side
+doors (resolved once: `hooks`, `chains`, `doors`), the other nodes of a cluster if any
+(`peers`, broker/peers.py), $SYS, the tracer and the HTTP side. Each part that calls up
+gets the Broker as the role it needs (a small protocol of the part's own), never more.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from broker.store import open_store
 from broker.systree import SysTree
 from broker.tls import TlsListener
 from broker.trace.tracer import Tracer
-from hooks import HOOKS, Hooks, side_doors
+from hooks import HOOKS, Hooks, Lifecycle, plugin_doors
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
     from broker.http.app import HttpServer
@@ -71,15 +73,15 @@ class Broker:
         )
         self.plugins = configured_plugins(config) if plugins is None else plugins
         self.disabled_plugins: set[str] = set()  # by the admin API: their hooks are not called
-        self.started_plugins: list[tuple[str, Any]] = []  # those stop() stops
+        self.started_plugins: list[Lifecycle] = []  # those stop() stops
         self.tasks: set[asyncio.Task] = set()  # hook flows and async events
         self.hooks = Hooks(self.plugins, self.tasks)
         self.chains = HookCallers(self.hooks)  # every chain the core calls, resolved once
-        # Plugins that keep something before the broker acknowledges a message.
-        self.before_ack = _before_ack(self.plugins)
-        # Every message's way into routing (broker/ingress.py).
+        self.doors = plugin_doors(self.plugins)  # the plugins' side doors, resolved once
+        # Every message's way into routing (broker/ingress.py); it asks the plugins that
+        # keep something before the broker acknowledges a message (before_ack).
         self.ingress = Ingress(
-            self.routing, self.flow, self.chains, self.store, self.metrics, self.before_ack
+            self.routing, self.flow, self.chains, self.store, self.metrics, self.doors.before_ack
         )
         self.registry = Registry(
             self.new_session, self.routing, self.ingress, self.store, self.chains, self.loop
@@ -87,7 +89,6 @@ class Broker:
         self.started_at = time.time()
         self.stopping = False
         self.shutdown_requested = asyncio.Event()  # a signal, or the node left its cluster
-        self.http = self._http() if config.http.enabled else None
         self.graphite = self._graphite() if config.graphite.enabled else None
         self.connections: set[Connection] = set()
         self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
@@ -116,6 +117,7 @@ class Broker:
         self.peers: Peers = self._cluster() if config.cluster.address else ALONE
         self.routing.peers = self.peers
         self.tracer = Tracer(self)  # `nautilus admin trace` (broker/trace/)
+        self.http = self._http() if config.http.enabled else None
 
     def _cluster(self) -> Peers:
         """This node's part in a cluster, over the metadata backend a plugin provides. A
@@ -133,11 +135,10 @@ class Broker:
 
             cluster = self.config.cluster
             return Cluster(self, cluster, SwcBackend(cluster.swc, joining=bool(cluster.seeds)))
-        for _, plugin in self.plugins:
-            doors = side_doors(plugin)
-            if doors.metadata == wanted and doors.metadata_backend is not None:
-                backend = doors.metadata_backend(self.config.cluster.dead_after)
-                return Cluster(self, self.config.cluster, backend)
+        make_backend = self.doors.metadata_backends.get(wanted)
+        if make_backend is not None:
+            backend = make_backend(self.config.cluster.dead_after)
+            return Cluster(self, self.config.cluster, backend)
         skipped = [name for name, plugin in self.plugins if isinstance(plugin, Unavailable)]
         also = f" (skipped, a library missing: {', '.join(skipped)})" if skipped else ""
         raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}{also}")
@@ -156,9 +157,20 @@ class Broker:
         except optional.MissingLibrary as exc:
             log.error("%s", exc)
             return None
-        from broker.http.app import HttpServer
+        from broker.http.app import HttpPorts, HttpServer
 
-        return HttpServer(self)
+        ports = HttpPorts(
+            commands=self,
+            listeners=self,
+            retained=self,
+            figures=self,
+            plugins=self,
+            readiness=self,
+            publishing=self,
+            peers=self.peers,
+            tracer=self.tracer,
+        )
+        return HttpServer(self.config, self.loop, ports)
 
     def _connack_properties(self) -> dict:
         """What an MQTT 5 client learns about us in CONNACK [3.2.2.3]."""
@@ -202,14 +214,12 @@ class Broker:
         await self.peers.bind()
 
     async def _start_parts(self) -> None:
-        for _, plugin in self.plugins:  # work that runs on one node of a cluster at a time
-            place = side_doors(plugin).placement
-            if place is not None:
-                node = self.config.cluster.node_name or self.settings.node_name
-                place(node, self.peers.alive)
-        for plugin in self.plugins:
-            self.started_plugins.append(plugin)  # stopped too should its start fail half-way
-            await call_all([plugin], "start")
+        node = self.config.cluster.node_name or self.settings.node_name
+        for place in self.doors.placement:  # work that runs on one node of a cluster at a time
+            place(node, self.peers.alive)
+        for lifecycle in self.doors.lifecycles:
+            self.started_plugins.append(lifecycle)  # stopped too should it fail half-way
+            await call_all([lifecycle], "start")
         self._restore()
         await self.peers.start()  # before clients: registrations need it
         self.descriptors.start()
@@ -326,7 +336,8 @@ class Broker:
     def set_plugin_enabled(self, name: str, enabled: bool) -> None:
         """Stop or start calling a plugin's hooks (its own servers, e.g. the relay's, run
         on: only its say in the broker's decisions and events changes). The chains are
-        resolved again in place: sessions hold them."""
+        resolved again in place (sessions hold them), the side doors anew (the ingress
+        gets the enabled plugins' before_ack)."""
         if enabled:
             self.disabled_plugins.discard(name)
         else:
@@ -334,7 +345,8 @@ class Broker:
         plugins = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]
         self.hooks = Hooks(plugins, self.tasks)
         self.chains.load(self.hooks)
-        self.before_ack[:] = _before_ack(plugins)  # the list connections read
+        self.doors = plugin_doors(self.plugins, self.disabled_plugins)
+        self.ingress.before_ack = self.doors.before_ack
         log.info("plugin %s %s", name, "enabled" if enabled else "disabled")
 
     def plugin_hooks(self) -> dict[str, list[str]]:
@@ -349,10 +361,7 @@ class Broker:
         (established ones keep theirs), and so do plugins' own TLS servers (the
         `reload_tls` side door: the event relay's). Files that fail keep the old ones."""
         reloads = [(tls.where, tls.reload) for tls in self.tls.values()]
-        for name, plugin in self.plugins:
-            reload = side_doors(plugin).reload_tls
-            if reload is not None:
-                reloads.append((deciders.table(name), reload))
+        reloads += [(deciders.table(name), reload) for name, reload in self.doors.reload_tls]
         for where, reload in reloads:
             try:
                 reload()
@@ -485,8 +494,3 @@ class Broker:
 
 def _listener_name(index: int, listener: ListenerSettings) -> str:
     return f"listeners[{index}] ({listener.type} on {listener.address})"
-
-
-def _before_ack(plugins: list[tuple[str, Any]]) -> list[Callable[[], bool]]:
-    found = [side_doors(plugin).before_ack for _, plugin in plugins]
-    return [before_ack for before_ack in found if before_ack is not None]

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from broker.message import Message
 from broker.mountpoints import inside
-from hooks.side_doors import side_doors
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings
     from broker.metrics import Metrics
     from broker.retain import RetainedMessages
+    from hooks import PluginDoors
 
 log = logging.getLogger("nautilus.systree")
 
@@ -41,15 +41,15 @@ def check_node_name(node: str) -> str:
     return node
 
 
-class Source(Protocol):
-    """What the tree reads and publishes through: the Broker."""
+class ReportedNode(Protocol):
+    """The node the tree reports on: its figures, and its way to publish them (the
+    Broker)."""
 
     settings: BrokerSettings
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
-    retained: RetainedMessages
-
-    plugins: list[tuple[str, Any]]  # (name, plugin): their metrics() go in the tree too
+    retained: RetainedMessages  # what an earlier run left under $SYS
+    doors: PluginDoors  # the plugins' metrics() go in the tree too
 
     def gauges(self) -> dict[str, int]: ...
 
@@ -67,7 +67,7 @@ class SysTree:
 
     def __init__(
         self,
-        broker: Source,
+        broker: ReportedNode,
         *,
         interval: float | None = None,
         node: str | None = None,
@@ -140,10 +140,7 @@ class SysTree:
         """The plugins' figures (their `metrics()`, as on /metrics) by topic: a label's
         value is one more level (`$SYS/<node>/vmq/bridge/connected/<name>`)."""
         found: dict[str, int] = {}
-        for _, plugin in self.broker.plugins:
-            report = side_doors(plugin).metrics
-            if report is None:
-                continue
+        for _, report in self.broker.doors.metrics:
             try:
                 metrics = list(report())
             except Exception:  # a plugin's bug must not end the tree (/metrics says it)

@@ -24,7 +24,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from broker.config import ConfigError
+from broker.config import Config as BrokerConfig
+from broker.config import ConfigError, build_section
 from broker.protocol import Property
 from event_relay.config import RelayConfig, check
 from event_relay.log import EventLog
@@ -54,6 +55,27 @@ _time_ns = time.time_ns
 
 class EventRelay:
     Config = RelayConfig
+
+    @classmethod
+    def table_section(cls, config: BrokerConfig) -> dict[str, Any] | None:
+        """[event_relay] as this plugin's section (broker/plugins.py), or None when
+        neither the relay server (`enabled`, which is `serve` here) nor the sidecar push
+        is on; the keys of a relay that is off are checked all the same, so that a
+        misspelt `enabled` is an error, not a relay silently off. The relay comes first
+        among the plugins (priority -1), so that its on_deliver sees every delivery
+        before a plugin may take it."""
+        table = config.event_relay
+        serve = table.get("enabled", False)
+        if not isinstance(serve, bool):
+            raise ConfigError(f"event_relay.enabled: expected true or false, got {serve!r}")
+        sidecar = table.get("sidecar", {})
+        push = isinstance(sidecar, dict) and sidecar.get("enabled", False) is True
+        settings = {key: value for key, value in table.items() if key != "enabled"}
+        settings.setdefault("node_name", config.broker.node_name)
+        if not (serve or push):
+            build_section(RelayConfig, settings, "event_relay")
+            return None
+        return {"priority": -1, "serve": serve, **settings}
 
     def __init__(self, config: RelayConfig) -> None:
         self.config = check(config)

@@ -13,17 +13,20 @@ A plugin is a class built from its config section; a hook is a method named afte
 A deciding hook answers Ok (allow, maybe with modifiers), Error (deny) or NEXT (no
 opinion: ask the next plugin); returning None also means NEXT. A plugin whose methods
 break the contract (a misspelt hook name, a hook that does not take one context) stops
-start-up with PluginError. Besides hooks, a plugin may have a few side doors
-(`start`/`stop`, `before_ack`, `metrics`, `metadata`/`metadata_backend`, `recorder`),
-declared in SIDE_DOORS and checked the same way; the broker finds them with
-`side_doors(plugin)`. See docs/plugins.md for every hook, its context and the results it
-accepts, and for the side doors.
+start-up with PluginError. Besides hooks, a plugin may have side doors, declared in
+SIDE_DOORS and checked the same way: `start`/`stop`, `before_ack`, `metrics`,
+`metadata`/`metadata_backend`, `invalidate`, `bridges` (a BridgeControl), `placement`,
+`reload_tls` and `recorder` (a MessageRecorder). The broker resolves them once, when the
+plugins load (`plugin_doors`: PluginDoors), and again when the admin API enables or
+disables one. See docs/plugins.md for every hook, its context and the results it accepts,
+and for the side doors.
 """
 
+from hooks.bridges import BridgeControl
 from hooks.dispatch import Chain, Hooks, PluginError, check_plugin
 from hooks.recorder import MessageRecorder, RecordedClient, RecordedDelivery, RecordedMessage
 from hooks.results import NEXT, Error, Next, Ok, Result
-from hooks.side_doors import SideDoors, side_doors
+from hooks.side_doors import Lifecycle, PluginDoors, SideDoors, plugin_doors, side_doors
 from hooks.spec import (
     HOOKS,
     SIDE_DOORS,
@@ -45,16 +48,19 @@ __all__ = [
     "NEXT",
     "SIDE_DOORS",
     "AuthContext",
+    "BridgeControl",
     "Chain",
     "ClientContext",
     "Error",
     "HookSpec",
     "Hooks",
+    "Lifecycle",
     "MatchedAcl",
     "MessageRecorder",
     "Metric",
     "Next",
     "Ok",
+    "PluginDoors",
     "PluginError",
     "PublishContext",
     "RecordedClient",
@@ -68,5 +74,6 @@ __all__ = [
     "TopicRequest",
     "UnsubscribeContext",
     "check_plugin",
+    "plugin_doors",
     "side_doors",
 ]

@@ -15,8 +15,9 @@ Plugins are checked when chains are built (`check_plugin`): a public method name
 hook (`on_*`, `auth_on_*`) that is no hook, or a hook that cannot be called with the one
 context argument, raises PluginError, which the loader turns into a one-line start-up
 error; otherwise a typo would be a hook that is silently never called, and a wrong
-signature a crash on every call. The side doors (start/stop, before_ack, metrics,
-metadata/metadata_backend, recorder: hooks/side_doors.py) are checked with them.
+signature a crash on every call. The side doors (SIDE_DOORS: start/stop, before_ack,
+metrics, metadata/metadata_backend, invalidate, bridges, placement, reload_tls, recorder;
+hooks/side_doors.py) are checked with them.
 
 `hooks.versions(name)` gives a hook pair's chains as (MQTT 3, MQTT 5), so a call site
 picks its chain by protocol version with an index instead of building the name.

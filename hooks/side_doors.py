@@ -1,46 +1,54 @@
-"""A plugin's side doors (hooks/spec.py, SIDE_DOORS): checked when it loads, looked up in
-one place.
+"""A plugin's side doors (hooks/spec.py, SIDE_DOORS): checked when it loads, resolved once.
 
 Besides hooks, the broker may call a plugin's `start()` / `stop()`, `before_ack()`,
 `metrics()`, `metadata_backend(dead_after)`, `invalidate(client_id, username)`,
-`bridges()`, `run_bridge(name, running)`, `placement(node, alive)` and `reload_tls()`,
-and read its
-`metadata` and `recorder`.
+`placement(node, alive)` and `reload_tls()`, and read its `metadata`, its `recorder` (a
+MessageRecorder, hooks/recorder.py) and its `bridges` (a BridgeControl, hooks/bridges.py).
 These are found by name, like hooks, so they are held to their declaration when the
 plugin loads (`side_door_problem`, which check_plugin calls): a value that cannot be
 called as the broker will call it, an `async` method the broker would not await, a
-recorder without its methods, half of the metadata pair. Otherwise the mistake
-would show later and elsewhere: a crash at start-up, a /metrics that reports an error,
-acknowledgements written before an `async` before_ack ran.
+recorder or bridges without their methods, half of the metadata pair. Otherwise the
+mistake would show later and elsewhere: a crash at start-up, a /metrics that reports an
+error, acknowledgements written before an `async` before_ack ran.
 
-The broker never looks these names up itself: it asks `side_doors(plugin)`.
+They are looked up once. `side_doors(plugin)` gives one plugin's; `plugin_doors(plugins,
+disabled)` gives those of all the broker's plugins as the parts that use them want them
+(PluginDoors: every plugin's metrics for /metrics and $SYS, the enabled plugins'
+before_ack for the ingress, the bridges' ports for the admin side...), made when the
+plugins load and again when the admin API enables or disables one. The recorder is
+resolved with the hook chains (Hooks.recorder, hooks/dispatch.py). Nothing else looks
+these names up.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from hooks.bridges import BRIDGE_METHODS, BridgeControl
 from hooks.recorder import RECORDER_METHODS, MessageRecorder
 from hooks.spec import SIDE_DOORS, Metric
+
+StartOrStop = Callable[[], Awaitable[None] | None]  # plain or async
+Invalidate = Callable[[str | None, str | None], Awaitable[int] | int]
+Placement = Callable[[str, Callable[[], list[str] | None]], None]
 
 
 @dataclass(frozen=True, slots=True)
 class SideDoors:
     """What one plugin has of the side doors; None where it has none."""
 
-    start: Callable[[], Awaitable[None] | None] | None = None
-    stop: Callable[[], Awaitable[None] | None] | None = None
+    start: StartOrStop | None = None
+    stop: StartOrStop | None = None
     before_ack: Callable[[], bool] | None = None
     metrics: Callable[[], Iterable[Metric]] | None = None
     metadata: str | None = None
     metadata_backend: Callable[[float], Any] | None = None  # a cluster MetadataBackend
-    invalidate: Callable[[str | None, str | None], Awaitable[int] | int] | None = None
-    bridges: Callable[[], list[dict[str, Any]]] | None = None
-    run_bridge: Callable[[str, bool], Awaitable[None] | None] | None = None
-    placement: Callable[[str, Callable[[], list[str] | None]], None] | None = None
+    invalidate: Invalidate | None = None
+    bridges: BridgeControl | None = None
+    placement: Placement | None = None
     reload_tls: Callable[[], None] | None = None
     recorder: MessageRecorder | None = None
 
@@ -48,6 +56,58 @@ class SideDoors:
 def side_doors(plugin: Any) -> SideDoors:
     """The side doors of a plugin (checked when it loaded: see side_door_problem)."""
     return SideDoors(**{name: getattr(plugin, name, None) for name in SIDE_DOORS})
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """One plugin's start() and stop() (either may be None)."""
+
+    plugin: str
+    start: StartOrStop | None
+    stop: StartOrStop | None
+
+
+@dataclass(frozen=True, slots=True)
+class PluginDoors:
+    """The side doors of the broker's plugins, resolved once (`plugin_doors`), each kind
+    in the plugins' call order. A disabled plugin has no say in the broker's decisions
+    (its hooks, `before_ack` and `invalidate` are left out); its own work runs on, so its
+    other doors stay."""
+
+    lifecycles: tuple[Lifecycle, ...] = ()  # started in this order, stopped in this order
+    before_ack: tuple[Callable[[], bool], ...] = ()
+    metrics: tuple[tuple[str, Callable[[], Iterable[Metric]]], ...] = ()  # (plugin, its)
+    # `metadata` name -> its backend's maker (the first plugin's that serves the name).
+    metadata_backends: Mapping[str, Callable[[float], Any]] = field(default_factory=dict)
+    invalidate: tuple[tuple[str, Invalidate], ...] = ()  # (plugin, its)
+    bridges: tuple[BridgeControl, ...] = ()
+    placement: tuple[Placement, ...] = ()
+    reload_tls: tuple[tuple[str, Callable[[], None]], ...] = ()  # (plugin, its)
+
+
+def plugin_doors(plugins: Iterable[tuple[str, Any]], disabled: Collection[str] = ()) -> PluginDoors:
+    """The side doors of `plugins`, (name, plugin) pairs in call order, each checked when
+    it loaded; `disabled`: the names of those the admin API disabled."""
+    every = [(name, side_doors(plugin)) for name, plugin in plugins]
+    enabled = [(name, doors) for name, doors in every if name not in disabled]
+    backends: dict[str, Callable[[float], Any]] = {}
+    for _, doors in every:
+        if doors.metadata is not None and doors.metadata_backend is not None:
+            backends.setdefault(doors.metadata, doors.metadata_backend)
+    return PluginDoors(
+        lifecycles=tuple(
+            Lifecycle(name, d.start, d.stop)
+            for name, d in every
+            if d.start is not None or d.stop is not None
+        ),
+        before_ack=tuple(d.before_ack for _, d in enabled if d.before_ack is not None),
+        metrics=tuple((name, d.metrics) for name, d in every if d.metrics is not None),
+        metadata_backends=backends,
+        invalidate=tuple((name, d.invalidate) for name, d in enabled if d.invalidate is not None),
+        bridges=tuple(d.bridges for _, d in every if d.bridges is not None),
+        placement=tuple(d.placement for _, d in every if d.placement is not None),
+        reload_tls=tuple((name, d.reload_tls) for name, d in every if d.reload_tls is not None),
+    )
 
 
 def side_door_problem(plugin: Any) -> str | None:
@@ -73,14 +133,16 @@ def _metadata_problem(metadata: Any) -> str | None:
     return None
 
 
-def _recorder_problem(recorder: Any) -> str | None:
-    """What stops `recorder` from serving as a MessageRecorder, or None."""
-    for method in RECORDER_METHODS:
-        function = getattr(recorder, method, None)
+def _port_problem(door: str, value: Any, port: type, plain: Mapping[str, bool]) -> str | None:
+    """What stops `value` from serving as `port` (a Protocol): one of its methods missing,
+    or one that cannot be called as the broker calls it (`plain`: method -> whether the
+    broker calls it without awaiting); None if nothing."""
+    for method, must_be_plain in plain.items():
+        function = getattr(value, method, None)
         if function is None:
-            return f"recorder {type(recorder).__name__} has no method {method} (MessageRecorder)"
-        params = tuple(inspect.signature(getattr(MessageRecorder, method)).parameters)[1:]
-        problem = call_problem(f"recorder.{method}", function, params, plain=True)
+            return f"{door} {type(value).__name__} has no method {method} ({port.__name__})"
+        params = tuple(inspect.signature(getattr(port, method)).parameters)[1:]
+        problem = call_problem(f"{door}.{method}", function, params, plain=must_be_plain)
         if problem is not None:
             return problem
     return None
@@ -88,7 +150,10 @@ def _recorder_problem(recorder: Any) -> str | None:
 
 _VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "metadata": _metadata_problem,
-    "recorder": _recorder_problem,
+    "recorder": lambda value: _port_problem(
+        "recorder", value, MessageRecorder, dict.fromkeys(RECORDER_METHODS, True)
+    ),
+    "bridges": lambda value: _port_problem("bridges", value, BridgeControl, BRIDGE_METHODS),
 }
 
 

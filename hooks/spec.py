@@ -14,10 +14,10 @@ Modifiers: each hook lists VerneMQ's modifiers with a validator, and those Nauti
 not apply as `Unsupported(why)`, so a plugin that asks for one learns it from a clear
 error instead of being silently ignored.
 
-Side doors: the few other names the broker looks for on a plugin (start/stop,
-before_ack, metrics, metadata/metadata_backend, recorder), each with how it is called and
-what for (SIDE_DOORS, at the end); hooks/side_doors.py checks them when a plugin loads
-and looks them up for the broker.
+Side doors: the other names the broker looks for on a plugin (start/stop, before_ack,
+metrics, metadata/metadata_backend, invalidate, bridges, placement, reload_tls, recorder),
+each with how it is used and what for (SIDE_DOORS, at the end); hooks/side_doors.py checks
+them when a plugin loads and resolves them once for the broker.
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ class SideDoor:
     """An attribute, besides the hooks, that the broker may find on a plugin: a method it
     calls with `params` (positional), plain only or plain or `async`; or a value it reads.
     Absent or None: the plugin has none. `needs`: the door that must come with this one.
-    hooks/side_doors.py checks them when a plugin loads and looks them up for the broker."""
+    hooks/side_doors.py checks them when a plugin loads and resolves them for the broker."""
 
     name: str
     calling: Calling
@@ -484,19 +484,11 @@ SIDE_DOORS: dict[str, SideDoor] = {
         ),
         SideDoor(
             "bridges",
-            "plain",
+            "value",
             (),
-            "list[dict]",
-            "the plugin's bridges, one row each (name, endpoint, state, buffer size, max and "
-            "dropped): `nautilus admin bridge show`",
-        ),
-        SideDoor(
-            "run_bridge",
-            "plain or async",
-            ("name", "running"),
-            "None",
-            "start (running True) or stop one of the plugin's bridges; LookupError for a name "
-            "it has not: `nautilus admin bridge start|stop NAME`",
+            "BridgeControl",
+            "the plugin's bridges to other brokers, as `nautilus admin bridge show|start|stop` "
+            "drives them (hooks/bridges.py: rows() and [async] run(name, running))",
         ),
         SideDoor(
             "placement",

@@ -1,10 +1,11 @@
 """The installed package, used as a user would (run by scripts/smoke.sh with the clean
 venv's Python, from outside the checkout).
 
-It checks that the modules come from site-packages, that the data files and the C recorder
-are there, that `nautilus-spark --help` runs, then starts the installed `nautilus` with a
-TCP, a WebSocket and a TLS listener and HTTP, and over each listener subscribes, publishes
-and receives with paho-mqtt. Each check prints one line; the first failure stops it.
+It checks that the modules come from site-packages, that the data files, the C recorder
+and the entry points are there, that `nautilus-spark --help` runs, then starts the
+installed `nautilus` with a TCP, a WebSocket and a TLS listener, HTTP and the event relay
+(a plugin found through its entry point), and over each listener subscribes, publishes and
+receives with paho-mqtt. Each check prints one line; the first failure stops it.
 
 usage: smoke_installed.py WORKDIR   (WORKDIR holds server.pem and ca.pem)
 """
@@ -12,6 +13,7 @@ usage: smoke_installed.py WORKDIR   (WORKDIR holds server.pem and ca.pem)
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import queue
 import re
 import ssl
@@ -53,6 +55,8 @@ def installed_files() -> None:
         )
     importlib.import_module("event_relay.sidecar_pb.on_publish_pb2")
     check("the protobuf modules load with the installed runtime", True)
+    tables = {entry.name for entry in importlib.metadata.entry_points(group="nautilus.tables")}
+    check("the plugin tables' entry points", tables == {"event_relay", "bridges"}, str(tables))
     spark = subprocess.run(
         [str(Path(sys.prefix) / "bin" / "nautilus-spark"), "--help"],
         capture_output=True,
@@ -72,7 +76,8 @@ def write_config(workdir: Path) -> Path:
         '[[listeners]]\ntype = "tcp"\naddress = "127.0.0.1:0"\n\n'
         '[[listeners]]\ntype = "ws"\naddress = "127.0.0.1:0"\n\n'
         f'[[listeners]]\ntype = "ssl"\naddress = "127.0.0.1:0"\ncertfile = "{pem}"\n'
-        f'keyfile = "{pem}"\n'
+        f'keyfile = "{pem}"\n\n'
+        '[event_relay]\nenabled = true\naddress = "127.0.0.1:0"\n'
     )
     return config
 
@@ -150,6 +155,8 @@ def main() -> None:
     broker = Broker(write_config(workdir))
     try:
         http_port, ports = broker.ports(listeners=3)
+        relay = any("plugin event_relay enabled" in line for line in broker.seen)
+        check("[event_relay] loads its plugin", relay, "".join(broker.seen))
         for kind in ("tcp", "ws", "ssl"):
             round_trip(kind, ports[kind], workdir / "ca.pem")
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status", timeout=TIMEOUT) as r:

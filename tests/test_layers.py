@@ -34,7 +34,8 @@ text, hooks) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
 above it through a protocol it owns (a connection's `Host`, the cluster's `Host`, the
-registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides,
+registry's `Routing`, `Peers`, the admin side's `SessionDirectory` and its other roles),
+which the Broker provides,
 never by importing it.
 
 Nor may modules import each other in a circle, type-only imports and imports inside
@@ -376,3 +377,73 @@ def test_only_the_ingress_calls_routings_publish_entry_points():
         if _ROUTING_ENTRY.search(line)
     ]
     assert not found, "route through the Ingress instead: " + ", ".join(found)
+
+
+# A protocol is a port: what one part needs of another, in one role. Over 10 members it is
+# the whole of the other part under another name (test_no_protocol_has_more_than_ten).
+MOST_MEMBERS = 10
+# Wider today, and being split (#40): each comes off this list when it is narrowed.
+BEING_SPLIT = {
+    "broker.peers.Peers",
+    "broker.client.engine.Host",
+    "broker.connection.Host",
+    "broker.cluster.host.Host",
+    "broker.cluster.link.LinkOwner",
+    "broker.cluster.sync.Owner",
+    "broker.cluster.handover.Owner",
+}
+
+
+def protocol_classes() -> dict[str, tuple[ast.ClassDef, dict[str, str]]]:
+    """Every typing.Protocol class of broker/ and hooks/, by `module.Class`, with its
+    module's imported names (name -> `module.Name`) to find the bases it inherits."""
+    found = {}
+    for path in python_files("broker") + python_files("hooks"):
+        module = module_name(path)
+        tree = ast.parse(path.read_text())
+        names = {
+            alias.asname or alias.name: f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            for alias in node.names
+        }
+        for node in tree.body:
+            bases = [ast.unparse(base) for base in getattr(node, "bases", [])]
+            if isinstance(node, ast.ClassDef) and "Protocol" in bases:
+                found[f"{module}.{node.name}"] = (node, names)
+    return found
+
+
+def members(name: str, protocols: dict[str, tuple[ast.ClassDef, dict[str, str]]]) -> set[str]:
+    """A protocol's members: its own (attributes and methods) and its bases'."""
+    node, names = protocols[name]
+    own = {
+        item.target.id if isinstance(item, ast.AnnAssign) else item.name
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+        or (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name))
+    }
+    for base in (ast.unparse(b) for b in node.bases):
+        inherited = names.get(base, f"{name.rpartition('.')[0]}.{base}")
+        if inherited in protocols:
+            own |= members(inherited, protocols)
+    return own
+
+
+def test_no_protocol_has_more_than_ten_members():
+    protocols = protocol_classes()
+    wide = {
+        name: len(found)
+        for name in protocols
+        if len(found := members(name, protocols)) > MOST_MEMBERS and name not in BEING_SPLIT
+    }
+    assert not wide, f"split these protocols by role (at most {MOST_MEMBERS} members): {wide}"
+
+
+def test_the_member_count_includes_what_a_protocol_inherits():
+    protocols = protocol_classes()
+    directory = members("broker.admin.SessionDirectory", protocols)
+    assert directory == {"settings", "registry", "connections"}
+    assert members("broker.admin.CommandRunner", protocols) > directory
+    # a base imported from another module counts too
+    assert members("broker.connection.Host", protocols) > members("broker.writer.Host", protocols)

@@ -33,8 +33,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from broker import optional
-from broker.config import ConfigError
-from broker.plugins import Unavailable, load_plugins
+from broker.config import ConfigError, config_from_dict
+from broker.plugins import Unavailable, configured_plugins, load_plugins
 from hooks import Error
 from tests.test_cli import TIMEOUT, BrokerProcess, Client, clean_env, nautilus
 
@@ -345,7 +345,9 @@ def test_a_library_a_plugin_imports_as_it_is_built_also_skips_it(monkeypatch, ca
         monkeypatch.delitem(sys.modules, module)  # put back after the test
     monkeypatch.setitem(sys.modules, "google.protobuf", None)  # unimportable
     with caplog.at_level(logging.ERROR, logger="nautilus.plugins"):
-        [(name, plugin)] = load_plugins({}, {"sidecar": {"enabled": True}})
+        [(name, plugin)] = configured_plugins(
+            config_from_dict({"event_relay": {"sidecar": {"enabled": True}}})
+        )
     assert name == "event_relay"
     assert isinstance(plugin, Unavailable)
     [record] = caplog.records

@@ -11,6 +11,10 @@ publishes on behalf of a client (broker/http/publish.py).
 Connections are held to `[http]`'s limits (max_connections, request_timeout,
 keepalive_timeout) by broker/http/connections.py, the protocol of the asyncio server
 started here around aiohttp's own.
+
+The server reaches the node through `HttpPorts`, one port per role (broker/admin.py's,
+/health's `Readiness`, the publishes' `PublishGate`, the peers, the tracer), never
+through the Broker as a whole.
 """
 
 from __future__ import annotations
@@ -23,22 +27,27 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from broker import admin, session_query
 from broker.binding import BindError, claim
-from broker.config import host_port
+from broker.config import Config, host_port
 from broker.http import prometheus, publish, status
 from broker.http.access import PUBLISH_COMMAND, Refusal, refusal
 from broker.http.api_keys import ApiKeys, KeysFileError
 from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
 from broker.http.trace_stream import stream
-from broker.on_behalf import PublishHost
+from broker.on_behalf import PublishGate
 from broker.session_query import Query
 from broker.trace.trace import TraceSpec
+
+if TYPE_CHECKING:
+    from broker.peers import Peers
+    from broker.trace.tracer import Tracer
 
 log = logging.getLogger("nautilus.http")
 
@@ -55,16 +64,30 @@ UNAUTHORIZED = (
 )
 
 
-class HttpHost(admin.Managed, PublishHost, Protocol):
-    """What the HTTP side uses of the broker: the admin operations' and the publishes'."""
+@dataclass(frozen=True, slots=True)
+class HttpPorts:
+    """What the HTTP side reaches the node through, one port per role (the Broker plays
+    them all: broker/server.py makes this)."""
+
+    commands: admin.CommandRunner  # sessions and settings, on every node
+    listeners: admin.ListenerControl
+    retained: admin.RetainedKeeper
+    figures: admin.FigureSource  # /metrics, /status.json, metrics/show
+    plugins: admin.PluginSwitchboard
+    readiness: status.Readiness  # /health
+    publishing: PublishGate  # /api/v1/publish
+    peers: Peers  # the cluster commands
+    tracer: Tracer  # trace/client, trace/stop-all
 
 
 class HttpServer:
-    def __init__(self, broker: HttpHost) -> None:
-        self.broker = broker
-        self.settings = broker.config.http
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, ports: HttpPorts) -> None:
+        self.config = config
+        self.loop = loop
+        self.ports = ports
+        self.settings = config.http
         self.keys = ApiKeys(self.settings.api_keys_file)
-        check_http_reserve(broker.config)  # ConfigError: HTTP could starve MQTT
+        check_http_reserve(config)  # ConfigError: HTTP could starve MQTT
         self.address: tuple[str, int] | None = None  # bound (host, port), once started
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -82,7 +105,7 @@ class HttpServer:
             self.app.router.add_get(path, handler)
         for command, handler in self._admin_commands().items():
             self.app.router.add_route("*", ADMIN + command, handler)
-        publishing = publish.handler(broker)
+        publishing = publish.handler(ports.publishing)
         for method in ("POST", "PUT"):  # both, as VerneMQ's
             self.app.router.add_route(method, ADMIN + PUBLISH_COMMAND, publishing)
         self.app.router.add_route("*", ADMIN + "trace/client", self.trace)
@@ -98,7 +121,7 @@ class HttpServer:
             lingering_time=self.settings.request_timeout,
         )
         await self._runner.setup()
-        loop = self.broker.loop
+        loop = self.loop
         assert self._runner.server is not None  # made by setup()
         self.connections = HttpConnections(self.settings, loop, self._runner.server)
         # Our own asyncio server rather than aiohttp's TCPSite: its protocol caps and
@@ -125,7 +148,7 @@ class HttpServer:
             self.settings.request_timeout,
             self.settings.keepalive_timeout,
         )
-        log.log(*describe_reserve(self.broker.config))  # what that leaves MQTT
+        log.log(*describe_reserve(self.config))  # what that leaves MQTT
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -181,14 +204,14 @@ class HttpServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = prometheus.render(
-            prometheus.collect(self.broker),
-            self.broker.settings.node_name,
+            prometheus.collect(self.ports.figures),
+            self.config.broker.node_name,
             self.settings.prometheus_namespace,
         )
         return web.Response(body=body.encode(), headers={"Content-Type": prometheus.CONTENT_TYPE})
 
     async def health(self, request: web.Request) -> web.Response:
-        problems = status.problems(self.broker)
+        problems = status.problems(self.ports.readiness)
         if problems:
             return web.json_response({"status": "not ready", "reasons": problems}, status=503)
         return web.json_response({"status": "ok"})
@@ -200,7 +223,8 @@ class HttpServer:
         return web.Response(text=status.PAGE, content_type="text/html")
 
     async def status_json(self, request: web.Request) -> web.Response:
-        return web.json_response(status.nodes(self.broker))
+        ports = self.ports
+        return web.json_response(status.nodes(ports.readiness, ports.figures, ports.plugins))
 
     # -- the admin API --------------------------------------------------------------------
 
@@ -235,49 +259,53 @@ class HttpServer:
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
         try:
             spec = _trace_spec(Arguments(request))
-            return await stream(request, self.broker.tracer, spec)
+            return await stream(request, self.ports.tracer, spec)
         except ValueError as exc:
             return web.json_response({"type": "error", "error": str(exc)}, status=400)
 
     def _admin_commands(self) -> dict[str, Handler]:
-        broker = self.broker
+        ports = self.ports
+        node, listeners, retained = ports.commands, ports.listeners, ports.retained
+        figures, plugins, peers = ports.figures, ports.plugins, ports.peers
         commands: dict[str, Callable[[Arguments], Any]] = {
-            "session/show": lambda a: admin.session_show(broker, _query(a)),
+            "session/show": lambda a: admin.session_show(node, _query(a)),
             "session/client": lambda a: [
-                admin.client(broker, a.required("client_id"), a.text("mountpoint"))
+                admin.client(node, a.required("client_id"), a.text("mountpoint"))
             ],
             "session/disconnect": lambda a: admin.session_disconnect(
-                broker, _query(a, "cleanup"), bool(a.flag("cleanup"))
+                node, _query(a, "cleanup"), bool(a.flag("cleanup"))
             ),
-            "session/unsubscribe": lambda a: admin.session_unsubscribe(broker, _query(a)),
-            "set": lambda a: admin.set_settings(broker, a.pairs),
-            "settings/show": lambda a: admin.show_settings(broker),
-            "listener/show": lambda a: admin.listeners(broker),
-            "listener/start": lambda a: admin.start_listener(broker, a.required("address")),
+            "session/unsubscribe": lambda a: admin.session_unsubscribe(node, _query(a)),
+            "set": lambda a: admin.set_settings(node, a.pairs),
+            "settings/show": lambda a: admin.show_settings(node),
+            "listener/show": lambda a: admin.listeners(listeners),
+            "listener/start": lambda a: admin.start_listener(listeners, a.required("address")),
             "listener/stop": lambda a: admin.stop_listener(
-                broker, a.required("address"), bool(a.flag("kill_sessions"))
+                listeners, a.required("address"), bool(a.flag("kill_sessions"))
             ),
             "retain/show": lambda a: admin.retained(
-                broker, a.text("topic") or "#", a.number("limit", 1000), a.text("mountpoint")
+                retained, a.text("topic") or "#", a.number("limit", 1000), a.text("mountpoint")
             ),
             "retain/delete": lambda a: [
-                admin.delete_retained(broker, a.required("topic"), a.text("mountpoint"))
+                admin.delete_retained(retained, a.required("topic"), a.text("mountpoint"))
             ],
-            "retain/delete-expired": lambda a: [admin.delete_expired_retained(broker)],
-            "metrics/show": lambda a: [admin.metrics(broker)],
-            "metrics/reset": lambda a: [admin.reset_metrics(broker)],
-            "plugin/show": lambda a: admin.plugins(broker),
-            "cluster/show": lambda a: admin.cluster_nodes(broker),
-            "cluster/status": lambda a: [admin.cluster_status(broker)],
-            "cluster/join": lambda a: [admin.cluster_join(broker, a.required("address"))],
-            "cluster/leave": lambda a: _one(admin.cluster_leave(broker, a.text("node"))),
-            "plugin/enable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), True),
-            "plugin/disable": lambda a: admin.set_plugin_enabled(broker, a.required("name"), False),
-            "auth/invalidate": lambda a: admin.invalidate_auth(broker, *_whose(a)),
-            "bridge/show": lambda a: admin.bridges(broker),
-            "bridge/start": lambda a: admin.run_bridge(broker, a.required("name"), True),
-            "bridge/stop": lambda a: admin.run_bridge(broker, a.required("name"), False),
-            "trace/stop-all": lambda a: [admin.stop_traces(broker)],
+            "retain/delete-expired": lambda a: [admin.delete_expired_retained(retained)],
+            "metrics/show": lambda a: [admin.metrics(figures)],
+            "metrics/reset": lambda a: [admin.reset_metrics(figures)],
+            "plugin/show": lambda a: admin.plugins(plugins),
+            "cluster/show": lambda a: admin.cluster_nodes(peers),
+            "cluster/status": lambda a: [admin.cluster_status(peers)],
+            "cluster/join": lambda a: [admin.cluster_join(peers, a.required("address"))],
+            "cluster/leave": lambda a: _one(admin.cluster_leave(peers, a.text("node"))),
+            "plugin/enable": lambda a: admin.set_plugin_enabled(plugins, a.required("name"), True),
+            "plugin/disable": lambda a: admin.set_plugin_enabled(
+                plugins, a.required("name"), False
+            ),
+            "auth/invalidate": lambda a: admin.invalidate_auth(plugins, *_whose(a)),
+            "bridge/show": lambda a: admin.bridges(plugins),
+            "bridge/start": lambda a: admin.run_bridge(plugins, a.required("name"), True),
+            "bridge/stop": lambda a: admin.run_bridge(plugins, a.required("name"), False),
+            "trace/stop-all": lambda a: [admin.stop_traces(ports.tracer)],
         }
         commands["sessions"] = commands["session/show"]  # VerneMQ's aliases
         commands["plugins"] = commands["plugin/show"]

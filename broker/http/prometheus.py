@@ -9,33 +9,30 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from broker.metrics_help import HELP
-from hooks import Metric, side_doors
+from hooks import Metric
 
 if TYPE_CHECKING:
-    from broker.admin import Managed
+    from broker.admin import FigureSource
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def collect(broker: Managed) -> list[Metric]:
+def collect(figures: FigureSource) -> list[Metric]:
     """Every figure: the broker's, then the plugins' (a plugin that fails to report is
     left out, and the failure is reported as a metric of its own)."""
     found = [
         Metric(name, value, help=HELP.get(name, ""))
-        for name, value in broker.metrics.snapshot().items()
+        for name, value in figures.metrics.snapshot().items()
     ]
     found += [
         Metric(name, value, "gauge", help=HELP.get(name, ""))
-        for name, value in broker.gauges().items()
+        for name, value in figures.gauges().items()
     ]
-    uptime = int(time.time() - broker.started_at)
+    uptime = int(time.time() - figures.started_at)
     found.append(Metric("uptime_seconds", uptime, "gauge", help="seconds since the broker started"))
-    found += [Metric(name, value, kind) for name, (value, kind) in broker.store.figures().items()]
-    found += broker.peers.group_metrics()
-    for name, plugin in broker.plugins:
-        report = side_doors(plugin).metrics
-        if report is None:
-            continue
+    found += [Metric(name, value, kind) for name, (value, kind) in figures.store.figures().items()]
+    found += figures.peers.group_metrics()
+    for name, report in figures.doors.metrics:
         try:
             found.extend(report())
         except Exception:  # a plugin's bug must not take /metrics down

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from broker.mountpoints import problem as mountpoint_problem
-from broker.on_behalf import Kind, OnBehalf, PublishHost, Refused, publish
+from broker.on_behalf import Kind, OnBehalf, PublishGate, Refused, publish
 from broker.protocol import Property
 
 STATUS = {
@@ -38,14 +38,14 @@ STATUS = {
 }
 
 
-def handler(host: PublishHost) -> Callable[[web.Request], Awaitable[web.Response]]:
+def handler(gate: PublishGate) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         try:
             wanted = await read(request)
         except ValueError as exc:
             return _error(400, str(exc))
         try:
-            published = await publish(host, wanted)
+            published = await publish(gate, wanted)
         except Refused as refused:
             return _error(STATUS[refused.kind], refused.reason)
         row = {

@@ -6,39 +6,58 @@ from __future__ import annotations
 
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import __version__
 from broker.plugins import Unavailable
 
 if TYPE_CHECKING:
-    from broker.admin import Managed
+    from broker.admin import FigureSource, PluginSwitchboard
+    from broker.config import BrokerSettings, Config
+    from broker.peers import Peers
+    from broker.store import MessageStore
 
 
-def problems(broker: Managed) -> list[str]:
+class Readiness(Protocol):
+    """What says whether the node should get traffic (/health) and how its listeners and
+    the cluster are (/status.json)."""
+
+    settings: BrokerSettings  # node_name
+    config: Config  # listeners
+    listening: list[tuple[str, int]]  # each listener's address; ("", 0): not started
+    listeners_down: dict[int, str]  # listener index -> why it is not started
+    plugins: list[tuple[str, Any]]  # an Unavailable one: a library missing
+    store: MessageStore  # failed: it cannot write
+    stopping: bool
+    peers: Peers  # the cluster's view: problem(), status()
+
+
+def problems(node: Readiness) -> list[str]:
     """Why the broker should not get traffic now (empty: ready)."""
     found = []
-    if len(broker.listening) < len(broker.config.listeners):
+    if len(node.listening) < len(node.config.listeners):
         found.append("listeners are not all open")
     # What a missing library left out (broker/optional.py): each its start-up ERROR line.
-    found += broker.listeners_down.values()
-    found += [plugin.problem for _, plugin in broker.plugins if isinstance(plugin, Unavailable)]
-    if broker.store.failed:
+    found += node.listeners_down.values()
+    found += [plugin.problem for _, plugin in node.plugins if isinstance(plugin, Unavailable)]
+    if node.store.failed:
         found.append("the store cannot write (QoS 1/2 publishes are refused)")
-    if broker.stopping:
+    if node.stopping:
         found.append("shutting down")
-    peers = broker.peers.problem()  # the cluster's metadata away, say
+    peers = node.peers.problem()  # the cluster's metadata away, say
     if peers is not None:
         found.append(peers)
     return found
 
 
-def nodes(broker: Managed) -> list[dict[str, Any]]:
+def nodes(
+    node: Readiness, figures: FigureSource, switchboard: PluginSwitchboard
+) -> list[dict[str, Any]]:
     """[{node name: figures}], as VerneMQ's /status.json (one node until clustering)."""
-    counters = broker.metrics.snapshot()
-    state = broker.gauges()
-    node = broker.settings.node_name
-    figures = {
+    counters = figures.metrics.snapshot()
+    state = figures.gauges()
+    listening, down = node.listening, node.listeners_down
+    values = {
         "num_online": state["queue_processes"] - state["sessions_offline"],
         "num_offline": state["sessions_offline"],
         "connections": state["total_active_connections"],
@@ -53,36 +72,33 @@ def nodes(broker: Managed) -> list[dict[str, Any]]:
         "num_subscriptions": state["router_subscriptions"],
         "num_retained": state["retain_messages"],
         "version": __version__,
-        "uptime_seconds": int(time.time() - broker.started_at),
-        "ready": not problems(broker),
-        "mystatus": [_readiness(broker)],
+        "uptime_seconds": int(time.time() - figures.started_at),
+        "ready": not problems(node),
+        "mystatus": [_readiness(node)],
         "listeners": [
             {
                 "type": listener.type,
-                "status": "running"
-                if index < len(broker.listening) and index not in broker.listeners_down
-                else "stopped",
-                "ip": broker.listening[index][0] if index < len(broker.listening) else "",
-                "port": broker.listening[index][1] if index < len(broker.listening) else 0,
+                "status": "running" if index < len(listening) and index not in down else "stopped",
+                "ip": listening[index][0] if index < len(listening) else "",
+                "port": listening[index][1] if index < len(listening) else 0,
                 "mountpoint": listener.mountpoint,
                 "max_conns": listener.max_connections,
             }
-            for index, listener in enumerate(broker.config.listeners)
+            for index, listener in enumerate(node.config.listeners)
         ],
         "plugins": [
-            {"name": name, "enabled": name not in broker.disabled_plugins}
-            for name, _ in broker.plugins
+            {"name": name, "enabled": name not in switchboard.disabled_plugins}
+            for name, _ in switchboard.plugins
         ],
     }
-    return [{node: figures}]
+    return [{node.settings.node_name: values}]
 
 
-def _readiness(broker: Managed) -> dict[str, bool]:
+def _readiness(node: Readiness) -> dict[str, bool]:
     """This node's view of every node: VerneMQ's `mystatus`."""
-    node = broker.settings.node_name
-    status = broker.peers.status()
+    status = node.peers.status()
     if status is None:
-        return {node: True}
+        return {node.settings.node_name: True}
     return {row["node"]: row["alive"] for row in status["nodes"]}
 
 

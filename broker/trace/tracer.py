@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from broker.peers import Peers
 
 
-class Host(Protocol):
-    """What the tracer uses of the Broker."""
+class TracedNode(Protocol):
+    """The node as its tracer sees it: the connections it taps, the packet flows and hook
+    chains it swaps while a trace is on, the other nodes that trace too (the Broker)."""
 
     loop: asyncio.AbstractEventLoop
     settings: BrokerSettings  # node_name
@@ -44,15 +45,15 @@ class Host(Protocol):
 
 
 class Tracer:
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.node = host.settings.node_name
+    def __init__(self, traced: TracedNode) -> None:
+        self.traced = traced
+        self.node = traced.settings.node_name
         self.watched: Watched = {}  # (mountpoint, client id) -> its traces on this node
         self.own: dict[int, Trace] = {}  # the traces read here, by id
         self._ids = itertools.count(1)
-        self._flows = host.flows  # the broker's own
-        handlers = {**host.flows.handlers, Connect: self._connecting}
-        self._traced_flows = Flows(handlers, host.flows.route_held)
+        self._flows = traced.flows  # the broker's own
+        handlers = {**traced.flows.handlers, Connect: self._connecting}
+        self._traced_flows = Flows(handlers, traced.flows.route_held)
 
     def start(self, spec: TraceSpec, sink: Sink) -> Trace:
         """A trace read here (ValueError: bad options): on this node and the others."""
@@ -60,7 +61,7 @@ class Tracer:
         if problem is not None:
             raise ValueError(problem)
         trace_id = next(self._ids)
-        self.host.peers.start_trace(trace_id, spec)  # first: a trace over at once stops them
+        self.traced.peers.start_trace(trace_id, spec)  # first: a trace over at once stops them
         trace = self.follow(trace_id, spec, sink, self._own_ended)
         if not trace.over:
             self.own[trace_id] = trace
@@ -76,12 +77,12 @@ class Tracer:
         """A trace of the client on this node: its connection here now, if any, and
         those it makes here later, until the trace ends (`ended` is told then)."""
         on_end = self._ended if ended is None else _both(self._ended, ended)
-        trace = Trace(trace_id, spec, sink, self.node, self.host.loop.time, on_end)
+        trace = Trace(trace_id, spec, sink, self.node, self.traced.loop.time, on_end)
         if not self.watched:
             self._switch(on=True)
         traces = self.watched.setdefault(spec.key, [])
         traces.append(trace)
-        connections = [c for c in self.host.connections if _follows(c.engine, spec)]
+        connections = [c for c in self.traced.connections if _follows(c.engine, spec)]
         if connections:
             count = len(connections)
             trace.write(TRACE, f"connected here ({count} connection{'s' * (count > 1)}): traced")
@@ -110,7 +111,7 @@ class Tracer:
         """`nautilus admin trace stop-all`: every trace here, and on the other nodes.
         How many ended here."""
         stopped = self.stop_here("stopped (trace stop-all)")
-        self.host.peers.stop_all_traces()
+        self.traced.peers.stop_all_traces()
         return stopped
 
     def stop_here(self, reason: str) -> int:
@@ -147,7 +148,7 @@ class Tracer:
         if traces:
             return
         self.watched.pop(key, None)
-        for connection in self.host.connections:
+        for connection in self.traced.connections:
             tap = connection.engine.tap
             if isinstance(tap, Tap) and tap.traces is traces:
                 tap.detach()
@@ -156,13 +157,13 @@ class Tracer:
 
     def _own_ended(self, trace: Trace) -> None:
         self.own.pop(trace.id, None)
-        self.host.peers.stop_trace(trace.id)
+        self.traced.peers.stop_trace(trace.id)
 
     def _switch(self, on: bool) -> None:
         """The broker's flows and chains, or the tracing ones."""
-        host = self.host
-        host.flows = self._traced_flows if on else self._flows
-        host.chains.watch(functools.partial(watch, watched=self.watched) if on else None)
+        traced = self.traced
+        traced.flows = self._traced_flows if on else self._flows
+        traced.chains.watch(functools.partial(watch, watched=self.watched) if on else None)
 
 
 def _follows(engine: ClientEngine, spec: TraceSpec) -> bool:

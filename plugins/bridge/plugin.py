@@ -1,6 +1,7 @@
-"""The bridges as one plugin: built from the `[[bridges]]` tables (broker/plugins.py hands
-them over with this broker's first TCP listener, which the bridges connect to as
-clients), started and stopped with the broker, and reporting VerneMQ's metrics."""
+"""The bridges as one plugin: built from the `[[bridges]]` tables (its `table_section`
+adds this broker's first TCP listener of each mountpoint, which the bridges connect to as
+clients), started and stopped with the broker, reporting VerneMQ's metrics, and driven by
+`nautilus admin bridge` through its `bridges` port (hooks.BridgeControl)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.config import Config as BrokerConfig
 from broker.config import ConfigError
 from hooks import Metric
 from plugins.bridge.bridge import Bridge
@@ -37,6 +39,21 @@ class BridgesConfig:
 class BridgePlugin:
     Config = BridgesConfig
 
+    @classmethod
+    def table_section(cls, config: BrokerConfig) -> dict[str, Any]:
+        """The [[bridges]] tables as this plugin's section (broker/plugins.py), with the
+        first tcp listener of each mountpoint: a bridge acts on its tree through it."""
+        tcp: dict[str, str] = {}
+        for listener in config.listeners:
+            if listener.type == "tcp":
+                tcp.setdefault(listener.mountpoint, listener.address)
+        return {
+            "tables": config.bridges,
+            "local_addresses": tcp,
+            "node_name": config.broker.node_name,
+            "data_dir": config.store.path,
+        }
+
     def __init__(self, config: BridgesConfig) -> None:
         settings = parse_bridges(config.tables)
         self.node = config.node_name
@@ -52,6 +69,7 @@ class BridgePlugin:
             )
             for i, s in enumerate(settings)
         }
+        self.bridges = Control(self.by_name, self.held)  # `nautilus admin bridge`
 
     def placement(self, node: str, alive: Callable[[], list[str] | None]) -> None:
         self.node, self.alive = node, alive
@@ -137,12 +155,19 @@ class BridgePlugin:
             ]
         return figures
 
-    # -- side doors of `nautilus admin bridge` --------------------------------------------
 
-    def bridges(self) -> list[dict[str, Any]]:
+class Control:
+    """The bridges as `nautilus admin bridge show|start|stop` drives them: the plugin's
+    `bridges` side door (hooks.BridgeControl)."""
+
+    def __init__(self, by_name: dict[str, Bridge], held: set[str]) -> None:
+        self.by_name = by_name
+        self.held = held  # the plugin's: stopped by an operator, left so by placement
+
+    def rows(self) -> list[dict[str, Any]]:
         return [bridge.status() for bridge in self.by_name.values()]
 
-    async def run_bridge(self, name: str, running: bool) -> None:
+    async def run(self, name: str, running: bool) -> None:
         bridge = self.by_name.get(name)
         if bridge is None:
             raise LookupError(name)
@@ -150,7 +175,7 @@ class BridgePlugin:
             self.held.discard(name)
             bridge.start()
         else:
-            self.held.add(name)  # stopped by an operator: placement leaves it stopped
+            self.held.add(name)
             await bridge.stop()
 
 

@@ -207,3 +207,14 @@ class AsyncBeforeAck:
 
     async def before_ack(self) -> bool:
         return True
+
+
+class KeepsBeforeAck:
+    """Keeps something before each acknowledgement: its before_ack calls are counted."""
+
+    def __init__(self) -> None:
+        self.before_ack_calls = 0
+
+    def before_ack(self) -> bool:
+        self.before_ack_calls += 1
+        return True

@@ -7,13 +7,15 @@ import logging
 import os
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError
-from broker.plugins import call_all, load_plugins
-from hooks import Hooks
+from broker import deciders
+from broker.config import PLUGIN_TABLES, ConfigError, config_from_dict
+from broker.plugins import TABLES_GROUP, call_all, configured_plugins, load_plugins
+from hooks import Hooks, plugin_doors
 
 from .sample import NoConfig, Recorder
 
@@ -168,9 +170,11 @@ def test_hooks_lifecycle_methods_and_helpers_keep_the_contract(caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # The lifecycle methods still run with the broker.
     life = dict(plugins)["life"]
-    asyncio.run(call_all(plugins, "start"))
+    lifecycles = plugin_doors(plugins).lifecycles
+    assert [lifecycle.plugin for lifecycle in lifecycles] == ["life"]
+    asyncio.run(call_all(lifecycles, "start"))
     assert life.started == 1
-    asyncio.run(call_all(plugins, "stop"))
+    asyncio.run(call_all(lifecycles, "stop"))
     assert life.started == 0
 
 
@@ -227,3 +231,58 @@ def test_cli_exits_2_with_one_line_naming_the_plugin(tmp_path, table, expected):
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(expected), lines[0]
     assert done.stdout == ""
+
+
+# -- plugins of a table of their own: [event_relay], [[bridges]] ---------------------------
+
+
+def test_every_plugin_table_has_the_entry_point_that_names_its_plugin():
+    declared = {entry.name for entry in entry_points(group=TABLES_GROUP)}  # setup.cfg's
+    assert declared == set(PLUGIN_TABLES) == {"event_relay", "bridges"}
+
+
+def test_a_plugin_table_loads_the_class_its_entry_point_names():
+    config = config_from_dict(
+        {
+            "event_relay": {"enabled": True, "address": "127.0.0.1:0"},
+            "bridges": [{"name": "b1", "address": "127.0.0.1:1", "topics": [{"pattern": "x/#"}]}],
+        }
+    )
+    plugins = configured_plugins(config)
+    assert [(name, type(plugin).__name__) for name, plugin in plugins] == [
+        ("event_relay", "EventRelay"),  # first: its section asks for priority -1
+        ("bridges", "BridgePlugin"),
+    ]
+    assert [deciders.table(name) for name, _ in plugins] == ["event_relay", "bridges"]
+
+
+def test_a_plugin_section_cannot_take_the_name_of_a_plugin_table():
+    assert error({"bridges": sample_plugin("NoConfig")}) == (
+        "plugins.bridges: 'bridges' is the plugin of the [bridges] table"
+    )
+
+
+def test_a_plugin_table_no_entry_point_names_is_one_line(tmp_path):
+    # An install older than the table's entry point: its metadata comes first on the path.
+    stale = tmp_path / "nautilus_mqtt-0.1.0.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: nautilus-mqtt\nVersion: 0.1\n")
+    (stale / "entry_points.txt").write_text("[nautilus.commands]\nevents = event_relay.cli:main\n")
+    config = tmp_path / "nautilus.toml"
+    config.write_text('[event_relay]\nenabled = true\naddress = "127.0.0.1:0"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NAUTILUS_")}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "check-config", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "nautilus check-config: event_relay: no installed plugin reads this table (the "
+        "nautilus.tables entry points of nautilus-mqtt are missing: install it again, "
+        "`pip install -e .` in a checkout)"
+    ]

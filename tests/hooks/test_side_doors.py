@@ -1,5 +1,6 @@
 """The side doors (hooks/spec.py SIDE_DOORS, hooks/side_doors.py): what the broker finds
-on a plugin besides its hooks, held to its declaration when the plugin loads."""
+on a plugin besides its hooks, held to its declaration when the plugin loads, and resolved
+once (plugin_doors) for the parts that use them."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from hooks import (
     SIDE_DOORS,
     Hooks,
     MatchedAcl,
+    PluginDoors,
     PluginError,
     RecordedClient,
     RecordedDelivery,
     RecordedMessage,
     SideDoors,
     check_plugin,
+    plugin_doors,
     side_doors,
 )
 
@@ -45,6 +48,14 @@ class Backend:
     """Stands for a cluster metadata backend."""
 
 
+class Bridges:
+    def rows(self) -> list:
+        return [{"name": "b1"}]
+
+    async def run(self, name: str, running: bool) -> None:
+        pass
+
+
 class EveryDoor:
     """A plugin with every side door, each as the broker calls it."""
 
@@ -52,6 +63,7 @@ class EveryDoor:
 
     def __init__(self) -> None:
         self.recorder = Recorder()
+        self.bridges = Bridges()
 
     async def start(self) -> None:
         pass
@@ -71,12 +83,6 @@ class EveryDoor:
     async def invalidate(self, client_id: str | None, username: str | None) -> int:
         return 0
 
-    def bridges(self) -> list:
-        return []
-
-    async def run_bridge(self, name: str, running: bool) -> None:
-        pass
-
     def placement(self, node: str, alive) -> None:
         pass
 
@@ -92,6 +98,11 @@ def plugin(**attributes):
 def recorder(**methods):
     """A Recorder with these methods replaced (None: without it)."""
     return type("BadRecorder", (Recorder,), methods)()
+
+
+def bridges(**methods):
+    """A Bridges with these methods replaced (None: without it)."""
+    return type("BadBridges", (Bridges,), methods)()
 
 
 def problem(bad) -> str:
@@ -120,8 +131,7 @@ def test_the_declared_signatures():
         "metadata": "metadata: str",
         "metadata_backend": "metadata_backend(dead_after) -> MetadataBackend",
         "invalidate": "[async] invalidate(client_id, username) -> int",
-        "bridges": "bridges() -> list[dict]",
-        "run_bridge": "[async] run_bridge(name, running) -> None",
+        "bridges": "bridges: BridgeControl",
         "placement": "placement(node, alive) -> None",
         "reload_tls": "reload_tls() -> None",
         "recorder": "recorder: MessageRecorder",
@@ -142,6 +152,9 @@ def test_a_plugin_with_every_door_passes_and_they_are_found():
     assert doors.metrics == every.metrics
     assert doors.metadata == "redis"
     assert doors.metadata_backend == every.metadata_backend
+    assert doors.bridges is every.bridges
+    assert doors.placement == every.placement
+    assert doors.reload_tls == every.reload_tls
     assert doors.recorder is every.recorder
 
 
@@ -252,6 +265,13 @@ async def _async(self, *args):
             {"recorder": recorder(delivered=_async)},
             "recorder.delivered must be a plain method, not async",
         ),
+        ({"bridges": 1}, "bridges int has no method rows (BridgeControl)"),
+        ({"bridges": bridges(run=None)}, "bridges BadBridges has no method run (BridgeControl)"),
+        ({"bridges": bridges(rows=_async)}, "bridges.rows must be a plain method, not async"),
+        (
+            {"bridges": bridges(run=lambda self, name: None)},
+            "bridges.run(name) cannot be called as run(name, running)",
+        ),
     ],
     ids=lambda value: "" if isinstance(value, str) else "-".join(value),
 )
@@ -279,6 +299,57 @@ def test_a_broker_refuses_to_start_with_a_malformed_door(start_broker):
         )
 
 
+# -- resolved once, for the parts that use them ---------------------------------------------
+
+
+def test_the_doors_of_every_plugin_in_call_order_by_use():
+    every, other = EveryDoor(), EveryDoor()
+    doors = plugin_doors([("every", every), ("bare", object()), ("other", other)])
+    assert [(d.plugin, d.start, d.stop) for d in doors.lifecycles] == [
+        ("every", every.start, every.stop),
+        ("other", other.start, other.stop),
+    ]
+    assert doors.before_ack == (every.before_ack, other.before_ack)
+    assert doors.metrics == (("every", every.metrics), ("other", other.metrics))
+    assert doors.invalidate == (("every", every.invalidate), ("other", other.invalidate))
+    assert doors.bridges == (every.bridges, other.bridges)
+    assert doors.placement == (every.placement, other.placement)
+    assert doors.reload_tls == (("every", every.reload_tls), ("other", other.reload_tls))
+    assert doors.metadata_backends == {"redis": every.metadata_backend}  # the first's
+
+
+def test_a_disabled_plugin_loses_its_say_and_keeps_its_own_work():
+    every = EveryDoor()
+    doors = plugin_doors([("every", every)], disabled={"every"})
+    assert doors.before_ack == () and doors.invalidate == ()
+    assert doors.metrics == (("every", every.metrics),)
+    assert doors.bridges == (every.bridges,)
+    assert [d.plugin for d in doors.lifecycles] == ["every"]
+    assert doors.reload_tls == (("every", every.reload_tls),)
+
+
+def test_no_plugins_no_doors():
+    assert plugin_doors([]) == PluginDoors()
+
+
+def test_a_disabled_plugins_before_ack_waits_until_it_is_enabled_again(start_broker, paho_client):
+    keeper = {"enabled": True, "module": "tests.hooks.sample:KeepsBeforeAck"}
+    server = start_broker(plugins={"keeper": keeper})
+    plugin = dict(server.broker.plugins)["keeper"]
+    client = paho_client(server)
+
+    def calls_after_a_qos1_publish() -> int:
+        client.publish("t", b"x", qos=1)  # returns once acknowledged
+        return server.call(lambda: plugin.before_ack_calls)
+
+    called = calls_after_a_qos1_publish()
+    assert called >= 1
+    server.call(server.broker.set_plugin_enabled, "keeper", False)
+    assert calls_after_a_qos1_publish() == called
+    server.call(server.broker.set_plugin_enabled, "keeper", True)
+    assert calls_after_a_qos1_publish() > called
+
+
 # -- the broker asks the contract ---------------------------------------------------------
 
 _SIDE_DOOR_GETATTR = re.compile(r"getattr\([^,]+,\s*[\"'](" + "|".join(SIDE_DOORS) + r")[\"']")
@@ -291,7 +362,20 @@ def test_no_one_else_looks_a_side_door_up_by_name(package):
         for path in sorted((ROOT / package).rglob("*.py"))
         for match in _SIDE_DOOR_GETATTR.finditer(path.read_text())
     ]
-    assert not found, "use hooks.side_doors(plugin) instead: " + ", ".join(found)
+    assert not found, "use the broker's PluginDoors (hooks.plugin_doors) instead: " + ", ".join(
+        found
+    )
+
+
+def test_the_broker_resolves_the_side_doors_once():
+    """Only when the plugins load or change (hooks.plugin_doors), never per use."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "broker").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "side_doors(" in line
+    ]
+    assert not found, "carry the broker's PluginDoors (`doors`) instead: " + ", ".join(found)
 
 
 # -- the recorder's protocol and the compiled recorder ------------------------------------

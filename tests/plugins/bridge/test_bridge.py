@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def bridge_of(server):
-    return dict(server.broker.plugins)["bridge"].by_name["b1"]
+    return dict(server.broker.plugins)["bridges"].by_name["b1"]
 
 
 def ready(server) -> None:
