@@ -17,29 +17,36 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.client.engine import ClientEngine
-from broker.client.engine import Host as EngineHost
+from broker.client.engine import ClientEngine, Listener
 from broker.client_state import CLOSING, ClientState
 from broker.protocol import ReasonCode
 from broker.tls import common_name
-from broker.writer import Host as WriterHost
 from broker.writer import Writer
 
 if TYPE_CHECKING:
+    from broker.client.engine import ClientServices
+    from broker.config import BrokerSettings, Config
+    from broker.metrics import Metrics
     from broker.session import Session
+    from broker.writer import WriteSupport
 
 log = logging.getLogger("nautilus.connection")
 
 LINGER = 1.0  # seconds a connection we close keeps reading (and discarding) before it goes
 
 
-class Host(EngineHost, WriterHost, Protocol):
-    """What a connection, its engine and its writer use of the broker: the Broker
-    provides it, and none of them imports broker/server.py."""
+class Listeners(Protocol):
+    """What a connection uses of the broker's listeners: their settings, their admission
+    and the connections open (the Broker provides it)."""
 
     loop: asyncio.AbstractEventLoop
+    config: Config  # each listener's settings
+    listening: list[tuple[str, int]]  # each listener's address
+    settings: BrokerSettings  # connect_timeout
+    metrics: Metrics
     connections: set[Connection]  # open, past admission
     tasks: set[asyncio.Task]  # hook flows: cancelled at stop
 
@@ -50,6 +57,17 @@ class Host(EngineHost, WriterHost, Protocol):
     def closed(self, connection: Connection) -> None:
         """An admitted connection is gone: its place on the listener is free."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPorts:
+    """The broker as each part of a connection sees it: the listeners (the connection
+    itself), what its engine is served by, what its writer needs. Made once by the
+    Broker (which is all three) and shared by every connection."""
+
+    listeners: Listeners
+    client: ClientServices
+    writing: WriteSupport
 
 
 class Connection(asyncio.Protocol):
@@ -66,12 +84,13 @@ class Connection(asyncio.Protocol):
         "writer",
     )
 
-    def __init__(self, host: Host, listener: int = 0) -> None:
-        self.host = host
+    def __init__(self, ports: ConnectionPorts, listener: int = 0) -> None:
+        self.host = host = ports.listeners
         self.listener = listener  # index into the broker's listeners
         self.loop = host.loop
-        self.writer = Writer(host, ClientState(), self._take_over)
-        self.engine = ClientEngine(host, self, self.writer, self.loop.time, listener)
+        self.writer = Writer(ports.writing, ClientState(), self._take_over)
+        came_in = Listener(listener, host.config.listeners[listener], host.listening[listener])
+        self.engine = ClientEngine(ports.client, self, self.writer, self.loop.time, came_in)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.last_seen = 0.0
         self.connected_at = int(time.time())  # unix seconds: session show's session_started_at

@@ -42,7 +42,7 @@ from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
     from broker.client_state import ClientState
-    from broker.flow import FlowControl, Subscriber
+    from broker.flow import FlowControl, Reader, Subscriber
     from broker.hook_callers import HookCallers
     from broker.metrics import Metrics
     from broker.routing import Routing
@@ -134,6 +134,14 @@ class Ingress:
         )
 
     # -- the flow check ----------------------------------------------------------------
+
+    def hold(self, publisher: Reader, subscribers: list[Subscriber]) -> None:
+        """Hold `publisher` (it is not read) until `subscribers` have drained."""
+        self.flow.hold(publisher, subscribers)
+
+    def forget(self, publisher: Reader) -> None:
+        """The publisher is gone: it waits for nobody any more."""
+        self.flow.forget_publisher(publisher)
 
     def waits_for(self, topic: str) -> list[Subscriber]:
         """The full subscribers a message to `topic` must wait for (broker/flow.py):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.message import Delivery, Message
 from broker.multi_session import MultiSession
@@ -39,13 +39,52 @@ from hooks import Chain, ClientContext
 
 if TYPE_CHECKING:
     from broker.clock import Clock
+    from broker.config import BrokerSettings
+    from broker.flow import FlowControl
     from broker.hook_callers import HookCallers
     from broker.ingress import Ingress
-    from broker.router import SubOptions
+    from broker.metrics import Metrics
+    from broker.router import SharedGroup, SubOptions
     from broker.routing import Routing
     from broker.store import MessageStore
 
 log = logging.getLogger("nautilus.registry")
+
+
+def session_factory(
+    settings: BrokerSettings,
+    metrics: Metrics,
+    store: MessageStore,
+    chains: HookCallers,
+    clock: Clock,
+    flow: FlowControl,
+    find_group: Callable[[str], SharedGroup | None],
+) -> Callable[[str], Session]:
+    """What makes a client's session, as the settings say (allow_multiple_sessions: one
+    shared by several connections)."""
+
+    def new_session(subscriber_id: str) -> Session:
+        s = settings
+        options: dict[str, Any] = dict(
+            max_inflight=s.max_inflight_messages,
+            max_online=s.max_online_messages,
+            max_offline=s.max_offline_messages,
+            lifo=s.queue_type == "lifo",
+            metrics=metrics,
+            store=store,
+            chains=chains,
+            clock=clock,
+            flow=flow,
+            retry_interval=s.retry_interval,
+            find_group=find_group,
+            drain_step=s.max_msgs_per_drain_step,
+        )
+        if s.allow_multiple_sessions:
+            balance = s.queue_deliver_mode == "balance"
+            return MultiSession(subscriber_id, balance=balance, **options)
+        return Session(subscriber_id, **options)
+
+    return new_session
 
 
 class Registry(Mapping[str, Session]):
@@ -163,6 +202,10 @@ class Registry(Mapping[str, Session]):
                 self.publish_will(will)
         if session.expiry is not None:
             session.expiry_timer = self.clock.call_later(session.expiry, self.expire, session)
+
+    def send_retained(self, session: Session, topic_filter: str, options: SubOptions) -> None:
+        """The retained messages a new subscription of `session` gets (Routing)."""
+        self.routing.send_retained(session, topic_filter, options)
 
     def expire(self, session: Session) -> None:
         """The session stayed offline past its expiry interval."""

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from broker import admin, deciders, optional
 from broker.binding import BindError, claim, reason
+from broker.client.engine import ConnectTerms
 from broker.client.flows import FLOWS
 from broker.config import Config, ConfigError, ListenerSettings
-from broker.connection import Connection
+from broker.connection import Connection, ConnectionPorts
 from broker.descriptors import FileDescriptors
 from broker.episodes import Cap
 from broker.flow import FlowControl
@@ -30,11 +31,10 @@ from broker.hook_callers import HookCallers
 from broker.ingress import Ingress
 from broker.message import Message
 from broker.metrics import Metrics
-from broker.multi_session import MultiSession
 from broker.peers import ALONE, Peers
 from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
-from broker.registry import Registry
+from broker.registry import Registry, session_factory
 from broker.retain import RetainedMessages
 from broker.router import Router
 from broker.routing import Routing
@@ -65,7 +65,6 @@ class Broker:
         self.metrics = Metrics()
         self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
         self.router = Router()
-        self._find_group = self.router.group  # one bound method for every session
         self.store = open_store(config.store, self.loop)
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
         self.routing = Routing(
@@ -83,19 +82,30 @@ class Broker:
         self.ingress = Ingress(
             self.routing, self.flow, self.chains, self.store, self.metrics, self.doors.before_ack
         )
+        new_session = session_factory(
+            self.settings,
+            self.metrics,
+            self.store,
+            self.chains,
+            self.loop,
+            self.flow,
+            self.router.group,
+        )
         self.registry = Registry(
-            self.new_session, self.routing, self.ingress, self.store, self.chains, self.loop
+            new_session, self.routing, self.ingress, self.store, self.chains, self.loop
         )
         self.started_at = time.time()
         self.stopping = False
         self.shutdown_requested = asyncio.Event()  # a signal, or the node left its cluster
         self.graphite = self._graphite() if config.graphite.enabled else None
         self.connections: set[Connection] = set()
-        self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
         # proxy_protocol listeners' connections before their header (then a Connection).
         self.awaiting_header: set[ProxyHeaderReader] = set()
-        self.max_packet_size = self.settings.max_message_size or MAX_PACKET_SIZE
-        self.connack_properties = self._connack_properties()
+        self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
+        self.connection_ports = ConnectionPorts(self, self, self)  # every connection's view
+        self.terms = ConnectTerms(  # what every client is told at CONNECT
+            self.settings.max_message_size or MAX_PACKET_SIZE, self._connack_properties()
+        )
         # (host, port) bound, per listener; ("", 0) for one not started (`listeners_down`).
         self.listening: list[tuple[str, int]] = []
         self.listeners_down: dict[int, str] = {}  # listener index -> why (a library missing)
@@ -308,13 +318,13 @@ class Broker:
         listener = self.config.listeners[index]
         down = f"{_listener_name(index, listener)} not started"
         timeout = self.settings.connect_timeout  # for each layer's handshake
-        connection = functools.partial(Connection, self, index)
+        connection = functools.partial(Connection, self.connection_ports, index)
         factory: Callable[[], asyncio.Protocol] = connection
         if listener.type in ("ws", "wss"):
             optional.load("broker.websocket", down)
             from broker.websocket import WebSocketProtocol
 
-            size = self.max_packet_size
+            size = self.terms.max_packet_size
             factory = functools.partial(
                 WebSocketProtocol, self.loop, timeout, size, connection, listener.path
             )
@@ -469,27 +479,6 @@ class Broker:
         mqtt = sum(self.listener_connections) + len(self.awaiting_header)
         http = self.http.open_connections if self.http is not None else 0
         return f"connections open: {mqtt} MQTT, {http} HTTP"
-
-    def new_session(self, subscriber_id: str) -> Session:
-        s = self.settings
-        options: dict[str, Any] = dict(
-            max_inflight=s.max_inflight_messages,
-            max_online=s.max_online_messages,
-            max_offline=s.max_offline_messages,
-            lifo=s.queue_type == "lifo",
-            metrics=self.metrics,
-            store=self.store,
-            chains=self.chains,
-            clock=self.loop,
-            flow=self.flow,
-            retry_interval=s.retry_interval,
-            find_group=self._find_group,
-            drain_step=s.max_msgs_per_drain_step,
-        )
-        if s.allow_multiple_sessions:
-            balance = s.queue_deliver_mode == "balance"
-            return MultiSession(subscriber_id, balance=balance, **options)
-        return Session(subscriber_id, **options)
 
 
 def _listener_name(index: int, listener: ListenerSettings) -> str:

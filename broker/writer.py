@@ -35,7 +35,7 @@ _NOTHING: list[bytes] = []
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
-class Host(Protocol):
+class WriteSupport(Protocol):
     """What a writer uses of the broker."""
 
     loop: asyncio.AbstractEventLoop
@@ -60,7 +60,9 @@ class Writer:
         "writable",
     )
 
-    def __init__(self, host: Host, client: ClientState, take_over: Callable[[], None]) -> None:
+    def __init__(
+        self, host: WriteSupport, client: ClientState, take_over: Callable[[], None]
+    ) -> None:
         self.host = host
         self.client = client  # Outlet: the wire profile packets are encoded for
         self._take_over = take_over

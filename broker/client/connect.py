@@ -47,7 +47,7 @@ from hooks import AuthContext, Chain, Ok, RegisterContext, Result
 from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
-    from broker.client.engine import ClientEngine, Host
+    from broker.client.engine import ClientEngine, ClientServices
     from broker.cluster.metadata import Registration
 
 log = logging.getLogger("nautilus.connection")
@@ -58,10 +58,10 @@ REFUSALS_INTERVAL = 10.0  # seconds between two lines counting CONNECTs refused 
 # Per broker: the CONNECTs refused because the cluster's metadata is away. During a Redis
 # outage every client refused retries at once, thousands a second: the first refusal is
 # logged, then a count per REFUSALS_INTERVAL, then the first registration that works.
-_refusals: weakref.WeakKeyDictionary[Host, Episode] = weakref.WeakKeyDictionary()
+_refusals: weakref.WeakKeyDictionary[ClientServices, Episode] = weakref.WeakKeyDictionary()
 
 
-def _cluster_refusals(broker: Host) -> Episode:
+def _cluster_refusals(broker: ClientServices) -> Episode:
     refusals = _refusals.get(broker)
     if refusals is None:
         refusals = _refusals[broker] = Episode(
@@ -88,10 +88,10 @@ def on_connect(engine: ClientEngine, packet: Connect) -> None:
     if packet.will is not None and not valid_topic_name(packet.will.topic):
         return refuse(engine, ReasonCode.TOPIC_NAME_INVALID)
     engine.client.client_id = client_id
-    engine.client.mountpoint = engine.host.config.listeners[engine.listener].mountpoint
+    listener = engine.listener.settings
+    engine.client.mountpoint = listener.mountpoint
     # use_identity_as_username: the certificate's CN, whatever CONNECT says; a certificate
     # without one is refused (as Mosquitto does), not let through to a password check.
-    listener = engine.host.config.listeners[engine.listener]
     if listener.use_identity_as_username and not engine.client.identity:
         return refuse(engine, ReasonCode.NOT_AUTHORIZED)
     engine.client.username = engine.client.identity or packet.username
@@ -417,10 +417,10 @@ LISTENER_TYPES = {"tcp": "mqtt", "ssl": "mqtts", "ws": "mqttws", "wss": "mqttwss
 
 
 def _listener_fields(engine: ClientEngine) -> dict[str, Any]:
-    host, port = engine.host.listening[engine.listener]
-    kind = engine.host.config.listeners[engine.listener].type
+    listener = engine.listener
+    host, port = listener.address
     return {
-        "listener_type": LISTENER_TYPES[kind],
+        "listener_type": LISTENER_TYPES[listener.settings.type],
         "listener_addr": host,
         "listener_port": port,
         "client_cert": engine.client.certificate,
@@ -466,7 +466,7 @@ async def _auth_step(engine: ClientEngine, data: bytes | None) -> None:
 def _connack_properties(engine: ClientEngine, assigned_id: str | None) -> dict:
     if engine.client.protocol_level != MQTT5:
         return {}
-    props = engine.host.connack_properties
+    props = engine.host.terms.connack_properties
     if assigned_id is not None:
         props = {**props, Property.ASSIGNED_CLIENT_IDENTIFIER: assigned_id}
     return props

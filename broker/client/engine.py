@@ -42,16 +42,14 @@ from hooks import Chain, ClientContext, PublishContext
 
 if TYPE_CHECKING:
     from broker.clock import Clock
-    from broker.config import BrokerSettings, Config
+    from broker.config import BrokerSettings, ListenerSettings
     from broker.enhanced_auth import AuthExchange
-    from broker.flow import FlowControl
     from broker.hook_callers import HookCallers
     from broker.ingress import Ingress
     from broker.message import Message
     from broker.metrics import Metrics
     from broker.peers import Peers
     from broker.registry import Registry
-    from broker.routing import Routing
     from broker.session import Session
 
 log = logging.getLogger("nautilus.connection")
@@ -87,24 +85,42 @@ class Flows:
     route_held: Callable[[ClientEngine, Publish, Message, PublishContext | None], None]
 
 
-class Host(Protocol):
-    """What an engine and its packet flows use of the broker: the Broker provides it, and
-    they never import broker/server.py."""
+@dataclass(frozen=True, slots=True)
+class ConnectTerms:
+    """What the broker tells every client at CONNECT, worked out once from its settings."""
 
-    flows: Flows  # what handles each packet
-    loop: Clock  # the broker's clock (broker/clock.py): no I/O is done through it
-    config: Config  # the listeners' settings
+    max_packet_size: int  # the largest packet it takes (the decoder's bound)
+    connack_properties: dict  # what an MQTT 5 client learns in CONNACK [3.2.2.3]
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """The listener a client came in through: its settings, and the address it is bound
+    to (which hook contexts report)."""
+
+    index: int  # in the broker's listeners
+    settings: ListenerSettings
+    address: tuple[str, int]
+
+
+class ClientServices(Protocol):
+    """What an engine and its packet flows are served by (the Broker provides it; a unit
+    test assembles it from the real parts, tests/unit/test_client_engine.py): they never
+    import broker/server.py."""
+
+    @property
+    def loop(self) -> Clock:
+        """The broker's clock (broker/clock.py): no I/O is done through it."""
+        ...
+
+    flows: Flows  # what handles each packet (a trace swaps them)
     settings: BrokerSettings
+    terms: ConnectTerms
     metrics: Metrics
     chains: HookCallers  # the plugins' hooks
-    ingress: Ingress  # its publishes' way into routing
-    flow: FlowControl  # holds it while a subscriber it feeds is full
-    registry: Registry  # the client's session
-    routing: Routing  # retained messages for its subscriptions
+    ingress: Ingress  # its publishes' way into routing; flow control holds it
+    registry: Registry  # its session and subscriptions
     peers: Peers  # its client id registered cluster-wide
-    max_packet_size: int
-    connack_properties: dict  # what an MQTT 5 client learns in CONNACK
-    listening: list[tuple[str, int]]  # each listener's address
 
 
 class ClientOutlet(Outlet, Protocol):
@@ -176,11 +192,11 @@ class ClientEngine:
 
     def __init__(
         self,
-        host: Host,
+        host: ClientServices,
         shell: Shell,
         outlet: ClientOutlet,
         clock: Callable[[], float],
-        listener: int = 0,
+        listener: Listener,
     ) -> None:
         self.host = host
         self.shell = shell
@@ -188,8 +204,8 @@ class ClientEngine:
         self.client = client = outlet.client  # shared with the outlet: its wire profile
         client.max_message_rate = host.settings.max_message_rate  # an auth plugin may change it
         self.clock = clock  # the loop's time: deadlines (broker/clock.py)
-        self.listener = listener  # index into the broker's listeners
-        self.decoder = Decoder("server", max_packet_size=host.max_packet_size)
+        self.listener = listener
+        self.decoder = Decoder("server", max_packet_size=host.terms.max_packet_size)
         self.session: Session | None = None
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
         # Whether the client is read now: flow control, hook flows, the rate limit, the
@@ -347,7 +363,7 @@ class ClientEngine:
     def _leave(self) -> None:
         """This client is done: it waits for no subscriber, and its session goes back to
         the registry (idempotent: called at close and again when the socket is gone)."""
-        self.host.flow.forget_publisher(self)
+        self.host.ingress.forget(self)
         self.leave_session()
 
     # -- flow control: this client as a publisher --------------------------------------

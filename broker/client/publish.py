@@ -242,14 +242,14 @@ def route_held(
     waiting_for = ingress.waits_for(message.topic)
     if waiting_for:
         engine.postpone(packet, message, context)
-        return host.flow.hold(engine, waiting_for)
+        return ingress.hold(engine, waiting_for)
     session = engine.session
     assert session is not None
     client = engine.client
     v5 = client.protocol_level == MQTT5
     full = ingress.publish(message, client, v5, context, packet, session.shared_policy)
     if full:
-        host.flow.hold(engine, full)
+        ingress.hold(engine, full)
     _acknowledge(engine, packet)
 
 

@@ -157,7 +157,7 @@ def _subscribe(
     engine.outlet.send(SubAckPacket(packet.packet_id, codes, props))
     engine.host.metrics.mqtt_suback_sent += 1
     for topic_filter, options in retained:
-        engine.host.routing.send_retained(session, topic_filter, options)
+        engine.host.registry.send_retained(session, topic_filter, options)
     chains = engine.host.chains
     on_subscribe = chains.on_subscribe[engine.client.protocol_level == MQTT5]
     if on_subscribe and granted and type(result) is Ok:

@@ -134,7 +134,7 @@ class Tracer:
         before anything is done with it (its CONNECT is the first line)."""
         # The listener's mountpoint: a plugin's choice comes later, with auth_on_register
         # (a client a plugin moves is traced from the trace's start, if connected then).
-        mountpoint = engine.host.config.listeners[engine.listener].mountpoint
+        mountpoint = engine.listener.settings.mountpoint
         traces = self.watched.get((mountpoint, packet.client_id))
         if traces and isinstance(engine.shell, Connection):
             Tap(engine.shell, traces, packet)

@@ -1,9 +1,11 @@
-"""The per-client engine with bytes alone: no event loop, no transport, no task.
+"""The per-client engine with bytes alone: no event loop, no transport, no task, no
+Broker.
 
-A real Broker (its registry, routing, sessions and hook chains) hosts ClientEngines whose
-shell is a fake that records what the engine asks of the I/O (reading paused or not, hook
-flows to run, calls later, the keepalive watch, the close) and whose outlet keeps the
-bytes it is given. Bytes go in through `receive`; what a client would read is decoded
+The engines are served by the broker's real parts (registry, routing, ingress, sessions,
+hook chains, a memory store), assembled here as the broker's ClientServices port; each
+engine's shell is a fake that records what the engine asks of the I/O (reading paused or
+not, hook flows to run, calls later, the keepalive watch, the close) and its outlet keeps
+the bytes it is given. Bytes go in through `receive`; what a client would read is decoded
 from its outlet. Nothing runs unless the test runs it: a hook flow is a coroutine the
 test steps by hand, a call later is a callback the test calls.
 """
@@ -11,14 +13,22 @@ test steps by hand, a call later is a callback the test calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from broker.client.engine import ClientEngine
+from broker.client.engine import ClientEngine, ConnectTerms, Flows, Listener
+from broker.client.flows import FLOWS
 from broker.client_state import ClientState
-from broker.config import config_from_dict
+from broker.config import BrokerSettings, ListenerSettings, config_from_dict
+from broker.flow import FlowControl
+from broker.hook_callers import HookCallers
+from broker.ingress import Ingress
+from broker.metrics import Metrics
+from broker.peers import ALONE, Peers
 from broker.protocol import (
+    MAX_PACKET_SIZE,
     ConnAck,
     Connect,
     Decoder,
@@ -26,6 +36,7 @@ from broker.protocol import (
     Packet,
     PingReq,
     PingResp,
+    Property,
     PubAck,
     Publish,
     SubAck,
@@ -34,13 +45,19 @@ from broker.protocol import (
     encode,
 )
 from broker.read_gate import YIELDED
-from broker.server import Broker
+from broker.registry import Registry, session_factory
+from broker.retain import RetainedMessages
+from broker.router import Router
+from broker.routing import Routing
 from broker.session import Session
-from hooks import Error, Ok
+from broker.store import open_store
+from hooks import Error, Hooks, Ok
 
 from .fakes import FakeLoop
 
 V311, V5 = 4, 5
+LISTENER = Listener(0, ListenerSettings(), ("127.0.0.1", 1883))
+TERMS = ConnectTerms(MAX_PACKET_SIZE, {Property.RECEIVE_MAXIMUM: 65535})
 
 
 class FakeShell:
@@ -106,12 +123,12 @@ class BytesOutlet:
 class Client:
     """One client's engine: packets in as bytes, what it was answered read back."""
 
-    def __init__(self, broker: Broker, level: int = V311) -> None:
+    def __init__(self, broker: Services, level: int = V311) -> None:
         self.level = level
         self.shell = FakeShell()
         self.outlet = BytesOutlet()
         self.engine = self.outlet.engine = ClientEngine(
-            broker, self.shell, self.outlet, broker.loop.time
+            broker, self.shell, self.outlet, broker.loop.time, LISTENER
         )
         self._decoder = Decoder("client", level)
         self._read = 0
@@ -144,12 +161,35 @@ class Verdicts:
         return Verdicts.auth_on_publish(self, context)
 
 
-def make_broker(plugins: list[tuple[str, Any]] | None = None, **broker: Any) -> Broker:
+@dataclass
+class Services:
+    """broker.client.engine.ClientServices, made of the broker's real parts."""
+
+    loop: FakeLoop
+    settings: BrokerSettings
+    metrics: Metrics
+    chains: HookCallers
+    ingress: Ingress
+    registry: Registry
+    flows: Flows = FLOWS
+    terms: ConnectTerms = TERMS
+    peers: Peers = ALONE
+
+
+def make_broker(plugins: list[tuple[str, Any]] | None = None, **broker: Any) -> Services:
     config = config_from_dict({"store": {"backend": "memory"}, "broker": broker})
-    return Broker(config, loop=FakeLoop(), plugins=plugins or [])  # type: ignore[arg-type]
+    settings, loop, metrics = config.broker, FakeLoop(), Metrics()
+    store = open_store(config.store, loop)  # type: ignore[arg-type]
+    router, chains = Router(), HookCallers(Hooks(plugins or [], set()))
+    flow = FlowControl(loop, settings.slow_subscriber_timeout, metrics)  # type: ignore[arg-type]
+    routing = Routing(settings, router, RetainedMessages(), store, metrics, loop)
+    ingress = Ingress(routing, flow, chains, store, metrics, [])
+    new_session = session_factory(settings, metrics, store, chains, loop, flow, router.group)
+    registry = Registry(new_session, routing, ingress, store, chains, loop)
+    return Services(loop, settings, metrics, chains, ingress, registry)
 
 
-def connected(broker: Broker, client_id: str, level: int = V311, **connect: Any) -> Client:
+def connected(broker: Services, client_id: str, level: int = V311, **connect: Any) -> Client:
     client = Client(broker, level)
     client.send(Connect(client_id, level, **connect))
     (connack,) = client.received()
@@ -318,7 +358,7 @@ def test_a_long_read_is_handled_over_several_loop_turns():
     assert pub.shell.reading and not pub.engine.gate.holds(YIELDED)
 
 
-def _subscribed(broker: Broker, client_id: str, topic: str, level: int = V311) -> Client:
+def _subscribed(broker: Services, client_id: str, topic: str, level: int = V311) -> Client:
     sub = connected(broker, client_id, level)
     sub.send(Subscribe(1, [Subscription(topic, 0)]))
     sub.received()

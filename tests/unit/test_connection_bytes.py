@@ -75,7 +75,7 @@ class Wire:
         self.broker = broker
         self.level = level
         self.transport = FakeTransport()
-        self.connection = Connection(broker)
+        self.connection = Connection(broker.connection_ports)
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self._decoder = Decoder("client", level)
         self._read = 0
@@ -107,7 +107,9 @@ def loop() -> FakeLoop:
 @pytest.fixture
 def broker(loop) -> Broker:
     config = config_from_dict({"store": {"backend": "memory"}})
-    return Broker(config, loop=loop, plugins=[])  # type: ignore[arg-type]
+    broker = Broker(config, loop=loop, plugins=[])  # type: ignore[arg-type]
+    broker.listening.append(("127.0.0.1", 1883))  # as if started: its one listener's
+    return broker
 
 
 def connected(broker: Broker, client_id: str, level: int = V311, **connect: Any) -> Wire:
