@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from broker.config import BrokerSettings, Config
     from broker.connection import Connection
     from broker.metrics import Metrics
-    from broker.peers import Peers
+    from broker.peers import ClusterOperations
     from broker.registry import Registry
     from broker.retain import RetainedMessages
     from broker.session import Session
@@ -55,7 +55,6 @@ class Managed(Protocol):
     registry: Registry
     retained: RetainedMessages
     store: MessageStore
-    peers: Peers
     connections: set[Connection]
     tracer: Tracer
     plugins: list[tuple[str, Any]]  # (name, plugin), in the order they are called
@@ -65,6 +64,9 @@ class Managed(Protocol):
     listening: list[tuple[str, int]]  # each listener's address; ("", 0): not started
     listeners_down: dict[int, str]  # listener index -> why it is not started
     listener_connections: list[int]  # connections open, per listener
+
+    @property
+    def peers(self) -> ClusterOperations: ...
 
     def gauges(self) -> dict[str, int]: ...
 

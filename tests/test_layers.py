@@ -32,9 +32,9 @@ Traces (broker/trace/) span layers: one trace and how its lines show things (tra
 text, hooks) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
-above it through a protocol it owns (a connection's `Host`, the cluster's `Host`, the
-registry's `Routing`, `Peers`, the admin side's `Managed`), which the Broker provides,
-never by importing it.
+above it through a protocol it owns (a connection's `Host`, the cluster's ports, the
+registry's `Routing`, the peers' roles, the admin side's `Managed`), which the Broker
+provides, never by importing it.
 
 Nor may modules import each other in a circle, type-only imports and imports inside
 functions included (test_no_import_cycles).
@@ -339,3 +339,77 @@ def test_only_the_ingress_calls_routings_publish_entry_points():
         if _ROUTING_ENTRY.search(line)
     ]
     assert not found, "route through the Ingress instead: " + ", ".join(found)
+
+
+# A part names what it uses of another through a small protocol, a role (DESIGN.md,
+# "Layout"): none lists more than MAX_PROTOCOL_MEMBERS, inherited ones included. The
+# protocols below are over it still, each until its part gets ports of its own (#40).
+MAX_PROTOCOL_MEMBERS = 10
+NOT_SPLIT_YET = {
+    "broker.admin.Managed",
+    "broker.http.app.HttpHost",
+    "broker.client.engine.Host",
+    "broker.connection.Host",
+}
+
+
+def protocols() -> dict[str, tuple[list[str], set[str]]]:
+    """Every typing Protocol of broker/, by its module's and its own name: the protocols
+    it extends (resolved through the module's imports) and the members it declares."""
+    found = {}
+    for path in python_files("broker"):
+        module = module_name(path)
+        tree = ast.parse(path.read_text())
+        names = {  # what a base's name stands for in this module
+            alias.asname or alias.name: f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        }
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [ast.unparse(base) for base in node.bases]
+            if "Protocol" not in bases:  # (asyncio.Protocol is a transport's, not a port)
+                continue
+            members = {
+                item.target.id if isinstance(item, ast.AnnAssign) else item.name
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                or (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name))
+            }
+            extends = [resolve(base, names, module) for base in bases if base != "Protocol"]
+            found[f"{module}.{node.name}"] = (extends, members)
+    return found
+
+
+def resolve(base: str, names: dict[str, str], module: str) -> str:
+    """A base class's full name: `admin.Managed` after `from broker import admin` is
+    broker.admin.Managed; a name not imported is the module's own."""
+    head, dot, rest = base.partition(".")
+    return f"{names[head]}{dot}{rest}" if head in names else f"{module}.{base}"
+
+
+def test_no_protocol_has_more_than_ten_members():
+    found = protocols()
+
+    def members(name: str) -> set[str]:
+        extends, own = found[name]
+        return own.union(*(members(base) for base in extends if base in found))
+
+    sizes = {name: len(members(name)) for name in found}
+    over = sorted(f"{name} ({n})" for name, n in sizes.items() if n > MAX_PROTOCOL_MEMBERS)
+    assert over == sorted(f"{name} ({sizes[name]})" for name in NOT_SPLIT_YET), (
+        "split these into roles: " + ", ".join(over)
+    )
+
+
+# Modules that grew past what a newcomer reads in one sitting were split by job (#40):
+# they stay under this many lines.
+SMALL_ENOUGH = {"broker/cluster/node.py": 450}
+
+
+@pytest.mark.parametrize("path", sorted(SMALL_ENOUGH))
+def test_split_modules_stay_small(path):
+    lines = len((ROOT / path).read_text().splitlines())
+    assert lines <= SMALL_ENOUGH[path], f"{path} has {lines} lines: split it by job"

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from broker.ingress import Ingress
     from broker.message import Message
     from broker.metrics import Metrics
-    from broker.peers import Peers
+    from broker.peers import ClientOwnership
     from broker.registry import Registry
     from broker.routing import Routing
     from broker.session import Session
@@ -100,10 +100,14 @@ class Host(Protocol):
     flow: FlowControl  # holds it while a subscriber it feeds is full
     registry: Registry  # the client's session
     routing: Routing  # retained messages for its subscriptions
-    peers: Peers  # its client id registered cluster-wide
     max_packet_size: int
     connack_properties: dict  # what an MQTT 5 client learns in CONNACK
     listening: list[tuple[str, int]]  # each listener's address
+
+    @property
+    def peers(self) -> ClientOwnership:
+        """Its client id registered cluster-wide."""
+        ...
 
 
 class ClientOutlet(Outlet, Protocol):
