@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from broker.config import BrokerSettings, Config
     from broker.connection import Connection
     from broker.metrics import Metrics
-    from broker.peers import Peers
+    from broker.peers import ClusterOperations, ClusterOverview
     from broker.registry import Registry
     from broker.retain import RetainedMessages
     from broker.session import Session
@@ -64,7 +64,9 @@ class CommandRunner(SessionDirectory, Protocol):
 
     config: Config  # the run-time settings change it
     plugins: list[tuple[str, Any]]  # (name, plugin): who decides, once auth is on or off
-    peers: Peers
+
+    @property
+    def peers(self) -> ClusterOperations: ...
 
 
 class ListenerControl(Protocol):
@@ -95,8 +97,10 @@ class FigureSource(Protocol):
     metrics: Metrics
     started_at: float  # time.time()
     store: MessageStore
-    peers: Peers
     doors: PluginDoors  # the plugins' metrics()
+
+    @property
+    def peers(self) -> ClusterOverview: ...
 
     def gauges(self) -> dict[str, int]: ...
 
@@ -424,22 +428,22 @@ def reset_metrics(figures: FigureSource) -> dict[str, int]:
     return metrics(figures)
 
 
-def cluster_nodes(peers: Peers) -> list[dict[str, Any]]:
+def cluster_nodes(peers: ClusterOperations) -> list[dict[str, Any]]:
     """Every node this one knows: alive, its link, what went over it (vmq-admin cluster
     show, with the link figures)."""
     return cluster_status(peers)["nodes"]
 
 
-def cluster_join(peers: Peers, address: str) -> dict[str, Any]:
+def cluster_join(peers: ClusterOperations, address: str) -> dict[str, Any]:
     return {"result": peers.join(address)}
 
 
-async def cluster_leave(peers: Peers, node: str) -> dict[str, Any]:
+async def cluster_leave(peers: ClusterOperations, node: str) -> dict[str, Any]:
     """`node` (empty: this node) leaves the cluster."""
     return {"result": await peers.leave(node)}
 
 
-def cluster_status(peers: Peers) -> dict[str, Any]:
+def cluster_status(peers: ClusterOperations) -> dict[str, Any]:
     """The metadata's state, the nodes, and the routing score."""
     status = peers.status()
     if status is None:

@@ -1,8 +1,10 @@
-"""What the core tells the other nodes of a cluster, and asks of them: the one interface
-between this node's routing, registry and connections and `broker/cluster/`.
+"""What the core tells the other nodes of a cluster, and asks of them: the interfaces
+between this node and `broker/cluster/`'s Cluster, one per role, as each of the core's
+users sees the other nodes (a client's engine, routing and the registry, the server,
+the admin side, the tracer).
 
 A node not in a cluster has `ALONE`, which has nothing to tell and nothing to ask: the
-core never asks whether there is a cluster, it tells its Peers and goes on.
+core never asks whether there is a cluster, it tells its peers and goes on.
 """
 
 from __future__ import annotations
@@ -27,19 +29,22 @@ class Answer(NamedTuple):
     result: Any
 
 
-class Peers(Protocol):
+class NetsplitSwitches(Protocol):
+    """What a netsplit refuses: the ingress (publishes) and the subscribe flow ask."""
+
     # A member of the cluster cannot be reached (metadata = "swc"): the netsplit switches
     # apply (`refuses`). Read on the hot path before anything else is asked.
     split: bool
 
-    async def bind(self) -> None:
-        """Claim the cluster listener's address, not accepting yet (BindError: it cannot
-        be had): start-up binds every address before it starts anything."""
+    def refuses(self, action: str) -> str | None:
+        """Why `action` ("register", "publish", "subscribe", "unsubscribe") is refused
+        now (a netsplit, and its allow_*_during_netsplit off), or None. Counted."""
         ...
 
-    async def start(self) -> None: ...
 
-    async def stop(self) -> None: ...
+class ClientOwnership(NetsplitSwitches, Protocol):
+    """What a client's engine tells and asks as it connects and subscribes
+    (broker/client/): its client id owned here cluster-wide."""
 
     def register(
         self, client_id: str, clean: bool
@@ -55,6 +60,11 @@ class Peers(Protocol):
         """The session a connection of `client_id` attached to, after `register`."""
         ...
 
+
+class SharedRecords(NetsplitSwitches, Protocol):
+    """What routing, the registry and the ingress tell the other nodes, or ask
+    (`Routing.peers`): sessions' and retained messages' changes, and the netsplit."""
+
     def changed(self, client_id: str) -> None:
         """The session of `client_id` changed: its subscriptions, or it ended."""
         ...
@@ -62,6 +72,10 @@ class Peers(Protocol):
     def retained(self, message: Message) -> None:
         """A retained message was published on this node."""
         ...
+
+
+class ClusterOverview(Protocol):
+    """What /health, /metrics, $SYS and `cluster status` show of the cluster."""
 
     def problem(self) -> str | None:
         """What keeps the cluster from working as it should (for /health), if anything."""
@@ -79,17 +93,17 @@ class Peers(Protocol):
         """Gauges for /metrics and $SYS (the leaderless metadata's); none alone."""
         ...
 
-    def join(self, address: str) -> str:
-        """Join the cluster of the node listening at `address` (ValueError: cannot)."""
-        ...
-
-    def refuses(self, action: str) -> str | None:
-        """Why `action` ("register", "publish", "subscribe", "unsubscribe") is refused
-        now (a netsplit, and its allow_*_during_netsplit off), or None. Counted."""
-        ...
-
     def group_metrics(self) -> list[Metric]:
         """/metrics' labelled figures (the leaderless metadata's, per group)."""
+        ...
+
+
+class ClusterOperations(ClusterOverview, Protocol):
+    """What an operator asks of the cluster (broker/admin.py, broker/http/): what it
+    shows, members joining and leaving, and a command run on every node."""
+
+    def join(self, address: str) -> str:
+        """Join the cluster of the node listening at `address` (ValueError: cannot)."""
         ...
 
     async def leave(self, node: str) -> str:
@@ -105,9 +119,13 @@ class Peers(Protocol):
         ADMIN_TIMEOUT is one Answer with that error, not a wait. Alone: nobody to ask."""
         ...
 
+
+class ClusterTraces(Protocol):
+    """Traces read on this node follow their client on the others (broker/trace/)."""
+
     def start_trace(self, trace_id: int, spec: TraceSpec) -> None:
         """Trace `trace_id`, read on this node, follows its client on the others too:
-        their lines come back here (broker/trace/)."""
+        their lines come back here."""
         ...
 
     def stop_trace(self, trace_id: int) -> None:
@@ -120,7 +138,8 @@ class Peers(Protocol):
 
 
 class Alone:
-    """The Peers of a node that is not in a cluster."""
+    """The other nodes of a node that is not in a cluster: every role above, with
+    nothing to tell and nothing to ask."""
 
     split = False
 
@@ -186,4 +205,4 @@ class Alone:
         pass
 
 
-ALONE: Peers = Alone()
+ALONE = Alone()

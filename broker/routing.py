@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.message import Delivery, Message
-from broker.peers import ALONE, Peers
+from broker.peers import ALONE, SharedRecords
 
 if TYPE_CHECKING:
     from broker.client_state import ClientState
@@ -41,7 +41,7 @@ class Routing:
         self.store = store
         self.metrics = metrics
         self.clock = clock
-        self.peers: Peers = ALONE  # the cluster's, when this node is in one
+        self.peers: SharedRecords = ALONE  # the cluster's, when this node is in one
 
     def publish(
         self, message: Message, shared_policy: str | None = None

@@ -31,7 +31,7 @@ from broker.hook_callers import HookCallers
 from broker.ingress import Ingress
 from broker.message import Message
 from broker.metrics import Metrics
-from broker.peers import ALONE, Peers
+from broker.peers import ALONE, Alone
 from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry, session_factory
@@ -46,6 +46,7 @@ from broker.trace.tracer import Tracer
 from hooks import HOOKS, Hooks, Lifecycle, plugin_doors
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
+    from broker.cluster.node import Cluster
     from broker.http.app import HttpServer
     from broker.proxy_protocol import ProxyHeaderReader
 
@@ -124,12 +125,12 @@ class Broker:
         }
         self.systree = SysTree(self)  # $SYS/<node>/... every systree_interval
         # The other nodes of a cluster ([cluster] address), or none.
-        self.peers: Peers = self._cluster() if config.cluster.address else ALONE
+        self.peers: Cluster | Alone = self._cluster() if config.cluster.address else ALONE
         self.routing.peers = self.peers
         self.tracer = Tracer(self)  # `nautilus admin trace` (broker/trace/)
         self.http = self._http() if config.http.enabled else None
 
-    def _cluster(self) -> Peers:
+    def _cluster(self) -> Cluster:
         """This node's part in a cluster, over the metadata backend a plugin provides. A
         library it needs that cannot be imported stops start-up (ConfigError): a node of a
         cluster does not serve alone."""
@@ -138,17 +139,30 @@ class Broker:
         except optional.MissingLibrary as exc:
             raise ConfigError(str(exc)) from None
         from broker.cluster.node import Cluster
+        from broker.cluster.ports import NodePorts
 
+        # The Broker plays every role the cluster names (broker/cluster/ports.py).
+        ports = NodePorts(
+            self.settings,
+            self.loop,
+            self.metrics,
+            sessions=self,
+            mirrored=self,
+            routing=self,
+            exit=self,
+            admin=self,
+            traced=self,
+        )
         wanted = self.config.cluster.metadata
         if wanted == "swc":  # the leaderless metadata: every node holds it, no plugin
             from broker.cluster.swc.backend import SwcBackend
 
             cluster = self.config.cluster
-            return Cluster(self, cluster, SwcBackend(cluster.swc, joining=bool(cluster.seeds)))
+            return Cluster(ports, cluster, SwcBackend(cluster.swc, joining=bool(cluster.seeds)))
         make_backend = self.doors.metadata_backends.get(wanted)
         if make_backend is not None:
             backend = make_backend(self.config.cluster.dead_after)
-            return Cluster(self, self.config.cluster, backend)
+            return Cluster(ports, self.config.cluster, backend)
         skipped = [name for name, plugin in self.plugins if isinstance(plugin, Unavailable)]
         also = f" (skipped, a library missing: {', '.join(skipped)})" if skipped else ""
         raise ConfigError(f"cluster.metadata: no enabled plugin provides {wanted!r}{also}")

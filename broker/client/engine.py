@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from broker.ingress import Ingress
     from broker.message import Message
     from broker.metrics import Metrics
-    from broker.peers import Peers
+    from broker.peers import ClientOwnership
     from broker.registry import Registry
     from broker.session import Session
 
@@ -120,7 +120,11 @@ class ClientServices(Protocol):
     chains: HookCallers  # the plugins' hooks
     ingress: Ingress  # its publishes' way into routing; flow control holds it
     registry: Registry  # its session and subscriptions
-    peers: Peers  # its client id registered cluster-wide
+
+    @property
+    def peers(self) -> ClientOwnership:
+        """Its client id registered cluster-wide."""
+        ...
 
 
 class ClientOutlet(Outlet, Protocol):

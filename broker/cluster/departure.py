@@ -39,8 +39,8 @@ from broker.cluster.frames import LEFT, TAKE
 
 if TYPE_CHECKING:
     from broker.cluster.handover import Handover
-    from broker.cluster.host import Host
     from broker.cluster.link import PeerLink
+    from broker.cluster.ports import NodeExit
     from broker.cluster.swc.backend import SwcBackend
     from broker.cluster.sync import MetadataSync
 
@@ -56,7 +56,6 @@ class Leaver(Protocol):
     """What a departure uses of the Cluster (node.py)."""
 
     node: str
-    host: Host
     links: dict[str, PeerLink]
     split: bool
     sync: MetadataSync
@@ -66,9 +65,10 @@ class Leaver(Protocol):
 
 
 class Departure:
-    def __init__(self, cluster: Leaver, backend: SwcBackend) -> None:
+    def __init__(self, cluster: Leaver, backend: SwcBackend, this_node: NodeExit) -> None:
         self.cluster = cluster
         self.backend = backend
+        self.this_node = this_node  # its clients sent away, its sessions, its process
         self.started = False
         self.handed = 0  # sessions gone to other members
         self.stage = ""  # what it is doing, for `nautilus cluster status`
@@ -105,9 +105,9 @@ class Departure:
 
     async def _run(self) -> None:
         cluster = self.cluster
-        host = cluster.host
+        this_node = self.this_node
         log.warning("cluster: %s leaves the cluster: sending its clients away", cluster.node)
-        host.send_clients_away()
+        this_node.send_clients_away()
         await cluster.sync.flush()  # the ended sessions' records are deleted first
         self.stage = "handing sessions over"
         # Each member holds the records of the sessions it is about to be handed.
@@ -124,12 +124,12 @@ class Departure:
             self.handed,
             self.backend.path,
         )
-        host.shutdown_requested.set()
+        this_node.shutdown_requested.set()
 
     async def _hand_over(self) -> None:
         """Offer every session here to a member, IN_FLIGHT at a time, in passes over what
         is left (a pass after ROUND), until none is left and every queue has moved."""
-        registry = self.cluster.host.registry
+        registry = self.this_node.registry
         handover = self.cluster.handover
         todo = deque(registry)
         held = len(registry)

@@ -27,9 +27,9 @@ from broker.router import SHARE_PREFIX
 from broker.topics import topic_matches
 
 if TYPE_CHECKING:
-    from broker.cluster.host import Host
     from broker.cluster.link import ClusterServerProtocol
     from broker.cluster.metadata import MetadataBackend
+    from broker.cluster.ports import NodeSessions
     from broker.config import ClusterSettings
     from broker.flow import FlowControl
     from broker.router import Router
@@ -54,35 +54,45 @@ def _unsubscribe(router: Router, entries: list[tuple[Forwarder, str]]) -> None:
         router.unsubscribe(forwarder, topic_filter)
 
 
-class Owner(Links, Protocol):
-    """What Handover uses of the Cluster (node.py)."""
+class OtherNodes(Links, Protocol):
+    """The Cluster (node.py), as sessions move to and from the other nodes: its links
+    (remote.py's Links, for the Forwarders), which nodes are dead, and whether it is
+    taking a dead node's sessions."""
 
     node: str
-    host: Host
-    backend: MetadataBackend
     settings: ClusterSettings
-    dead: set[str]  # nodes declared dead
+
+    @property
+    def dead(self) -> set[str]:
+        """The nodes declared dead."""
+        ...
 
     @property
     def reaping(self) -> bool: ...
 
-    @property
-    def available(self) -> bool: ...
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
+
+
+class OwnerRecords(Protocol):
+    """The metadata's record of which node owns a client id, as registrations write it
+    (sync.py's MetadataSync)."""
+
+    backend: MetadataBackend
+    available: bool  # the metadata answers
 
     def changed(self, client_id: str) -> None: ...
 
     def unavailable(self, error: Exception) -> None: ...
 
-    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
-
     def ts(self) -> int: ...
 
 
 class Handover:
-    def __init__(self, cluster: Owner) -> None:
+    def __init__(self, cluster: OtherNodes, records: OwnerRecords, sessions: NodeSessions) -> None:
         self.cluster = cluster
-        self.host = cluster.host
-        self.backend = cluster.backend
+        self.records = records
+        self.sessions = sessions  # this node's
+        self.backend = records.backend
         self.settings = cluster.settings
         self.loop = cluster.loop
         self.metrics = cluster.metrics
@@ -150,7 +160,7 @@ class Handover:
         """Make this node the owner of `client_id` before its CONNACK; another node that
         held it releases it first. None: the metadata is away and registrations are
         allowed anyway. Raises MetadataUnavailable (refuse with 0x88) or StaleRequest."""
-        if not self.cluster.available:
+        if not self.records.available:
             if not self.settings.allow_register_during_outage:
                 self.metrics.cluster_registrations_refused += 1
                 raise MetadataUnavailable("the cluster's metadata is unavailable")
@@ -160,10 +170,10 @@ class Handover:
             await asyncio.wait({migration}, timeout=self.settings.remote_enqueue_timeout)
         self._registering.setdefault(client_id, [])
         try:
-            registration = await self.backend.register(client_id, clean, self.cluster.ts())
+            registration = await self.backend.register(client_id, clean, self.records.ts())
         except MetadataUnavailable as exc:
             self._registering.pop(client_id, None)
-            self.cluster.unavailable(exc)
+            self.records.unavailable(exc)
             if not self.settings.allow_register_during_outage:
                 self.metrics.cluster_registrations_refused += 1
                 raise
@@ -176,7 +186,9 @@ class Handover:
         self._stand_in(client_id, registration)
         previous = registration.previous_node
         if previous is not None and previous != self.node:
-            self.host.tracer.session_event(client_id, f"session taken over from node {previous}")
+            self.sessions.tracer.session_event(
+                client_id, f"session taken over from node {previous}"
+            )
             await self._take_from(previous, client_id, clean)
         return registration
 
@@ -188,7 +200,7 @@ class Handover:
         subscriptions = registration.subscriptions
         filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
         for topic_filter in filters:
-            self.host.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
+            self.sessions.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
         self._stand_ins[client_id] = (stand_in, filters)
         for message in self._unrouted:  # what came for it before the stand-in
             matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
@@ -224,15 +236,15 @@ class Handover:
         self.forget_unrouted()
         stand_in, filters = self._stand_ins.pop(client_id, (None, []))
         for topic_filter in filters:
-            self.host.router.unsubscribe(stand_in, topic_filter)
+            self.sessions.router.unsubscribe(stand_in, topic_filter)
         owner = session.owner
         if registration is not None and fresh:
             for topic_filter, options in registration.subscriptions.items():
                 owner.subscriptions[topic_filter] = options
-                self.host.router.subscribe(owner, topic_filter, options)
-            self.host.registry.save(owner)
+                self.sessions.router.subscribe(owner, topic_filter, options)
+            self.sessions.registry.save(owner)
         if registration is None or owner.subscriptions != registration.subscriptions:
-            self.cluster.changed(client_id)  # the metadata learns what this node holds
+            self.records.changed(client_id)  # the metadata learns what this node holds
         for delivery in early:
             owner.deliver(delivery)
 
@@ -252,7 +264,7 @@ class Handover:
             self._moving.discard(client_id)
         released()
         follows = "; its queue follows" if leaving is not None else ""
-        self.host.tracer.session_event(client_id, f"session handed to node {node}{follows}")
+        self.sessions.tracer.session_event(client_id, f"session handed to node {node}{follows}")
         if leaving is not None:
             task = self.cluster.spawn(
                 self._migrate(node, leaving), f"cluster migrating {client_id}"
@@ -269,9 +281,9 @@ class Handover:
         that are still on their way: for dead_after the session's subscriptions linger in
         the router as Forwarders, which send what other nodes forward here for it on to
         `node` (unless it started clean there)."""
-        host = self.host
+        sessions = self.sessions
         owner = session.owner
-        host.registry.disconnect(owner)
+        sessions.registry.disconnect(owner)
         # Nothing follows a clean session, or one the new connection starts clean.
         leaving = None if clean or owner.expiry == 0 or not owner.holds_messages() else owner
         if owner.pending_will is not None:  # resumed elsewhere: the delayed will is off
@@ -282,17 +294,17 @@ class Handover:
             owner.expiry_timer = None
         lingering = []
         for topic_filter, options in list(owner.subscriptions.items()):
-            host.router.unsubscribe(owner, topic_filter)
+            sessions.router.unsubscribe(owner, topic_filter)
             if node and not clean and not topic_filter.startswith(SHARE_PREFIX):
                 forwarder = Forwarder(self.cluster, node, owner.subscriber_id)
-                host.router.subscribe(forwarder, topic_filter, options)
+                sessions.router.subscribe(forwarder, topic_filter, options)
                 lingering.append((forwarder, topic_filter))
         if lingering:
-            self.loop.call_later(self.settings.dead_after, _unsubscribe, host.router, lingering)
+            self.loop.call_later(self.settings.dead_after, _unsubscribe, sessions.router, lingering)
         owner.subscriptions.clear()
         if leaving is None:
-            host.store.delete_session(owner.subscriber_id)
-        host.registry.forget(owner)
+            sessions.store.delete_session(owner.subscriber_id)
+        sessions.registry.forget(owner)
         return leaving
 
     async def _migrate(self, node: str, session: Session) -> None:
@@ -302,7 +314,7 @@ class Handover:
         leaves the store once acknowledged, so a crash or a link that stays down leaves
         the rest in this node's store, handed over again at its next start."""
         client_id = session.subscriber_id
-        step = self.host.settings.max_msgs_per_drain_step
+        step = self.sessions.settings.max_msgs_per_drain_step
         sent = 0
         while chunk := session.leaving_chunk(step):
             if not await self._send_chunk(node, client_id, chunk):
@@ -310,16 +322,16 @@ class Handover:
             session.forget_sent(chunk)
             sent += len(chunk)
         else:
-            if client_id not in self.host.registry:  # (it may be back already)
-                self.host.store.delete_session(client_id)
+            if client_id not in self.sessions.registry:  # (it may be back already)
+                self.sessions.store.delete_session(client_id)
             self.metrics.cluster_sessions_migrated += 1
             self.metrics.cluster_messages_migrated += sent
             log.info("cluster: %s moved to node %s with %d queued messages", client_id, node, sent)
             moved = f"queue moved to node {node}: {sent} messages"
-            self.host.tracer.session_event(client_id, moved)
+            self.sessions.tracer.session_event(client_id, moved)
             return
         self.metrics.cluster_messages_migrated += sent
-        self.host.tracer.session_event(
+        self.sessions.tracer.session_event(
             client_id, f"queue migration to node {node} stopped after {sent} messages"
         )
         log.error(
@@ -359,8 +371,8 @@ class Handover:
     def on_takeover(
         self, inbound: ClusterServerProtocol, ref: int, client_id: str, clean: bool
     ) -> None:
-        session = self.host.registry.get(client_id)
-        if session is None or self.host.stopping:
+        session = self.sessions.registry.get(client_id)
+        if session is None or self.sessions.stopping:
             # Stopping: the session stays in this node's store, handed over at its next
             # start (_reconcile), rather than cut off halfway through a migration.
             inbound.reply(ACK, ref, None)
@@ -382,30 +394,30 @@ class Handover:
         answer = done or _ignore  # (single messages are answered by nobody)
         now = self.loop.time()
         deliveries = []
-        group = self.host.router.group(share) if share is not None else None
+        group = self.sessions.router.group(share) if share is not None else None
         for fields, qos, retain, subscription_ids in items:
             message = frames.unpack_message(fields, now)
             deliveries.append(Delivery(message, qos, retain, tuple(subscription_ids), group))
         if done is not None:  # a chunk of a queue that follows its session here
             arrived = f"queue migration: {len(deliveries)} messages arrived"
-            self.host.tracer.session_event(client_id, arrived)
+            self.sessions.tracer.session_event(client_id, arrived)
         early = self._registering.get(client_id)
         if early is not None:
             early.extend(deliveries)
             answer(None)
             return None
-        session = self.host.registry.get(client_id)
+        session = self.sessions.registry.get(client_id)
         if session is None:
             if group is not None:  # the member left: another member here, if any
                 for delivery in deliveries:
-                    self.host.routing.deliver_shared(group, delivery.message, "local_only")
+                    self.sessions.routing.deliver_shared(group, delivery.message, "local_only")
                 answer(None)
                 return None
             self.metrics.cluster_enqueue_dropped += len(deliveries)
             answer(f"no session {client_id} on {self.node}")
             return None
         if done is not None:
-            _Feeder(self.host.flow, session.owner, deliveries, done).run()
+            _Feeder(self.sessions.flow, session.owner, deliveries, done).run()
             return None
         congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]
         return congested or None

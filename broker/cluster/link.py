@@ -52,7 +52,6 @@ from broker.config import ClusterSettings
 from broker.episodes import Episode
 
 if TYPE_CHECKING:
-    from broker.cluster.host import Host
     from broker.metrics import Metrics
 
 log = logging.getLogger("nautilus.cluster")
@@ -72,15 +71,18 @@ BEFORE_HELLO = "before HELLO, at most"  # how FrameErrors name HELLO_MAX_SIZE
 REFUSALS_INTERVAL = 10.0  # seconds between lines counting links refused at the cap
 
 
-class LinkOwner(Protocol):
-    """What the links use of the Cluster that owns them (node.py)."""
+class LinkEnd(Protocol):
+    """This node as both ends of its links introduce it (node.py's Cluster)."""
 
     node: str  # this node's name
     boot_id: str  # this run's
     settings: ClusterSettings
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
-    host: Host
+
+
+class LinkingNode(LinkEnd, Protocol):
+    """The node a PeerLink links to another: what it is told of the link."""
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
 
@@ -94,17 +96,30 @@ class LinkOwner(Protocol):
 
     def drained(self, node: str) -> None: ...
 
+
+class ListeningNode(LinkEnd, Protocol):
+    """The node whose cluster listener accepted a link: where its frames go."""
+
+    @property
+    def stopping(self) -> bool:
+        """The node is shutting down: frames left unread are not kept."""
+        ...
+
+    def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None: ...
+
     def inbound_up(self, inbound: ClusterServerProtocol) -> None: ...
 
     def inbound_down(self, inbound: ClusterServerProtocol) -> None: ...
 
-    def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None: ...
+    def publisher_gone(self, inbound: ClusterServerProtocol) -> None:
+        """A closed link's frames are all handled: flow control forgets it."""
+        ...
 
 
 class PeerLink(asyncio.Protocol):
     """This node's one-way link to `node`; replies to requests come back on it."""
 
-    def __init__(self, cluster: LinkOwner, node: str, address: tuple[str, int]) -> None:
+    def __init__(self, cluster: LinkingNode, node: str, address: tuple[str, int]) -> None:
         self.cluster = cluster
         self.loop = cluster.loop
         self.node = node
@@ -364,7 +379,7 @@ class ClusterServerProtocol(asyncio.Protocol):
     dead_after (blackholed, hung) is given up on.
     """
 
-    def __init__(self, cluster: LinkOwner) -> None:
+    def __init__(self, cluster: ListeningNode) -> None:
         self.cluster = cluster
         self.node = ""  # the peer's name, once it said HELLO
         self.peer: Any = ("?", 0)  # its address (peername)
@@ -456,7 +471,7 @@ class ClusterServerProtocol(asyncio.Protocol):
                     self.transport.abort()
                 return
         if self.transport is None and not waiting:  # closed, and nothing left to handle
-            self.cluster.host.flow.forget_publisher(self)
+            self.cluster.publisher_gone(self)
 
     # -- flow control: this link as a publisher -----------------------------------------
 
@@ -507,10 +522,10 @@ class ClusterServerProtocol(asyncio.Protocol):
                 timer.cancel()
         self.transport = None
         self._listener.closed(self)
-        if not self.node or self.cluster.host.stopping:
+        if not self.node or self.cluster.stopping:
             self._waiting.clear()  # nothing to keep (no HELLO yet), or nobody to keep it
         if not self._waiting:  # else: handled as flow control allows, then forgotten
-            self.cluster.host.flow.forget_publisher(self)
+            self.cluster.publisher_gone(self)
         self.cluster.inbound_down(self)
 
 
@@ -572,10 +587,10 @@ class ClusterListener:
 
 # One ClusterListener per Cluster, made with its first connection (as broker/client/connect.py
 # keeps its Episode per Broker), so node.py needs no hook.
-_listeners: weakref.WeakKeyDictionary[LinkOwner, ClusterListener] = weakref.WeakKeyDictionary()
+_listeners: weakref.WeakKeyDictionary[LinkEnd, ClusterListener] = weakref.WeakKeyDictionary()
 
 
-def listener_of(cluster: LinkOwner) -> ClusterListener:
+def listener_of(cluster: LinkEnd) -> ClusterListener:
     listener = _listeners.get(cluster)
     if listener is None:
         listener = _listeners[cluster] = ClusterListener(cluster.settings, cluster.loop)

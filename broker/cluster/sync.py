@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,39 +34,34 @@ from broker.cluster.metadata import (
 from broker.message import Message
 
 if TYPE_CHECKING:
+    from broker.cluster.adoption import Adoption
     from broker.cluster.handover import Handover
-    from broker.cluster.host import Host
     from broker.cluster.metadata import MetadataBackend
+    from broker.cluster.ports import MirroredState
     from broker.cluster.view import RemoteView
     from broker.config import ClusterSettings
 
 log = logging.getLogger("nautilus.cluster")
 
 
-class Owner(Protocol):
-    """What MetadataSync uses of the Cluster (node.py)."""
+class SyncedNode(Protocol):
+    """The Cluster (node.py), as its metadata is kept in step."""
 
     node: str
-    host: Host
     backend: MetadataBackend
     settings: ClusterSettings
     loop: asyncio.AbstractEventLoop
     view: RemoteView  # other nodes' subscribers in the router
     handover: Handover  # sessions moving: records of those are not written meanwhile
-
-    def adopt(self, client_id: str, record: Subscriber) -> None: ...
-
-    def reaping_from(self, node: str) -> bool: ...
+    adoption: Adoption  # sessions that a reap or the metadata say are this node's now
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
 
-    def ts(self) -> int: ...
-
 
 class MetadataSync:
-    def __init__(self, cluster: Owner) -> None:
+    def __init__(self, cluster: SyncedNode, mirrored: MirroredState) -> None:
         self.cluster = cluster
-        self.host = cluster.host
+        self.mirrored = mirrored  # this node's sessions and retained messages
         self.backend = cluster.backend
         self.settings = cluster.settings
         self.loop = cluster.loop
@@ -78,6 +74,12 @@ class MetadataSync:
         self._unconfirmed: set[str] = set()  # remote records a reload did not find
         self._failing_since: float | None = None  # the metadata's calls fail since
         self._outage_logged = False
+        self._last_ts = 0
+
+    def ts(self) -> int:
+        """A write's timestamp: wall-clock ns, never twice the same on this node."""
+        self._last_ts = max(time.time_ns(), self._last_ts + 1)
+        return self._last_ts
 
     def answered(self) -> None:
         """A call to the metadata succeeded (the heartbeat's)."""
@@ -93,7 +95,7 @@ class MetadataSync:
         """At start: the sessions this node restored from its store against the shared
         truth. Ours and unknown ones are (re)written; ones another node owns now are
         handed to it; ones the metadata says are ours but the store lost live on empty."""
-        registry = self.host.registry
+        registry = self.mirrored.registry
         for client_id, session in list(registry.items()):
             record = snapshot.subscribers.get(client_id)
             if record is None or record.node == self.node:
@@ -105,7 +107,7 @@ class MetadataSync:
                 if record.clean:
                     self.changed(client_id)  # its connection is gone: delete it
                 else:
-                    self.cluster.adopt(client_id, record)
+                    self.cluster.adoption.adopt(client_id, record)
         self._load(snapshot)
 
     def _load(self, snapshot: Snapshot) -> None:
@@ -150,7 +152,7 @@ class MetadataSync:
             self._retained_changed(topic, packed)
         if not snapshot.retained:
             now = self.loop.time()
-            for message in self.host.retained.matching("#", now):
+            for message in self.mirrored.retained.matching("#", now):
                 self.retained(message)
         if unconfirmed:
             self._unconfirmed |= unconfirmed
@@ -173,8 +175,8 @@ class MetadataSync:
 
     def subscriber_changed(self, client_id: str, record: Subscriber | None) -> None:
         self._unconfirmed.discard(client_id)
-        session = self.host.registry.get(client_id)
-        busy = self.cluster.handover.busy(client_id) or self.host.stopping
+        session = self.mirrored.registry.get(client_id)
+        busy = self.cluster.handover.busy(client_id) or self.mirrored.stopping
         if session is not None and not busy:
             if record is None:
                 # Deleted by another node (this one was taken for dead and reaped) while
@@ -186,23 +188,27 @@ class MetadataSync:
                 self.cluster.handover.hand_over(session, record.node, record.clean)
         elif session is None and not busy and record is not None and record.node == self.node:
             old = self.view.records.get(client_id)
-            if old is not None and not record.clean and self.cluster.reaping_from(old.node):
+            if (
+                old is not None
+                and not record.clean
+                and self.cluster.adoption.reaping_from(old.node)
+            ):
                 # This node's reaping moved it here, and the change came before the reap's
                 # answer: adopt it now, before its route to the dead node goes (the reap's
                 # own adopt then finds it here). Else what is published until the answer
                 # arrives would match neither.
-                self.cluster.adopt(client_id, record)
+                self.cluster.adoption.adopt(client_id, record)
         self.view.apply(client_id, record)
 
     def _retained_changed(self, topic: str, packed: bytes | None) -> None:
-        host = self.host
+        mirrored = self.mirrored
         if packed is None:
-            host.retained.update(Message(topic, b"", 0, True))
-            host.store.delete_retained(topic)
+            mirrored.retained.update(Message(topic, b"", 0, True))
+            mirrored.store.delete_retained(topic)
             return
         message = frames.unpack_message(frames.msgpack.unpackb(packed), self.loop.time())
-        host.retained.update(message)
-        host.store.put_retained(message)
+        mirrored.retained.update(message)
+        mirrored.store.put_retained(message)
 
     def retained(self, message: Message) -> None:
         """A retained message published on this node: the other nodes learn it through
@@ -210,7 +216,7 @@ class MetadataSync:
         packed = None
         if message.payload:
             packed = frames.msgpack.packb(frames.pack_message(message, self.loop.time()))
-        self._retained_dirty[message.topic] = (packed, self.cluster.ts())
+        self._retained_dirty[message.topic] = (packed, self.ts())
         self._wake.set()
 
     def changed(self, client_id: str) -> None:
@@ -241,7 +247,7 @@ class MetadataSync:
                     self._retained_dirty.setdefault(topic, change)
                 raise
         dirty, self._dirty = self._dirty, {}
-        sessions = self.host.registry
+        sessions = self.mirrored.registry
         writes = []
         for client_id in dirty:
             if self.cluster.handover.moving(client_id):
@@ -250,7 +256,7 @@ class MetadataSync:
             record = None
             if session is not None:
                 record = Subscriber(self.node, session.expiry == 0, dict(session.subscriptions))
-            writes.append(Write(client_id, record, self.cluster.ts()))
+            writes.append(Write(client_id, record, self.ts()))
         if not writes:
             return
         try:
@@ -291,7 +297,7 @@ class MetadataSync:
         log.warning("cluster: metadata available again; resynchronising")
         self.available = True
         self._outage_logged = False
-        for client_id in self.host.registry:
+        for client_id in self.mirrored.registry:
             self._dirty[client_id] = None
         try:
             await self._write_round()

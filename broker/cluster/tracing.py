@@ -17,7 +17,7 @@ longer has (it restarted) answers TRACE_STOP.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from broker.cluster import frames
 from broker.cluster.frames import (
@@ -30,22 +30,16 @@ from broker.cluster.frames import (
 from broker.trace.trace import Trace, TraceLine, TraceSpec
 
 if TYPE_CHECKING:
-    from broker.cluster.host import Host
     from broker.cluster.link import PeerLink
+    from broker.cluster.ports import TracedNode
 
 FRAMES = frozenset({TRACE_START, TRACE_STOP, TRACE_LINE, TRACE_END, TRACE_STOP_ALL})
 
 
-class Owner(Protocol):
-    """What the cluster's tracing uses of the Cluster (node.py)."""
-
-    host: Host  # its tracer
-    links: dict[str, PeerLink]  # by node name
-
-
 class ClusterTracing:
-    def __init__(self, cluster: Owner) -> None:
-        self.cluster = cluster
+    def __init__(self, links: dict[str, PeerLink], traced: TracedNode) -> None:
+        self.links = links  # this node's, by node name
+        self.traced = traced  # its tracer
         self.read_here: dict[int, TraceSpec] = {}  # traces read on this node, by id
         self.parts: dict[tuple[str, int], Trace] = {}  # (origin, trace id) -> part here
 
@@ -53,7 +47,7 @@ class ClusterTracing:
 
     def start(self, trace_id: int, spec: TraceSpec) -> None:
         self.read_here[trace_id] = spec
-        for node in self.cluster.links:
+        for node in self.links:
             self._start_on(node, trace_id, spec)
 
     def stop(self, trace_id: int) -> None:
@@ -76,7 +70,7 @@ class ClusterTracing:
 
     def on_frame(self, node: str, frame: list[Any]) -> None:
         kind = frame[0]
-        tracer = self.cluster.host.tracer
+        tracer = self.traced.tracer
         if kind == TRACE_START:
             self._follow(node, frame[1], _spec(frame[2:]))
         elif kind == TRACE_STOP:
@@ -106,7 +100,7 @@ class ClusterTracing:
             self.parts.pop(key, None)
 
         sink = _Back(self, origin, trace_id)
-        self.parts[key] = self.cluster.host.tracer.follow(trace_id, spec, sink, ended)
+        self.parts[key] = self.traced.tracer.follow(trace_id, spec, sink, ended)
 
     def _end(self, part: Trace, reason: str) -> None:
         """End a part whose origin knows it is over (or cannot hear it): nothing goes back."""
@@ -120,13 +114,13 @@ class ClusterTracing:
 
     def send(self, node: str, *frame: Any) -> None:
         """A frame to `node`, over this node's link to it."""
-        link = self.cluster.links.get(node)
+        link = self.links.get(node)
         if link is not None:
             link.send(frames.encode(*frame))
 
     def _to_all(self, *frame: Any) -> None:
         data = frames.encode(*frame)
-        for link in self.cluster.links.values():
+        for link in self.links.values():
             link.send(data)
 
 

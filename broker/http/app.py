@@ -46,7 +46,7 @@ from broker.session_query import Query
 from broker.trace.trace import TraceSpec
 
 if TYPE_CHECKING:
-    from broker.peers import Peers
+    from broker.peers import ClusterOperations
     from broker.trace.tracer import Tracer
 
 log = logging.getLogger("nautilus.http")
@@ -76,7 +76,7 @@ class HttpPorts:
     plugins: admin.PluginSwitchboard
     readiness: status.Readiness  # /health
     publishing: PublishGate  # /api/v1/publish
-    peers: Peers  # the cluster commands
+    peers: ClusterOperations  # the cluster commands
     tracer: Tracer  # trace/client, trace/stop-all
 
 

@@ -14,7 +14,7 @@ from broker.plugins import Unavailable
 if TYPE_CHECKING:
     from broker.admin import FigureSource, PluginSwitchboard
     from broker.config import BrokerSettings, Config
-    from broker.peers import Peers
+    from broker.peers import ClusterOverview
     from broker.store import MessageStore
 
 
@@ -29,7 +29,11 @@ class Readiness(Protocol):
     plugins: list[tuple[str, Any]]  # an Unavailable one: a library missing
     store: MessageStore  # failed: it cannot write
     stopping: bool
-    peers: Peers  # the cluster's view: problem(), status()
+
+    @property
+    def peers(self) -> ClusterOverview:
+        """The cluster's view: problem(), status()."""
+        ...
 
 
 def problems(node: Readiness) -> list[str]:

@@ -29,7 +29,7 @@ from broker.trace.trace import SESSION, TRACE, Sink, Trace, TraceLine, TraceSpec
 if TYPE_CHECKING:
     from broker.config import BrokerSettings
     from broker.hook_callers import HookCallers
-    from broker.peers import Peers
+    from broker.peers import ClusterTraces
 
 
 class TracedNode(Protocol):
@@ -41,7 +41,11 @@ class TracedNode(Protocol):
     connections: set[Connection]
     flows: Flows  # swapped while tracing
     chains: HookCallers  # watched while tracing
-    peers: Peers  # the other nodes trace too
+
+    @property
+    def peers(self) -> ClusterTraces:
+        """The other nodes trace too."""
+        ...
 
 
 class Tracer:

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from broker.cluster.node import ADMIN_TIMEOUT
+from broker.cluster.operations import ADMIN_TIMEOUT
 from tests.broker.helpers import V5, V311, RawClient
 from tests.cluster.nodes import API_KEY, ClusterNode
 from tests.cluster.test_cluster import HOST, TIMEOUT, Trio

@@ -26,7 +26,7 @@ from broker.flow import FlowControl
 from broker.hook_callers import HookCallers
 from broker.ingress import Ingress
 from broker.metrics import Metrics
-from broker.peers import ALONE, Peers
+from broker.peers import ALONE, ClientOwnership
 from broker.protocol import (
     MAX_PACKET_SIZE,
     ConnAck,
@@ -173,7 +173,7 @@ class Services:
     registry: Registry
     flows: Flows = FLOWS
     terms: ConnectTerms = TERMS
-    peers: Peers = ALONE
+    peers: ClientOwnership = ALONE
 
 
 def make_broker(plugins: list[tuple[str, Any]] | None = None, **broker: Any) -> Services:

@@ -79,7 +79,7 @@ def quick_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def leave(cluster: FakeCluster) -> Departure:
     async def scenario() -> Departure:
-        leaving = Departure(cluster, cluster.backend)  # type: ignore[arg-type]
+        leaving = Departure(cluster, cluster.backend, cluster.host)  # type: ignore[arg-type]
         said = leaving.start()
         assert "c is leaving" in said
         await asyncio.wait_for(cluster.host.shutdown_requested.wait(), 5.0)
@@ -120,8 +120,8 @@ def test_it_is_refused_in_a_netsplit_and_with_nobody_to_hand_sessions_to() -> No
     split = FakeCluster(["x"], ["a"])
     split.split = True
     with pytest.raises(ValueError, match="cannot leave while a member cannot be reached"):
-        Departure(split, split.backend).start()  # type: ignore[arg-type]
+        Departure(split, split.backend, split.host).start()  # type: ignore[arg-type]
     alone = FakeCluster(["x"], [])
     with pytest.raises(ValueError, match="no live member to hand its sessions to"):
-        Departure(alone, alone.backend).start()  # type: ignore[arg-type]
+        Departure(alone, alone.backend, alone.host).start()  # type: ignore[arg-type]
     assert split.events == alone.events == []  # nothing was done
