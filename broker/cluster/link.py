@@ -239,6 +239,9 @@ class PeerLink(asyncio.Protocol):
 
     async def _connect(self) -> None:
         welcomed = self._welcomed = self.loop.create_future()
+        # Its error is the waiter's; one that comes when nobody waits any more (this task
+        # was dropped with its loop) is not "never retrieved" noise in asyncio's log.
+        welcomed.add_done_callback(_seen)
         try:
             await asyncio.wait_for(
                 self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
@@ -249,12 +252,6 @@ class PeerLink(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             raise
-        finally:
-            # Nobody waits for it any more (this was cancelled, or failed): a connection
-            # lost later must fail no future that nobody awaits (asyncio would log
-            # "Future exception was never retrieved").
-            if not welcomed.done():
-                welcomed.cancel()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -603,3 +600,9 @@ def format_address(peer: Any) -> str:
         return str(peer)
     host, port = peer[:2]
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _seen(future: asyncio.Future[None]) -> None:
+    """Mark a handshake's outcome as retrieved (its waiter, if any, still gets it)."""
+    if not future.cancelled():
+        future.exception()
