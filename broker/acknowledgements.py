@@ -3,9 +3,9 @@
 Outbound QoS 1/2 messages wait in the in-flight window (broker/inflight.py, state only)
 under their packet ids: PUBACK ends a QoS 1 delivery, PUBREC a QoS 2 one's PUBLISH (then
 PUBREL is owed until PUBCOMP). Each acknowledgement frees a slot, refilled from the
-queue; a durable session's store forgets the delivery as the window does. Inbound QoS 2
-packet ids wait here for their PUBREL, so that a resent PUBLISH is not routed twice
-[MQTT-4.3.3].
+queue; a durable session's store forgets the delivery as the window does. The packet
+ids of inbound QoS 2 PUBLISHes wait in the window for their PUBREL, so that a resent
+PUBLISH is not routed twice [MQTT-4.3.3].
 
 What is unacknowledged is sent again, with DUP, when the session resumes on a new
 connection [MQTT-4.4.0-1], and for an MQTT 3 client also every `retry_interval`
