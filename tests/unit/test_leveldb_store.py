@@ -6,10 +6,10 @@ from __future__ import annotations
 import plyvel
 import pytest
 
+from broker.inflight import AWAITING_ACK, AWAITING_COMP
 from broker.message import Delivery, Message
 from broker.protocol import Property
 from broker.router import SubOptions
-from broker.session import AWAITING_ACK, AWAITING_COMP
 from broker.store import SessionRecord, StoreError, records
 from broker.store.leveldb import BODY, INLINE_ENTRY, QUEUE, REFS, LevelDBStore, open_db
 from broker.store.tool import survey

@@ -99,6 +99,15 @@ def payloads(n: int, prefix: str = "m") -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+def test_a_session_keeps_its_fields_in_slots(make):
+    # Its class is made of parts (broker/session_state.py holds the fields): one part
+    # without __slots__ would give every session a dict, an idle connection's memory.
+    session = make()
+    assert not hasattr(session, "__dict__")
+    with pytest.raises(AttributeError):
+        session.misspelt = 1
+
+
 # --------------------------------------------------------------------------- writing
 
 
