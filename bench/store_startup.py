@@ -24,9 +24,9 @@ from pathlib import Path
 from bench.brokers import child_env, free_port
 from bench.scenarios import rss_kib
 from broker.message import Delivery, Message
-from broker.router import SubOptions
 from broker.store import SessionRecord
 from broker.store.leveldb import LevelDBStore
+from broker.subscription_trie import SubOptions
 
 BATCH = 20_000  # entries per committed batch while filling
 

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import deciders, runtime_settings, session_query
+from broker import admin_queries, deciders, runtime_settings
+from broker.admin_queries import Query
 from broker.message import Message
 from broker.mountpoints import inside, outside, subscriber_id
 from broker.mountpoints import problem as mountpoint_problem
 from broker.protocol import ReasonCode
-from broker.session_query import Query
 from broker.topics import valid_topic_filter
 
 log = logging.getLogger("nautilus.admin")
@@ -136,7 +136,7 @@ def client(directory: SessionDirectory, client_id: str, mountpoint: str = "") ->
     if session is None:
         raise NotFound(f"no session for client id {client_id!r}{_on(mountpoint)}")
     node = directory.settings.node_name
-    row = session_query.session_row(node, session, _connections_of(directory, session))
+    row = admin_queries.session_row(node, session, _connections_of(directory, session))
     row["subscriptions"] = [
         {
             "topic": outside(topic_filter),
@@ -244,7 +244,7 @@ async def show_settings(node: CommandRunner) -> Gathered:
 def _show_here(directory: SessionDirectory, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     query = Query.from_wire(arguments)
     node = directory.settings.node_name
-    return session_query.select(query, node, directory.registry.values(), directory.connections)
+    return admin_queries.select(query, node, directory.registry.values(), directory.connections)
 
 
 def _disconnect_here(
@@ -252,7 +252,7 @@ def _disconnect_here(
 ) -> list[dict[str, Any]]:
     query, cleanup = Query.from_wire(arguments["query"]), bool(arguments["cleanup"])
     node, registry = directory.settings.node_name, directory.registry
-    found = session_query.matching(query, node, registry.values(), directory.connections)
+    found = admin_queries.matching(query, node, registry.values(), directory.connections)
     rows = []
     for session in dict.fromkeys(session for session, _ in found):  # once each, in order
         connections = _connections_of(directory, session)
@@ -281,7 +281,7 @@ def _unsubscribe_here(
     node, registry = directory.settings.node_name, directory.registry
     sessions, connections = registry.values(), directory.connections
     rows = []
-    for session, row in list(session_query.matching(query, node, sessions, connections, True)):
+    for session, row in list(admin_queries.matching(query, node, sessions, connections, True)):
         registry.unsubscribe(session, inside(session.mountpoint, row["topic"]))
         rows.append({key: row[key] for key in ("node", "mountpoint", "client_id", "topic")})
     return rows

@@ -15,7 +15,7 @@ from broker.mountpoints import outside
 from broker.protocol import MQTT5, Properties, Property, Publish, PublishTemplate
 
 if TYPE_CHECKING:
-    from broker.router import SharedGroup
+    from broker.subscription_trie import SharedGroup
 
 
 class Message:

@@ -6,7 +6,7 @@ that everything keyed by them keeps the trees apart without knowing of mountpoin
 
 - a topic or filter of mountpoint `m` is `"\\0m/" + topic`: one more first level, which no
   client can write (MQTT strings carry no U+0000) and which wildcards at the first level
-  skip, as they skip `$` topics (broker/router.py, broker/topics.py). The router, the
+  skip, as they skip `$` topics (broker/subscription_trie.py, broker/topics.py). The router, the
   retained messages, the store and the cluster match and keep these names as they are.
 - a session's id (`Session.client_id`, the registry's, the store's and the cluster's key)
   is `"m\\0" + client_id`: VerneMQ's subscriber id {Mountpoint, ClientId}. On the default
@@ -20,7 +20,7 @@ those edges.
 
 from __future__ import annotations
 
-from broker.router import SHARE_PREFIX, parse_shared
+from broker.subscription_trie import SHARE_PREFIX, parse_shared
 
 _FORBIDDEN = ("/", "+", "#", "\0")
 

@@ -11,9 +11,9 @@ other, nor of the socket:
   they keep their order;
 - THROTTLED: max_message_rate was reached for this second;
 - YIELDED: the client's turn of the event loop is spent (the engine's TURN_BUDGET);
-- WRITING: the client does not take what we write (the transport's buffer is past its
-  high-water mark): it is not read either, so that the answers it does not read (its
-  PUBACKs) cannot grow without bound.
+- WRITING: the client sends while it does not take what we write (the transport's
+  buffer is past its high-water mark): it is not read either until it does, so that the
+  answers it does not read (its PUBACKs) cannot grow without bound.
 
 No I/O here: `read` is the shell's (broker/connection.py pauses and resumes the
 transport).

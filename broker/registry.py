@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from broker.message import Delivery, Message
 from broker.multi_session import MultiSession
-from broker.router import SHARE_PREFIX
 from broker.session import Session
 from broker.store import SessionRecord
+from broker.subscription_trie import SHARE_PREFIX
 from hooks import Chain, ClientContext
 
 if TYPE_CHECKING:
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from broker.hook_callers import HookCallers
     from broker.ingress import Ingress
     from broker.metrics import Metrics
-    from broker.router import SharedGroup, SubOptions
     from broker.routing import Routing
     from broker.store import MessageStore
+    from broker.subscription_trie import SharedGroup, SubOptions
 
 log = logging.getLogger("nautilus.registry")
 

@@ -20,16 +20,16 @@ if TYPE_CHECKING:
     from broker.flow import Subscriber
     from broker.metrics import Metrics
     from broker.retain import RetainedMessages
-    from broker.router import Route, Router, SharedGroup, SubOptions
     from broker.session import Session
     from broker.store import MessageStore
+    from broker.subscription_trie import Route, SharedGroup, SubOptions, SubscriptionTrie
 
 
 class Routing:
     def __init__(
         self,
         settings: BrokerSettings,
-        router: Router,
+        router: SubscriptionTrie,
         retained: RetainedMessages,
         store: MessageStore,
         metrics: Metrics,

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from broker import admin, deciders, optional
 from broker.binding import BindError, claim, reason
 from broker.client.engine import ConnectTerms
-from broker.client.flows import FLOWS
+from broker.client.handlers import HANDLERS
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection, ConnectionPorts
+from broker.connection_cap import ConnectionCap
 from broker.descriptors import FileDescriptors
-from broker.episodes import Cap
 from broker.flow import FlowControl
 from broker.graphite import GraphiteReporter
 from broker.hook_callers import HookCallers
@@ -36,10 +36,10 @@ from broker.plugins import Unavailable, call_all, configured_plugins
 from broker.protocol import MAX_PACKET_SIZE, Property, ReasonCode
 from broker.registry import Registry, session_factory
 from broker.retain import RetainedMessages
-from broker.router import Router
 from broker.routing import Routing
 from broker.session import Session
 from broker.store import open_store
+from broker.subscription_trie import SubscriptionTrie
 from broker.systree import SysTree
 from broker.tls import TlsListener
 from broker.trace.tracer import Tracer
@@ -65,7 +65,7 @@ class Broker:
         self.loop = loop or asyncio.get_running_loop()
         self.metrics = Metrics()
         self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
-        self.router = Router()
+        self.router = SubscriptionTrie()
         self.store = open_store(config.store, self.loop)
         self.retained = RetainedMessages(on_expired=self.store.delete_retained)
         self.routing = Routing(
@@ -102,7 +102,7 @@ class Broker:
         self.connections: set[Connection] = set()
         # proxy_protocol listeners' connections before their header (then a Connection).
         self.awaiting_header: set[ProxyHeaderReader] = set()
-        self.flows = FLOWS  # what handles each packet a client sends (broker/client/flows.py)
+        self.handlers = HANDLERS  # what handles each packet (broker/client/handlers.py)
         self.connection_ports = ConnectionPorts(self, self, self)  # every connection's view
         self.terms = ConnectTerms(  # what every client is told at CONNECT
             self.settings.max_message_size or MAX_PACKET_SIZE, self._connack_properties()
@@ -112,7 +112,7 @@ class Broker:
         self.listeners_down: dict[int, str] = {}  # listener index -> why (a library missing)
         self.listener_connections = [0] * len(config.listeners)  # open, per listener
         self.caps = [  # each listener's max_connections
-            Cap(log, _listener_name(i, c), c.max_connections, self.loop)
+            ConnectionCap(log, _listener_name(i, c), c.max_connections, self.loop)
             for i, c in enumerate(config.listeners)
         ]
         self.descriptors = FileDescriptors(self.loop, self._connections_open)
@@ -475,7 +475,7 @@ class Broker:
 
     def admit(self, connection: Connection) -> bool:
         """Whether the connection's listener has room for it (`max_connections`; its
-        episodes are logged by the listener's Cap, broker/episodes.py)."""
+        episodes are logged by the listener's ConnectionCap, broker/connection_cap.py)."""
         index = connection.listener
         if not self.caps[index].admits(self.listener_connections[index]):
             self.metrics.listener_connections_refused += 1

@@ -26,8 +26,8 @@ from broker.message import Delivery
 if TYPE_CHECKING:
     from broker.clock import Clock
     from broker.metrics import Metrics
-    from broker.router import SharedGroup
     from broker.store import MessageStore, StoredEntry
+    from broker.subscription_trie import SharedGroup
 
 
 # An empty queue in memory, shared: most sessions never queue anything, and a deque of

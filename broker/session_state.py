@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from broker.flow import water_marks
 from broker.inflight import InflightWindow
 from broker.mountpoints import split_subscriber_id
-from broker.router import SubOptions
 from broker.session_queue import SessionQueue
+from broker.subscription_trie import SubOptions
 
 if TYPE_CHECKING:
     import asyncio
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from broker.message import Delivery, Message
     from broker.metrics import Metrics
     from broker.outlet import Outlet
-    from broker.router import SharedGroup
     from broker.store import MessageStore
+    from broker.subscription_trie import SharedGroup
 
 # The settings sessions are configured with, one tuple per distinct set (there are few):
 # shared rather than one per session, which an idle connection would pay for.

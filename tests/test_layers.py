@@ -4,11 +4,12 @@ packages around the core import only what they may (DESIGN.md, "Layout").
 Layers of broker/, lowest first (a module may import its own layer and lower ones):
 
   0 protocol       the sans-I/O codec
-  1 foundations    topics, clock, metrics, config, router (the trie only matches),
+  1 foundations    topics, clock, metrics, config, subscription_trie (it only matches),
                    authorization, deciders (who decides what, as configured),
                    enhanced_auth, hook_callers, tls (listeners' contexts),
-                   logs, episodes (a repeated line logged once per episode; connection
-                   caps), descriptors (the process's file descriptors), optional
+                   logs, episodes (a repeated line logged once per episode),
+                   connection_cap (a listener's max_connections), descriptors (the
+                   process's file descriptors), optional
                    (importing what needs an optional library)
   2 values         message (Message, Delivery), client_state (ClientState), outlet, flow, retain,
                    inflight (a session's in-flight window), read_gate (whether a
@@ -21,8 +22,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    (every message's one way into routing); cluster (this node among
                    others: it hands sessions to and from other nodes)
   6 client         the per-client engine (client.engine: one client's MQTT, no I/O)
-                   and the packet flows it runs (client.connect, client.publish,
-                   client.subscribe; client.flows: which handles each packet), plugins,
+                   and the packet handlers it runs (client.connect, client.publish,
+                   client.subscribe; client.handlers: which handles each packet), plugins,
                    systree
   7 connection     the asyncio shell around an engine (connection), its writer,
                    proxy_protocol (the header before it), tls_stream (TLS after that
@@ -31,7 +32,7 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    http (the server)
 
 Traces (broker/trace/) span layers: one trace and how its lines show things (trace,
-text, hooks) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
+text, hook_calls) sit at 1, a traced connection's tap at 7, the node's tracer at 8.
 
 Type-only imports (under `if TYPE_CHECKING:`) count like the others: a part names what is
 above it through a protocol it owns, a role (the engine's `ClientServices`, the
@@ -63,13 +64,14 @@ LAYERS = {
     "broker.clock": 1,
     "broker.metrics": 1,
     "broker.config": 1,
-    "broker.router": 1,
+    "broker.subscription_trie": 1,
     "broker.authorization": 1,
     "broker.deciders": 1,  # who decides CONNECT / PUBLISH / SUBSCRIBE, and the traps
     "broker.enhanced_auth": 1,
     "broker.hook_callers": 1,
     "broker.logs": 1,
-    "broker.episodes": 1,  # a repeated condition logged once per episode; connection caps
+    "broker.episodes": 1,  # a repeated condition logged once per episode
+    "broker.connection_cap": 1,  # a listener's max_connections, and its episodes
     "broker.descriptors": 1,  # RLIMIT_NOFILE, and the listeners running out of it
     "broker.optional": 1,  # importing what needs an optional library, when it is needed
     "broker.tls": 1,
@@ -94,7 +96,7 @@ LAYERS = {
     "broker.ingress": 5,  # every message's one way into routing
     "broker.registry": 5,
     "broker.cluster": 5,  # membership, links, the routing view of other nodes
-    "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O) and its flows
+    "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O), its handlers
     "broker.plugins": 6,
     "broker.systree": 6,
     "broker.trace": 1,  # one trace (options, rate limit, lines), and how lines show things

@@ -1,6 +1,6 @@
 """ClientEngine: one client's MQTT, without I/O.
 
-Bytes in (`receive`), packets handled by the flows the host names (broker/client/flows.py:
+Bytes in (`receive`), packets handled by the flows the host names (broker/client/handlers.py:
 connect, publish, subscribe), answers out through the client's outlet. The engine owns
 what one client is to the broker apart from its socket: the decoder, the ClientState, the
 session, the hook flows that hold its packets, and its place in flow control (a publisher
@@ -76,12 +76,12 @@ _DISCONNECT_REASONS: dict[int, str] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Flows:
-    """The packet handlers an engine runs (the one set: broker/client/flows.py), given by
-    the host, so that the engine imports none of them: the function that handles each
-    packet class, and the one that routes a PUBLISH postponed while it was held."""
+class PacketHandlers:
+    """What an engine runs for each packet (the one set: broker/client/handlers.py), given
+    by its services, so that the engine imports none of them: the function that handles
+    each packet class, and the one that routes a PUBLISH postponed while it was held."""
 
-    handlers: Mapping[type, Callable[[ClientEngine, Any], None]]
+    by_packet: Mapping[type, Callable[[ClientEngine, Any], None]]
     route_held: Callable[[ClientEngine, Publish, Message, PublishContext | None], None]
 
 
@@ -113,7 +113,7 @@ class ClientServices(Protocol):
         """The broker's clock (broker/clock.py): no I/O is done through it."""
         ...
 
-    flows: Flows  # what handles each packet (a trace swaps them)
+    handlers: PacketHandlers  # what handles each packet (a trace swaps them)
     settings: BrokerSettings
     terms: ConnectTerms
     metrics: Metrics
@@ -192,6 +192,7 @@ class ClientEngine:
         "session",
         "shell",
         "tap",
+        "writes_blocked",
     )
 
     def __init__(
@@ -216,6 +217,7 @@ class ClientEngine:
         # turn's budget and its writes each close it for their reason (broker/read_gate.py).
         self.gate = ReadGate(self._read)
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
+        self.writes_blocked = False  # the transport's buffer is full: see writing()
         self.tap: Tap | None = None  # while the client is traced
         self._rate_count = 0
         self._rate_window_end = 0.0
@@ -238,6 +240,8 @@ class ClientEngine:
         if self.tap is not None:
             self.tap.received(data)
         self.decoder.receive_data(data)
+        if self.writes_blocked:  # it sends, and does not read what it is sent (writing)
+            self.gate.close(WRITING)
         self.process()
 
     def process(self) -> None:
@@ -245,13 +249,13 @@ class ClientEngine:
         decoder = self.decoder
         client = self.client
         gate = self.gate
-        flows = self.host.flows
-        handlers = flows.handlers
+        handlers = self.host.handlers
+        by_packet = handlers.by_packet
         try:
             postponed = self._postponed
             if postponed is not None and not (gate.holds(HELD) or client.phase == CLOSING):
                 self._postponed = None  # routed first: this client's messages keep order
-                flows.route_held(self, *postponed)
+                handlers.route_held(self, *postponed)
             handled = 0
             started = 0.0
             while not (gate.closed or client.phase == CLOSING):
@@ -261,7 +265,7 @@ class ClientEngine:
                 if client.phase == AUTHENTICATING and type(packet) not in (Auth, Disconnect):
                     # Only AUTH or DISCONNECT until CONNACK [MQTT-4.12.0-4].
                     raise RemoteProtocolError("packet during authentication", 0x82)
-                handlers[type(packet)](self, packet)
+                by_packet[type(packet)](self, packet)
                 handled += 1
                 if handled % TURN_CHECK == 0:
                     if not started:
@@ -391,10 +395,11 @@ class ClientEngine:
 
     def writing(self, taken: bool) -> None:
         """The client takes what we write (`taken`), or has stopped (the transport's
-        buffer is full): it is read only while it does."""
-        if not taken:
-            self.gate.close(WRITING)
-        elif self.gate.open(WRITING) and not self.closing:
+        buffer is full). One that sends while it does not take what it is sent is not
+        read until it does (`receive`); one that sends nothing meanwhile (a subscriber at
+        QoS 0) costs nothing: its reading is left alone."""
+        self.writes_blocked = not taken
+        if taken and self.gate.open(WRITING) and not self.closing:
             self.shell.call_soon(self.process)  # packets that arrived before
 
     def _read(self, wanted: bool) -> None:

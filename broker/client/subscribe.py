@@ -12,7 +12,7 @@ from broker.authorization import ack_properties, granted_topics, refusal_propert
 from broker.mountpoints import inside
 from broker.protocol import MQTT5, Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
 from broker.protocol import SubAck as SubAckPacket
-from broker.router import SHARE_PREFIX, SubOptions, parse_shared
+from broker.subscription_trie import SHARE_PREFIX, SubOptions, parse_shared
 from broker.topics import valid_topic_filter
 from hooks import Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
 

@@ -23,7 +23,7 @@ from broker.cluster.frames import ACK, ENQUEUE, TAKEOVER
 from broker.cluster.metadata import MetadataUnavailable, Registration, StaleRequest
 from broker.cluster.remote import Forwarder, Links
 from broker.message import Delivery, Message
-from broker.router import SHARE_PREFIX
+from broker.subscription_trie import SHARE_PREFIX
 from broker.topics import topic_matches
 
 if TYPE_CHECKING:
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from broker.cluster.ports import NodeSessions
     from broker.config import ClusterSettings
     from broker.flow import FlowControl
-    from broker.router import Router
     from broker.session import Session
+    from broker.subscription_trie import SubscriptionTrie
 
 log = logging.getLogger("nautilus.cluster")
 
@@ -49,7 +49,7 @@ def _ignore(error: str | None) -> None:
     pass
 
 
-def _unsubscribe(router: Router, entries: list[tuple[Forwarder, str]]) -> None:
+def _unsubscribe(router: SubscriptionTrie, entries: list[tuple[Forwarder, str]]) -> None:
     for forwarder, topic_filter in entries:
         router.unsubscribe(forwarder, topic_filter)
 

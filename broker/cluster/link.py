@@ -536,9 +536,9 @@ class ClusterListener:
     listeners' caps: the first refusal in full, with the numbers; then one line per
     REFUSALS_INTERVAL counting the others; one line when the connections open are down
     to 90% of the cap (not at the first free slot: a count that sways at the cap does
-    not log every refusal). Unlike their Cap's, these lines name a peer's address (the
-    first refused, the last of each interval): the port is for a known few nodes, and a
-    stranger at it is worth knowing."""
+    not log every refusal). Unlike a listener's ConnectionCap's, these lines name a
+    peer's address (the first refused, the last of each interval): the port is for a
+    known few nodes, and a stranger at it is worth knowing."""
 
     def __init__(self, settings: ClusterSettings, loop: asyncio.AbstractEventLoop) -> None:
         self.settings = settings

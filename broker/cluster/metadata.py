@@ -19,7 +19,7 @@ from typing import Protocol
 
 import msgpack
 
-from broker.router import SubOptions
+from broker.subscription_trie import SubOptions
 
 __all__ = [
     "Change",

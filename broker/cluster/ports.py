@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from broker.metrics import Metrics
     from broker.registry import Registry
     from broker.retain import RetainedMessages
-    from broker.router import Router
     from broker.routing import Routing
     from broker.store import MessageStore
+    from broker.subscription_trie import SubscriptionTrie
     from broker.trace.trace import Sink, Trace, TraceLine, TraceSpec
 
 
@@ -58,7 +58,7 @@ class NodeSessions(Protocol):
 
     settings: BrokerSettings  # persistent_client_expiration, the drain step
     registry: Registry
-    router: Router  # moving sessions' subscriptions, as Forwarders and stand-ins
+    router: SubscriptionTrie  # moving sessions' subscriptions, as Forwarders and stand-ins
     routing: Routing  # a leaving shared member's deliveries
     store: MessageStore  # session records
     flow: FlowControl  # a migrating queue fed no faster than its session takes it
@@ -82,7 +82,7 @@ class NodeRouting(Protocol):
     """This node's routing, for what the other nodes send (incoming.py) and the
     subscribers they hold (view.py, the links' flow control)."""
 
-    router: Router  # other nodes' subscribers go in as RemoteNodes
+    router: SubscriptionTrie  # other nodes' subscribers go in as RemoteNodes
     ingress: Ingress  # forwarded messages
     flow: FlowControl  # links hold publishers, forwarded messages wait for subscribers
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from broker.cluster.metadata import Subscriber
 from broker.cluster.remote import RemoteMember, RemoteNode
-from broker.router import Router, SubOptions, parse_shared
+from broker.subscription_trie import SubOptions, SubscriptionTrie, parse_shared
 
 REMOTE = SubOptions(2)  # a RemoteNode takes every QoS: the other node downgrades
 
@@ -21,7 +21,7 @@ REMOTE = SubOptions(2)  # a RemoteNode takes every QoS: the other node downgrade
 class RemoteView:
     def __init__(
         self,
-        router: Router,
+        router: SubscriptionTrie,
         node: str,
         remote_node: Callable[[str], RemoteNode],
         remote_member: Callable[[str, str], RemoteMember],

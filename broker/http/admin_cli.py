@@ -48,8 +48,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from broker.admin_queries import DEFAULT_FIELDS
 from broker.http import trace_cli
-from broker.session_query import DEFAULT_FIELDS
 from broker.trace.trace import TraceSpec
 
 Query = list[tuple[str, str]]  # an API request's arguments, in order

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker import admin, session_query
+from broker import admin, admin_queries
+from broker.admin_queries import Query
 from broker.binding import BindError, claim
 from broker.config import Config, host_port
 from broker.http import prometheus, publish, status
@@ -42,7 +43,6 @@ from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
 from broker.http.trace_stream import stream
 from broker.on_behalf import PublishGate
-from broker.session_query import Query
 from broker.trace.trace import TraceSpec
 
 if TYPE_CHECKING:
@@ -379,7 +379,7 @@ def _gathered(gathered: admin.Gathered) -> dict[str, Any]:
 
 def _query(arguments: Arguments, *options: str) -> Query:
     """A session query from the arguments, but for the command's own `options`."""
-    return session_query.parse([(k, v) for k, v in arguments.pairs if k not in options])
+    return admin_queries.parse([(k, v) for k, v in arguments.pairs if k not in options])
 
 
 def _whose(arguments: Arguments) -> tuple[str | None, str | None]:

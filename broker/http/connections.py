@@ -6,7 +6,7 @@ keep-alive timeout, 3630 seconds by default). So asyncio's server here creates a
 `HttpConnection` per connection, with aiohttp's RequestHandler inside it:
 
 - over `[http] max_connections`, a new connection gets a 503 and is closed at once (one
-  line when that starts, one when it stops: broker/episodes.py's `Cap`);
+  line when that starts, one when it stops: broker/connection_cap.py);
 - a request must arrive whole (request line, headers and body) within `request_timeout`
   of the connection opening, or of its first byte on a kept-alive connection (bytes
   that follow a request's headers are its body's until its end: see `data_received`),
@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from broker.episodes import Cap, Episode
+from broker.connection_cap import ConnectionCap
+from broker.episodes import Episode
 
 if TYPE_CHECKING:
     from aiohttp import StreamReader
@@ -65,7 +66,7 @@ class HttpConnections:
         self.loop = loop
         self.server = server  # aiohttp's: one RequestHandler per connection
         self.open: set[HttpConnection] = set()
-        self.cap = Cap(log, "http", settings.max_connections, loop)
+        self.cap = ConnectionCap(log, "http", settings.max_connections, loop)
         self.bad_requests = _once_a_second(loop, "http: bad request", "bad requests")
         self.timeouts = _once_a_second(loop, "http: dropped", "connections dropped")
         self.errors = _once_a_second(loop, "http: error", "errors", logging.ERROR)

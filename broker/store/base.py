@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.message import Delivery, Message
-from broker.router import SubOptions
+from broker.subscription_trie import SubOptions
 
 
 class StoreError(Exception):

@@ -24,8 +24,8 @@ import struct
 from broker.message import MQTT5, Delivery, Message
 from broker.mountpoints import outside
 from broker.protocol import Decoder, Publish, encode
-from broker.router import SubOptions
 from broker.store.base import SessionRecord
+from broker.subscription_trie import SubOptions
 
 SHARED = 0x01
 REF = 0x02

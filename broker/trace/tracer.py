@@ -4,7 +4,7 @@ node's parts of the traces other nodes' readers asked for (broker/cluster/tracin
 Tracing costs nothing while no trace is on: the broker's packet flows and hook chains are
 its own, and no connection has a tap. The first trace swaps in flows whose CONNECT
 handler looks whether a trace follows the client (one dict lookup per CONNECT) and hook
-chains that write the calls made for traced clients (broker/trace/hooks.py); the traced
+chains that write the calls made for traced clients (broker/trace/hook_calls.py); the traced
 client's connection, if it is here, gets a tap (broker/trace/tap.py). The last trace to
 end swaps the broker's own back. Several traces may follow one client, each with its
 own options and rate limit.
@@ -18,11 +18,11 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from broker.client.engine import ClientEngine, Flows
+from broker.client.engine import ClientEngine, PacketHandlers
 from broker.connection import Connection
 from broker.mountpoints import split_subscriber_id
 from broker.protocol import Connect
-from broker.trace.hooks import Watched, watch
+from broker.trace.hook_calls import Watched, watch
 from broker.trace.tap import Tap
 from broker.trace.trace import SESSION, TRACE, Sink, Trace, TraceLine, TraceSpec
 
@@ -39,7 +39,7 @@ class TracedNode(Protocol):
     loop: asyncio.AbstractEventLoop
     settings: BrokerSettings  # node_name
     connections: set[Connection]
-    flows: Flows  # swapped while tracing
+    handlers: PacketHandlers  # swapped while tracing
     chains: HookCallers  # watched while tracing
 
     @property
@@ -55,9 +55,9 @@ class Tracer:
         self.watched: Watched = {}  # (mountpoint, client id) -> its traces on this node
         self.own: dict[int, Trace] = {}  # the traces read here, by id
         self._ids = itertools.count(1)
-        self._flows = traced.flows  # the broker's own
-        handlers = {**traced.flows.handlers, Connect: self._connecting}
-        self._traced_flows = Flows(handlers, traced.flows.route_held)
+        self._handlers = traced.handlers  # the broker's own
+        by_packet = {**traced.handlers.by_packet, Connect: self._connecting}
+        self._traced_handlers = PacketHandlers(by_packet, traced.handlers.route_held)
 
     def start(self, spec: TraceSpec, sink: Sink) -> Trace:
         """A trace read here (ValueError: bad options): on this node and the others."""
@@ -142,7 +142,7 @@ class Tracer:
         traces = self.watched.get((mountpoint, packet.client_id))
         if traces and isinstance(engine.shell, Connection):
             Tap(engine.shell, traces, packet)
-        self._flows.handlers[Connect](engine, packet)
+        self._handlers.by_packet[Connect](engine, packet)
 
     def _ended(self, trace: Trace) -> None:
         key = trace.spec.key
@@ -166,7 +166,7 @@ class Tracer:
     def _switch(self, on: bool) -> None:
         """The broker's flows and chains, or the tracing ones."""
         traced = self.traced
-        traced.flows = self._traced_flows if on else self._flows
+        traced.handlers = self._traced_handlers if on else self._handlers
         traced.chains.watch(functools.partial(watch, watched=self.watched) if on else None)
 
 

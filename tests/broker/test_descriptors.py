@@ -1,5 +1,5 @@
 """Resources the listeners run out of, said once per episode (broker/episodes.py, and its
-rules: tests/unit/test_episodes.py): an MQTT listener's max_connections (its Cap), and the
+rules: tests/unit/test_episodes.py): an MQTT listener's max_connections (its ConnectionCap), and the
 process's file descriptors (RLIMIT_NOFILE, broker/descriptors.py) when accept() fails
 with EMFILE. ([http]'s own cap: tests/http/test_limits.py.)
 

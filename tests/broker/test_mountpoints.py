@@ -14,9 +14,9 @@ import pytest
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from broker import admin
+from broker.admin_queries import parse
 from broker.config import ConfigError, config_from_dict
 from broker.mountpoints import inside, outside, split_subscriber_id, subscriber_id
-from broker.session_query import parse
 from hooks import Ok, RegisterContext
 from tests.broker.helpers import V5, V311, WillSpec, unique_id
 

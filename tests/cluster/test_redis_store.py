@@ -28,7 +28,7 @@ from broker.cluster.metadata import (
     Subscriber,
     Write,
 )
-from broker.router import SubOptions
+from broker.subscription_trie import SubOptions
 from plugins.redis_subs.store import FUNCTIONS, RedisStore
 from testing.redis_server import RedisServer
 from tests.cluster.proxy import TcpProxy

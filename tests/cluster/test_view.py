@@ -1,4 +1,4 @@
-"""RemoteView (broker/cluster/view.py) over a real Router: other nodes' subscriber records
+"""RemoteView (broker/cluster/view.py) over a real SubscriptionTrie: other nodes' subscriber records
 become RemoteNode entries (one per node and filter) and RemoteMember group members, and
 what the router matches follows every record set, moved, deleted or reloaded.
 
@@ -13,7 +13,7 @@ import pytest
 
 from broker.cluster.metadata import Subscriber
 from broker.cluster.view import REMOTE, RemoteView
-from broker.router import Router, SubOptions
+from broker.subscription_trie import SubOptions, SubscriptionTrie
 
 THIS = "a"  # the node the view belongs to
 
@@ -44,7 +44,7 @@ class FakeRemoteMember:
 
 class Fixture:
     def __init__(self) -> None:
-        self.router = Router()
+        self.router = SubscriptionTrie()
         self.nodes: dict[str, FakeRemoteNode] = {}
         self.members: dict[tuple[str, str], FakeRemoteMember] = {}
         self.view = RemoteView(

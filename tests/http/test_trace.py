@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.client.flows import FLOWS
+from broker.client.handlers import HANDLERS
 from plugins.passwd.hashes import make_hash
 from tests.broker.helpers import V5, PahoClient, unique_id
 from tests.conftest import BrokerThread
@@ -65,7 +65,7 @@ def untraced(server: BrokerThread) -> None:
         broker = server.broker
         return (
             not broker.tracer.watched
-            and broker.flows is FLOWS
+            and broker.handlers is HANDLERS
             and all(c.engine.tap is None for c in broker.connections)
             and type(broker.chains.auth_on_register[0]).__name__ == "Chain"
         )

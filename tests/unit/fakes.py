@@ -169,7 +169,7 @@ class FakeSubscriber:
         self.progress = 0
         self.stuck = False
         self.held = False
-        self.online = True  # for shared groups (broker.router.SharedGroup.pick)
+        self.online = True  # for shared groups (broker.subscription_trie.SharedGroup.pick)
         self.at_high_water = False  # likewise
 
     def full(self) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from broker.client.engine import ClientEngine, ConnectTerms, Flows, Listener
-from broker.client.flows import FLOWS
+from broker.client.engine import ClientEngine, ConnectTerms, Listener, PacketHandlers
+from broker.client.handlers import HANDLERS
 from broker.client_state import ClientState
 from broker.config import BrokerSettings, ListenerSettings, config_from_dict
 from broker.flow import FlowControl
@@ -47,10 +47,10 @@ from broker.protocol import (
 from broker.read_gate import YIELDED
 from broker.registry import Registry, session_factory
 from broker.retain import RetainedMessages
-from broker.router import Router
 from broker.routing import Routing
 from broker.session import Session
 from broker.store import open_store
+from broker.subscription_trie import SubscriptionTrie
 from hooks import Error, Hooks, Ok
 
 from .fakes import FakeLoop
@@ -171,7 +171,7 @@ class Services:
     chains: HookCallers
     ingress: Ingress
     registry: Registry
-    flows: Flows = FLOWS
+    handlers: PacketHandlers = HANDLERS
     terms: ConnectTerms = TERMS
     peers: ClientOwnership = ALONE
 
@@ -180,7 +180,7 @@ def make_broker(plugins: list[tuple[str, Any]] | None = None, **broker: Any) -> 
     config = config_from_dict({"store": {"backend": "memory"}, "broker": broker})
     settings, loop, metrics = config.broker, FakeLoop(), Metrics()
     store = open_store(config.store, loop)  # type: ignore[arg-type]
-    router, chains = Router(), HookCallers(Hooks(plugins or [], set()))
+    router, chains = SubscriptionTrie(), HookCallers(Hooks(plugins or [], set()))
     flow = FlowControl(loop, settings.slow_subscriber_timeout, metrics)  # type: ignore[arg-type]
     routing = Routing(settings, router, RetainedMessages(), store, metrics, loop)
     ingress = Ingress(routing, flow, chains, store, metrics, [])

@@ -1,6 +1,6 @@
 """broker/episodes.py on a fake clock (tests/unit/fakes.py): an Episode's first occurrence
 in full, a count per interval, the end in one line with the total, what a quiet interval
-does; the once-a-second lines of HTTP; a Cap's episodes and its 90% hysteresis.
+does; the once-a-second lines of HTTP; a ConnectionCap's episodes and its 90% hysteresis.
 
 The real things: CONNECTs refused while Redis is away (tests/cluster/test_refusal_logs.py),
 HTTP's limits (tests/http/test_limits.py), an MQTT listener's max_connections and the
@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.episodes import Cap, Episode
+from broker.connection_cap import ConnectionCap
+from broker.episodes import Episode
 from tests.unit.fakes import FakeClock
 
 LOGGER = "nautilus.test-episodes"
@@ -226,13 +227,13 @@ def test_the_first_line_has_its_traceback_the_counted_ones_none(
     assert records[0].exc_info is not None and records[0].exc_info[1] is error
 
 
-# --------------------------------------------------------------------------- Cap
+# --------------------------------------------------------------------------- ConnectionCap
 
 
 def test_a_cap_admits_up_to_its_limit_and_says_the_first_refusal(
     clock: FakeClock, lines: Lines
 ) -> None:
-    cap = Cap(logging.getLogger(LOGGER), "http", 10, clock)
+    cap = ConnectionCap(logging.getLogger(LOGGER), "http", 10, clock)
     assert cap.admits(0) and cap.admits(9)
     assert lines() == []
     assert not cap.admits(10)
@@ -247,7 +248,7 @@ def test_a_cap_admits_up_to_its_limit_and_says_the_first_refusal(
 def test_a_cap_accepts_again_at_90_percent_not_at_the_first_free_slot(
     clock: FakeClock, lines: Lines
 ) -> None:
-    cap = Cap(logging.getLogger(LOGGER), "listeners[0] (tcp on 0.0.0.0:1883)", 20, clock)
+    cap = ConnectionCap(logging.getLogger(LOGGER), "listeners[0] (tcp on 0.0.0.0:1883)", 20, clock)
     assert not cap.admits(20)
     cap.closed(19)  # a free slot: admitted, but the episode goes on
     assert cap.admits(19)
@@ -275,7 +276,7 @@ def test_a_cap_accepts_again_at_90_percent_not_at_the_first_free_slot(
 
 
 def test_a_cap_of_0_admits_all(clock: FakeClock, lines: Lines) -> None:
-    cap = Cap(logging.getLogger(LOGGER), "http", 0, clock)
+    cap = ConnectionCap(logging.getLogger(LOGGER), "http", 0, clock)
     assert cap.admits(1_000_000)
     cap.closed(0)
     assert lines() == []

@@ -6,7 +6,7 @@ import pytest
 
 from broker.flow import FLOW_HIGH_WATER, FlowControl, water_marks
 from broker.metrics import Metrics
-from broker.router import SharedGroup, SubOptions
+from broker.subscription_trie import SharedGroup, SubOptions
 
 from .fakes import FakeClock, FakeReader, FakeSubscriber
 

@@ -9,10 +9,10 @@ import pytest
 from broker.inflight import AWAITING_ACK, AWAITING_COMP
 from broker.message import Delivery, Message
 from broker.protocol import Property
-from broker.router import SubOptions
 from broker.store import SessionRecord, StoreError, records
 from broker.store.leveldb import BODY, INLINE_ENTRY, QUEUE, REFS, LevelDBStore, open_db
 from broker.store.tool import survey
+from broker.subscription_trie import SubOptions
 
 
 class Loop:

@@ -13,9 +13,9 @@ import pytest
 from broker.config import config_from_dict
 from broker.message import Message
 from broker.peers import Alone
-from broker.router import SubOptions
 from broker.server import Broker
 from broker.session import Session
+from broker.subscription_trie import SubOptions
 from hooks import ClientContext
 
 from .fakes import FakeLoop, FakeOutlet
@@ -100,7 +100,7 @@ def session_of(broker: Broker, client_id: str) -> Session | None:
 
 
 def subscribers(broker: Broker, topic: str) -> list[str]:
-    return [route.subscriber.client_id for route in broker.router.match(topic)]
+    return [route.subscriber.client_id for route in broker.subscription_trie.match(topic)]
 
 
 # --------------------------------------------------------------------------- takeover

@@ -1,4 +1,4 @@
-"""The subscription trie on its own (broker/router.py), checked against the brute-force
+"""The subscription trie on its own (broker/subscription_trie.py), checked against the brute-force
 matcher `broker.topics.topic_matches` for random filters and topics."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.mountpoints import inside
-from broker.router import Route, Router, SharedGroup, SubOptions
+from broker.subscription_trie import Route, SharedGroup, SubOptions, SubscriptionTrie
 from broker.topics import topic_matches
 
 from .fakes import FakeSubscriber
@@ -68,7 +68,7 @@ steps = st.one_of(
 def test_match_agrees_with_brute_force(probes, history):
     # Matches are cached per topic: interleaving them with (un)subscribes checks that
     # every change invalidates what it must.
-    router = Router()
+    router = SubscriptionTrie()
     people = [FakeSubscriber(f"s{i}") for i in range(5)]
     state: dict[tuple[int, str], tuple[int, int | None]] = {}
     for step in history:
@@ -108,7 +108,7 @@ def test_match_agrees_with_brute_force(probes, history):
     probes=st.lists(topics, min_size=1, max_size=5),
 )
 def test_match_shared_agrees_with_brute_force(shares, plain, probes):
-    router = Router()
+    router = SubscriptionTrie()
     people = [FakeSubscriber(f"s{i}") for i in range(3)]
     for name, topic_filter, index in shares:
         router.subscribe(people[index], f"$share/{name}/{topic_filter}", SubOptions(1))
@@ -123,7 +123,7 @@ def test_match_shared_agrees_with_brute_force(shares, plain, probes):
 
 
 def test_wildcards():
-    router = Router()
+    router = SubscriptionTrie()
     s = {name: FakeSubscriber(name) for name in ("plus", "hash", "exact", "parent")}
     router.subscribe(s["plus"], "a/+/c", SubOptions(0))
     router.subscribe(s["hash"], "a/#", SubOptions(0))
@@ -143,7 +143,7 @@ def test_wildcards():
 
 def test_dollar_topics_are_not_matched_by_leading_wildcards():
     # [MQTT-4.7.2-1]
-    router = Router()
+    router = SubscriptionTrie()
     s = {name: FakeSubscriber(name) for name in ("hash", "plus", "sys")}
     router.subscribe(s["hash"], "#", SubOptions(0))
     router.subscribe(s["plus"], "+/broker/uptime", SubOptions(0))
@@ -153,7 +153,7 @@ def test_dollar_topics_are_not_matched_by_leading_wildcards():
 
 
 def test_a_trees_topics_are_its_own_and_the_dollar_rule_holds_in_it():
-    router = Router()
+    router = SubscriptionTrie()
     s = {name: FakeSubscriber(name) for name in ("root", "tree", "dollar")}
     router.subscribe(s["root"], "#", SubOptions(0))
     router.subscribe(s["tree"], inside("m", "#"), SubOptions(0))
@@ -170,7 +170,7 @@ def test_a_trees_topics_are_its_own_and_the_dollar_rule_holds_in_it():
 
 def test_overlapping_subscriptions_are_one_route():
     # [MQTT-3.3.4-2/3]: one copy, at the highest QoS, with every subscription id.
-    router = Router()
+    router = SubscriptionTrie()
     sub = FakeSubscriber()
     router.subscribe(sub, "a/+", SubOptions(0, subscription_id=1))
     router.subscribe(sub, "a/#", SubOptions(2, subscription_id=2))
@@ -184,7 +184,7 @@ def test_overlapping_subscriptions_are_one_route():
 
 
 def test_no_local():
-    router = Router()
+    router = SubscriptionTrie()
     sub = FakeSubscriber()
     router.subscribe(sub, "a/+", SubOptions(2, no_local=True, subscription_id=1))
     router.subscribe(sub, "a/#", SubOptions(1, subscription_id=2))
@@ -199,7 +199,7 @@ def test_no_local():
 
 
 def test_the_match_cache_follows_subscribe_and_unsubscribe():
-    router = Router()
+    router = SubscriptionTrie()
     sub, other = FakeSubscriber("sub"), FakeSubscriber("other")
     assert router.match("a/b") == []
     router.subscribe(sub, "a/+", SubOptions(0))
@@ -213,7 +213,7 @@ def test_the_match_cache_follows_subscribe_and_unsubscribe():
 
 
 def test_unsubscribe_of_an_unknown_filter():
-    router = Router()
+    router = SubscriptionTrie()
     sub = FakeSubscriber()
     router.subscribe(sub, "a/b", SubOptions(0))
     assert router.unsubscribe(sub, "a/c") is False
@@ -223,7 +223,7 @@ def test_unsubscribe_of_an_unknown_filter():
 
 
 def test_unsubscribe_prunes_only_empty_branches():
-    router = Router()
+    router = SubscriptionTrie()
     sub = FakeSubscriber()
     router.subscribe(sub, "a/b/c", SubOptions(0))
     router.subscribe(sub, "a", SubOptions(0))
@@ -237,7 +237,7 @@ def test_unsubscribe_prunes_only_empty_branches():
 
 
 def test_shared_subscriptions_form_groups_apart_from_match():
-    router = Router()
+    router = SubscriptionTrie()
     m1, m2, m3 = FakeSubscriber("m1"), FakeSubscriber("m2"), FakeSubscriber("m3")
     router.subscribe(m1, "$share/g/a/+", SubOptions(1))
     router.subscribe(m2, "$share/g/a/+", SubOptions(2))
@@ -254,7 +254,7 @@ def test_shared_subscriptions_form_groups_apart_from_match():
 
 
 def test_a_group_ends_with_its_last_member_and_its_branch_is_pruned():
-    router = Router()
+    router = SubscriptionTrie()
     m1, m2 = FakeSubscriber("m1"), FakeSubscriber("m2")
     router.subscribe(m1, "$share/g/a/b", SubOptions(0))
     router.subscribe(m2, "$share/g/a/b", SubOptions(0))

@@ -1,7 +1,7 @@
-"""The packet flows of a client, as one set the Broker gives each engine (engine.Flows):
-which function handles each packet class the client may send.
+"""Which function handles each packet class a client may send: one table
+(engine.PacketHandlers) the Broker gives every engine.
 
-The engine (broker/client/engine.py) decodes and runs what this table names; the flows
+The engine (broker/client/engine.py) decodes and runs what this table names; the handlers
 (connect, publish, subscribe) handle the packets and answer through the client's outlet.
 The engine imports none of them: only this table does.
 """
@@ -9,7 +9,7 @@ The engine imports none of them: only this table does.
 from __future__ import annotations
 
 from broker.client import connect, publish, subscribe
-from broker.client.engine import ClientEngine, Flows
+from broker.client.engine import ClientEngine, PacketHandlers
 from broker.protocol import (
     Auth,
     Connect,
@@ -24,8 +24,8 @@ from broker.protocol import (
     Unsubscribe,
 )
 
-FLOWS = Flows(
-    handlers={
+HANDLERS = PacketHandlers(
+    by_packet={
         Connect: connect.on_connect,
         Auth: connect.on_auth,
         Disconnect: connect.on_disconnect,

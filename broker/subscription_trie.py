@@ -196,7 +196,7 @@ class _Node:
     groups: dict[str, SharedGroup] = field(default_factory=dict)
 
 
-class Router:
+class SubscriptionTrie:
     def __init__(self) -> None:
         self._root = _Node()
         self._cache: dict[str, list[Route]] = {}
