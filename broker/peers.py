@@ -10,14 +10,36 @@ core never asks whether there is a cluster, it tells its peers and goes on.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from broker.cluster.metadata import Registration
     from broker.message import Message
     from broker.session import Session
-    from broker.trace.trace import TraceSpec
+    from broker.subscription_trie import SubOptions
+    from broker.trace_spec import TraceSpec
     from hooks import Metric
+
+# -- what crosses: the answers the core gets from the other nodes ----------------------
+
+
+class MetadataUnavailable(Exception):
+    """The cluster's metadata cannot be reached; the message says why in one line."""
+
+
+class StaleRequest(Exception):
+    """A write with a timestamp not newer than the stored one."""
+
+
+@dataclass(slots=True)
+class Registration:
+    """What registering a client id on this node found: the node that owned it before
+    (None: nobody), whether a session resumes (there was one, and neither it nor the new
+    connection is clean) and the subscriptions it resumes with."""
+
+    previous_node: str | None
+    existed: bool  # a session resumes: CONNACK's session present
+    subscriptions: dict[str, SubOptions]
 
 
 class Answer(NamedTuple):

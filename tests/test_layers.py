@@ -99,6 +99,7 @@ LAYERS = {
     "broker.client": 6,  # the per-client engine (one client's MQTT, no I/O), its handlers
     "broker.plugins": 6,
     "broker.systree": 6,
+    "broker.trace_spec": 1,  # what an operator asks to trace
     "broker.trace": 1,  # one trace (options, rate limit, lines), and how lines show things
     "broker.trace.tap": 7,  # a traced connection: what it reads and writes
     "broker.trace.tracer": 8,  # the node's traces, switched on while there is one

@@ -31,6 +31,7 @@ from broker.episodes import Episode
 from broker.ingress import context_of
 from broker.message import Message, TopicAliases
 from broker.mountpoints import inside, subscriber_id
+from broker.peers import MetadataUnavailable, Registration, StaleRequest
 from broker.protocol import (
     MQTT5,
     V3_CONNACK_CODE,
@@ -48,7 +49,6 @@ from hooks.results import NO_HOOK
 
 if TYPE_CHECKING:
     from broker.client.engine import ClientEngine, ClientServices
-    from broker.cluster.metadata import Registration
 
 log = logging.getLogger("nautilus.connection")
 
@@ -309,8 +309,6 @@ async def _register_in_cluster(
 ) -> None:
     """Courier's remap: this node owns the client id from now on; the node that held it
     has released it (its queue follows) before the CONNACK goes out."""
-    from broker.cluster.metadata import MetadataUnavailable, StaleRequest  # cluster only
-
     try:
         registration = await registering
     except MetadataUnavailable as exc:

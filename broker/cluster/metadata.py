@@ -19,6 +19,8 @@ from typing import Protocol
 
 import msgpack
 
+# What the core sees of a backend's answers is the peers' port's (broker/peers.py).
+from broker.peers import MetadataUnavailable, Registration, StaleRequest
 from broker.subscription_trie import SubOptions
 
 __all__ = [
@@ -39,14 +41,6 @@ __all__ = [
 ]
 
 
-class MetadataUnavailable(Exception):
-    """The backend cannot be reached; the message says why in one line."""
-
-
-class StaleRequest(Exception):
-    """A write with a timestamp not newer than the stored one."""
-
-
 class NotOwner(Exception):
     """A write about a subscriber that another node owns."""
 
@@ -64,17 +58,6 @@ class Subscriber:
     node: str
     clean: bool
     subscriptions: dict[str, SubOptions] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Registration:
-    """What registering a client id on this node found: the node that owned it before
-    (None: nobody), whether a session resumes (there was one, and neither it nor the new
-    connection is clean) and the subscriptions it resumes with."""
-
-    previous_node: str | None
-    existed: bool  # a session resumes: CONNACK's session present
-    subscriptions: dict[str, SubOptions]
 
 
 @dataclass(slots=True)

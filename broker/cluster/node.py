@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from broker.cluster.ports import NodePorts
     from broker.peers import Answer
     from broker.session import Session
-    from broker.trace.trace import TraceSpec
+    from broker.trace_spec import TraceSpec
     from hooks import Metric
 
 log = logging.getLogger("nautilus.cluster")

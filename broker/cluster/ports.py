@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from broker.routing import Routing
     from broker.store import MessageStore
     from broker.subscription_trie import SubscriptionTrie
-    from broker.trace.trace import Sink, Trace, TraceLine, TraceSpec
+    from broker.trace.trace import Sink, Trace, TraceLine
+    from broker.trace_spec import TraceSpec
 
 
 class Tracing(Protocol):

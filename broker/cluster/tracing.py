@@ -27,7 +27,8 @@ from broker.cluster.frames import (
     TRACE_STOP,
     TRACE_STOP_ALL,
 )
-from broker.trace.trace import Trace, TraceLine, TraceSpec
+from broker.trace.trace import Trace, TraceLine
+from broker.trace_spec import TraceSpec
 
 if TYPE_CHECKING:
     from broker.cluster.link import PeerLink

@@ -50,7 +50,7 @@ from typing import Any
 
 from broker.admin_queries import DEFAULT_FIELDS
 from broker.http import trace_cli
-from broker.trace.trace import TraceSpec
+from broker.trace_spec import TraceSpec
 
 Query = list[tuple[str, str]]  # an API request's arguments, in order
 

@@ -43,7 +43,7 @@ from broker.http.connections import HttpConnection, HttpConnections
 from broker.http.limits import check_http_reserve, describe_reserve
 from broker.http.trace_stream import stream
 from broker.on_behalf import PublishGate
-from broker.trace.trace import TraceSpec
+from broker.trace_spec import TraceSpec
 
 if TYPE_CHECKING:
     from broker.peers import ClusterOperations

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from broker.http.connections import HttpConnection
-from broker.trace.trace import TraceLine, TraceSpec
+from broker.trace.trace import TraceLine
+from broker.trace_spec import TraceSpec
 
 if TYPE_CHECKING:
     from broker.trace.tracer import Tracer

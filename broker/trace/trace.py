@@ -13,36 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from broker.trace_spec import TraceSpec
 
 # What a line is about: a packet received or sent, a hook call, the session, the trace.
 RECV, SEND, HOOK, SESSION, TRACE = "recv", "send", "hook", "session", "trace"
-
-
-@dataclass(frozen=True, slots=True)
-class TraceSpec:
-    """What `nautilus admin trace client` asks for (VerneMQ's options and defaults)."""
-
-    client_id: str
-    mountpoint: str = ""
-    rate_max: int = 10  # lines ...
-    rate_interval: int = 100  # ... per this many milliseconds, at most
-    trunc_payload: int = 200  # payload bytes shown
-
-    def problem(self) -> str | None:
-        """What is wrong with these options, or None."""
-        if not self.client_id:
-            return "client_id is required"
-        if self.rate_max < 1 or self.rate_interval < 1:
-            return "rate_max and rate_interval must be at least 1"
-        if self.trunc_payload < 0:
-            return "trunc_payload must not be negative"
-        return None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """The session it follows: (mountpoint, client id)."""
-        return (self.mountpoint, self.client_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ from broker.mountpoints import split_subscriber_id
 from broker.protocol import Connect
 from broker.trace.hook_calls import Watched, watch
 from broker.trace.tap import Tap
-from broker.trace.trace import SESSION, TRACE, Sink, Trace, TraceLine, TraceSpec
+from broker.trace.trace import SESSION, TRACE, Sink, Trace, TraceLine
+from broker.trace_spec import TraceSpec
 
 if TYPE_CHECKING:
     from broker.config import BrokerSettings

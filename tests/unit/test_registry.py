@@ -100,7 +100,7 @@ def session_of(broker: Broker, client_id: str) -> Session | None:
 
 
 def subscribers(broker: Broker, topic: str) -> list[str]:
-    return [route.subscriber.client_id for route in broker.subscription_trie.match(topic)]
+    return [route.subscriber.client_id for route in broker.router.match(topic)]
 
 
 # --------------------------------------------------------------------------- takeover

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from broker.protocol import Connect, Property, Publish, SubAck
 from broker.trace import text
-from broker.trace.trace import TRACE, Trace, TraceLine, TraceSpec
+from broker.trace.trace import TRACE, Trace, TraceLine
+from broker.trace_spec import TraceSpec
 from hooks import NEXT, Error, Ok, RegisterContext
 
 
