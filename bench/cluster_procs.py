@@ -147,7 +147,9 @@ class Node:
         return self.name.upper() if self.name else "plain"
 
     def start(self) -> None:
-        with self.log.open("wb") as out:
+        """Start the process (again, after a stop: its log goes on, the port is read anew)."""
+        self.port = 0
+        with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker", "--config", str(self.config_path)],
                 cwd=REPO,
