@@ -6,10 +6,11 @@ firewall, not reset as test_swc_cluster.py's proxies do: a side learns of the sp
 from silence (`dead_after`), and TCP's retransmissions and back-off are in play.
 
 - c cut off from a and b for 30 s, the netsplit switches on so that both sides go on:
-  subscriptions made and removed, retained messages set and cleared, and one client id
-  registered on both sides; after the heal every node routes every subscription, holds
-  the same retained messages, and the client id belongs to one node (the later
-  registration's), with the queue the other side held for it.
+  subscriptions made and removed, retained messages set and cleared, and two client ids
+  registered on both sides (one offline with a queue on a, one online on a); after the
+  heal every node routes every subscription and holds the same retained messages, and
+  each client id belongs to one node, the later registration's: a's online one is
+  disconnected (0x8E), and the queue a held follows its session.
 - one way: a's packets to b dropped, b's to a passing: a and b each find the other
   unreachable (a TCP connection needs both ways), c stays ready, and all converge.
 - 20% loss each way between a and b: QoS 1 messages from a to b all arrive, and the
@@ -28,8 +29,9 @@ from pathlib import Path
 import pytest
 
 from testing.netns import Network
-from tests.broker.helpers import V311, PahoClient, RawClient, unique_id
+from tests.broker.helpers import V5, V311, PahoClient, RawClient, unique_id
 from tests.cluster.test_cluster import (
+    SESSION_TAKEN_OVER,
     TIMEOUT,
     Node,
     admin,
@@ -102,10 +104,11 @@ class NamespacedTrio(SwcCluster):
     def client(
         self, node: str, version: int = V311, client_id: str | None = None, clean: bool = True
     ) -> PahoClient:
+        """A client connected to `node` (MQTT 5 and clean=False: a session of 300 s)."""
         at = self.nodes[node]
         client = PahoClient(at.host, at.port, version, client_id)
         self.clients.append(client)
-        client.connect(clean=clean)
+        client.connect(clean=clean, session_expiry=None if clean or version != V5 else 300)
         return client
 
     def log_positions(self) -> dict[str, int]:
@@ -163,9 +166,13 @@ def arrived(client: PahoClient, payloads: set[bytes], timeout: float) -> set[byt
 def test_a_node_cut_off_for_30_s_converges_with_what_both_sides_changed(
     trio: NamespacedTrio, network: Network
 ) -> None:
+    """c alone for 30 s; both sides change subscriptions, retained messages and
+    sessions (one client id offline with a queue on a, one online on a, each registered
+    again on c later); after the heal every node has every change, the later one where
+    both sides changed a key."""
     a, b, c = (trio.nodes[name] for name in NAMES)
     retained, cleared = unique_id("part/retained"), unique_id("part/cleared")
-    twin = unique_id("twin")  # registered on both sides
+    twin, roamer = unique_id("twin"), unique_id("roamer")  # registered on both sides
     leaving = trio.client("c")  # unsubscribes on c's side
     subscribe_with_probe(leaving, ("part/gone", 1))
     wait_routed(trio.client("a"), leaving)
@@ -187,13 +194,14 @@ def test_a_node_cut_off_for_30_s_converges_with_what_both_sides_changed(
     subscribe_with_probe(sub_b, ("part/b", 1))
     trio.client("a").publish(retained, b"from a", 1, retain=True)
     trio.client("b").publish(cleared, b"", 1, retain=True)
-    on_a = trio.client("a", client_id=twin, clean=False)
-    subscribe_with_probe(on_a, ("part/twin", 1))
-    disconnect(on_a, a)
+    twin_on_a = trio.client("a", client_id=twin, clean=False)
+    subscribe_with_probe(twin_on_a, ("part/twin", 1))
+    disconnect(twin_on_a, a)
     publisher_a = trio.client("a")
     for n in range(3):
         publisher_a.publish("part/twin", b"queued on a %d" % n, 1)
     eventually(lambda: session_rows(a, twin)[0]["queue_size"] == 3, what="3 queued on a")
+    roamer_on_a = trio.client("a", V5, roamer, clean=False)  # stays online
     # c's side, later
     sub_c = trio.client("c")
     subscribe_with_probe(sub_c, ("part/c", 1))
@@ -201,9 +209,10 @@ def test_a_node_cut_off_for_30_s_converges_with_what_both_sides_changed(
     trio.client("c").publish(retained, b"from c, later", 1, retain=True)
     on_side_a = retained_seen(trio.client("a"), retained)  # the sides differ meanwhile
     assert on_side_a is not None and on_side_a.payload == b"from a"
-    on_c = trio.client("c", client_id=twin, clean=False)  # the later registration
-    subscribe_with_probe(on_c, ("part/twin", 1))
-    disconnect(on_c, c)
+    twin_on_c = trio.client("c", client_id=twin, clean=False)
+    subscribe_with_probe(twin_on_c, ("part/twin", 1))
+    disconnect(twin_on_c, c)
+    roamer_on_c = trio.client("c", V5, roamer, clean=False)
     time.sleep(max(0.0, PARTITION - (time.monotonic() - cut_at)))  # the split's length
 
     healed_at = trio.log_positions()
@@ -219,13 +228,19 @@ def test_a_node_cut_off_for_30_s_converges_with_what_both_sides_changed(
             what=f"c's later retained message on {name}",
         )
         eventually(lambda r=reader: retained_seen(r, cleared) is None, what=f"cleared on {name}")
-    owners = eventually(
-        lambda: (rows := admin(b, "session/show", client_id=twin)) and len(rows) == 1 and rows,
-        HEAL_TIMEOUT,
-        what=f"{twin} held by one node",
-    )
-    assert owners[0]["node"] == "c", owners  # the later registration wins
-    back = trio.client("b", client_id=twin, clean=False)
+    # Each client id held by one node, the later registration's (c's).
+    assert roamer_on_a.expect_disconnected(HEAL_TIMEOUT) == SESSION_TAKEN_OVER
+    for client_id in (twin, roamer):
+        owners = eventually(
+            lambda i=client_id: (
+                (rows := admin(b, "session/show", client_id=i)) and len(rows) == 1 and rows
+            ),
+            HEAL_TIMEOUT,
+            what=f"{client_id} held by one node",
+        )
+        assert owners[0]["node"] == "c", owners
+    assert roamer_on_c.client is not None and roamer_on_c.disconnects.empty()
+    back = trio.client("b", client_id=twin, clean=False)  # a's queue followed the session
     assert sorted(m.payload for m in take(back, 3)) == [b"queued on a %d" % n for n in range(3)]
 
 
