@@ -47,9 +47,10 @@ format: $(STAMP)
 # Java for Spark's tests, Chromium for the status page's and CORS's, Redis for the
 # cluster's and auth_db's, PostgreSQL and MariaDB for auth_db's, Mosquitto for the
 # bridge's, graphite-carbon (carbon-cache) for Graphite's (the tests start servers of
-# their own). scripts/system-packages.sh names the missing ones before installing them.
+# their own), iproute2 (ip, tc) for the cluster's network partitions (namespaces, as
+# root). scripts/system-packages.sh names the missing ones before installing them.
 SYSTEM_PACKAGES := openjdk-17-jre-headless chromium redis-server postgresql mariadb-server \
-	mosquitto graphite-carbon
+	mosquitto graphite-carbon iproute2
 
 system-packages:
 	bash scripts/system-packages.sh $(SYSTEM_PACKAGES)

@@ -4,7 +4,7 @@
 # prints one line saying what to install (or to run make test-no-system) and fails.
 set -euo pipefail
 declare -A command_of=([mosquitto]=mosquitto [redis-server]=redis-server [openjdk-17-jre-headless]=java
-  [mariadb-server]=mariadbd [graphite-carbon]=carbon-cache)
+  [mariadb-server]=mariadbd [graphite-carbon]=carbon-cache [iproute2]=tc)
 PATH="$PATH:/usr/sbin:/sbin"  # mariadbd is there, off a user's PATH
 
 # postgresql's server is off PATH too, in /usr/lib/postgresql/NN/bin (where the tests look).

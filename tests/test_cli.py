@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -29,7 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from broker import __version__
 
 TIMEOUT = 5.0  # the longest any single expected event may take
-LISTENING = re.compile(r"listening for MQTT on 127\.0\.0\.1:(\d+)\b")
+LISTENING = re.compile(r"listening for MQTT on [\d.]+:(\d+)\b")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -68,11 +68,14 @@ def write_config(path: Path, *, store: str = 'backend = "memory"', port: int = 0
 
 
 class BrokerProcess:
-    """A running `python -m broker --config FILE`, its stderr read line by line."""
+    """A running `python -m broker --config FILE`, its stderr read line by line; `prefix`
+    runs it through another command (e.g. `ip netns exec NAME`)."""
 
-    def __init__(self, config: Path, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, cwd: Path, env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--config", str(config)],
+            [*prefix, sys.executable, "-m", "broker", "--config", str(config)],
             cwd=cwd,
             env=env or clean_env(),
             stdin=subprocess.DEVNULL,

@@ -6,6 +6,10 @@ LevelDB store, MQTT on an ephemeral port, the cluster listener on an ephemeral p
 fixed one: a node restarted under its name keeps its port), HTTP on an ephemeral port,
 and short liveness settings so that failures show within a test's time.
 
+A node may run elsewhere than on loopback: `host` is the address it binds (MQTT, HTTP,
+the cluster listener) and `prefix` the command its process runs through (a network
+namespace's `ip netns exec NAME`: testing/netns.py).
+
 `start()` returns once the node listens for MQTT; `wait_for_log(pattern)` waits for a
 line in its log; `status()` reads `/status.json`; `cluster_status()` asks the admin API
 through `nautilus cluster status --json` with a key the node was given at start.
@@ -21,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +37,9 @@ from tests.test_cli import BrokerProcess, clean_env
 
 LIVENESS_INTERVAL = 0.2
 DEAD_AFTER = 1.5
-CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on 127\.0\.0\.1:(\d+)")
-HTTP_LINE = re.compile(r"HTTP on 127\.0\.0\.1:(\d+)")
+LOOPBACK = "127.0.0.1"
+CLUSTER_LINE = re.compile(r"cluster node (\S+) listening on [\d.]+:(\d+)")
+HTTP_LINE = re.compile(r"HTTP on [\d.]+:(\d+)")
 COMPLETE_LINE = re.compile(r"every group holds the cluster's whole metadata")
 API_KEY = "cluster-tests-key"
 # [cluster.swc] for the tests: exchanges and GC within a test's time.
@@ -114,6 +119,8 @@ class ClusterNode:
         redis_keys: str = "",
         metadata: str = "redis",
         seeds: list[tuple[str, int]] | None = None,
+        host: str = LOOPBACK,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.directory = directory
         self.name = name
@@ -129,6 +136,8 @@ class ClusterNode:
         # "swc": the leaderless metadata, joined through `seeds` (no Redis at all).
         self.metadata = metadata
         self.seeds = list(seeds or [])
+        self.host = host
+        self.prefix = list(prefix)
         self.process: BrokerProcess | None = None
         self.port = 0  # MQTT
         self.http_port = 0
@@ -148,12 +157,12 @@ class ClusterNode:
         )
         self.config_path.write_text(
             f"[broker]\nallow_anonymous = true\n{self.broker_keys}\n\n"
-            '[[listeners]]\ntype = "tcp"\naddress = "127.0.0.1:0"\n\n'
+            f'[[listeners]]\ntype = "tcp"\naddress = "{self.host}:0"\n\n'
             f'[store]\nbackend = "leveldb"\npath = "{self.store_path}"\n\n'
-            f'[http]\naddress = "127.0.0.1:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
+            f'[http]\naddress = "{self.host}:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
             "[cluster]\n"
             f'node_name = "{self.name}"\n'
-            f'address = "127.0.0.1:{self.cluster_port}"\n'
+            f'address = "{self.host}:{self.cluster_port}"\n'
             f'metadata = "{self.metadata}"\n'
             f"seeds = {json.dumps([f'{host}:{port}' for host, port in self.seeds])}\n"
             f"liveness_interval = {self.liveness_interval}\n"
@@ -174,7 +183,9 @@ class ClusterNode:
         if not (self.directory / "api-keys").exists():
             self._add_api_key()
         self.http_port = 0  # a restart binds another one
-        self.process = BrokerProcess(self.config_path, cwd=self.directory)
+        # clean_env() binds HTTP to loopback, over the config: here, the node's host.
+        env = clean_env(NAUTILUS_HTTP__ADDRESS=f"{self.host}:0")
+        self.process = BrokerProcess(self.config_path, self.directory, env, self.prefix)
         self.port = self.process.port
         for line in self.process.lines:
             if match := CLUSTER_LINE.search(line):
@@ -215,13 +226,18 @@ class ClusterNode:
                 return match
         return self.process.wait_for(compiled, timeout)
 
+    @property
+    def url(self) -> str:
+        """The node's HTTP server (status, metrics, admin API)."""
+        return f"http://{self.host}:{self.http_port}"
+
     def status(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status.json") as r:
+        with urllib.request.urlopen(f"{self.url}/status.json") as r:
             return json.load(r)
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {name: value}, labels dropped."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics") as r:
+        with urllib.request.urlopen(f"{self.url}/metrics") as r:
             text = r.read().decode()
         values: dict[str, float] = {}
         for line in text.splitlines():
@@ -239,7 +255,7 @@ class ClusterNode:
                 "cluster",
                 "status",
                 "--url",
-                f"http://127.0.0.1:{self.http_port}",
+                self.url,
                 "--key",
                 API_KEY,
                 "--json",

@@ -107,7 +107,7 @@ class Node(ClusterNode):
 
 def admin(at: ClusterNode, command: str, **query: str) -> list[dict[str, Any]]:
     """One admin API command (`/api/v1/<command>`) of node `at`, its table."""
-    url = f"http://{HOST}:{at.http_port}/api/v1/{command}"
+    url = f"{at.url}/api/v1/{command}"
     if query:
         url += "?" + urllib.parse.urlencode(query)
     request = urllib.request.Request(url, method="POST", headers={"x-api-key": API_KEY})
