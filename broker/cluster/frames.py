@@ -59,7 +59,7 @@ TRACE_LINE = 34  # [TRACE_LINE, trace id, line fields]: a line of the receiver's
 TRACE_END = 35  # [TRACE_END, trace id, reason]: the sender's part ended (its rate limit)
 TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
 # The handshake's proof of the secret (between HELLO and WELCOME):
-CHALLENGE = 40  # [CHALLENGE, nonce]: the accepting node's nonce
+CHALLENGE = 40  # [CHALLENGE, node, nonce]: the accepting node's name and nonce
 PROOF = 41  # [PROOF, proof]: the connecting node's proof
 
 _LENGTH = struct.Struct(">I")
@@ -112,7 +112,7 @@ def unpack_message(fields: list[Any], now: float) -> Message:
 NONCE_SIZE = 16  # bytes
 
 
-class HandshakeError(Exception):
+class HandshakeError(ValueError):
     """A handshake frame that is not acceptable; the message is the REFUSED reason."""
 
 
@@ -167,6 +167,42 @@ def proved(expected: bytes, proof: Any) -> bool:
 def _proof(secret: str, fields: list[Any]) -> bytes:
     message = msgpack.packb([PROTOCOL_VERSION, *fields])
     return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+class Connecting:
+    """The connecting node's side of a handshake (link.py's PeerLink, a seed contact):
+    `hello` to send first, `proof` to answer the CHALLENGE, `welcomed` to check the
+    WELCOME. HandshakeError, its message the reason to refuse, for what is not right."""
+
+    def __init__(self, secret: str, node: str, boot_id: str, meant: str = "") -> None:
+        self.secret = secret
+        self.meant = meant  # the node this one means to reach ("": any, a seed)
+        self.greeting = Hello(node, boot_id, new_nonce())
+        self.peer = ""  # the accepting node, as its CHALLENGE names it
+        self._nonce: bytes | None = None  # its CHALLENGE's
+
+    def hello(self) -> bytes:
+        return encode(HELLO, PROTOCOL_VERSION, *self.greeting)
+
+    def proof(self, frame: list[Any]) -> bytes:
+        """The PROOF answering a CHALLENGE, from the node meant."""
+        if len(frame) != 3 or self._nonce is not None or not nonce_ok(frame[2]):
+            raise HandshakeError("a CHALLENGE out of place")
+        _, node, nonce = frame
+        if not isinstance(node, str) or (self.meant and node != self.meant):
+            raise HandshakeError(f"it is node {node}, not {self.meant}")
+        self.peer, self._nonce = node, nonce
+        return encode(PROOF, connecting_proof(self.secret, self.greeting, node, nonce))
+
+    def welcomed(self, frame: list[Any]) -> str:
+        """The accepting node's boot id, once WELCOME's proof is checked."""
+        if len(frame) != 4 or self._nonce is None or frame[1] != self.peer:
+            raise HandshakeError("a WELCOME out of place")
+        _, node, boot_id, proof = frame
+        expected = accepting_proof(self.secret, self.greeting, node, str(boot_id), self._nonce)
+        if not proved(expected, proof):
+            raise HandshakeError("wrong cluster secret (its proof does not match)")
+        return str(boot_id)
 
 
 class FrameDecoder:

@@ -49,12 +49,12 @@ from broker.cluster.frames import (
     ANSWER,
     CHALLENGE,
     DRAINED,
-    HELLO,
     PING,
     PONG,
     PROOF,
     REFUSED,
     WELCOME,
+    Connecting,
     FrameDecoder,
     FrameError,
     HandshakeError,
@@ -158,8 +158,7 @@ class PeerLink(asyncio.Protocol):
         self._pings = itertools.count(1)
         self._last_pong = 0.0
         self._welcomed: asyncio.Future[None] | None = None
-        self._hello: Hello | None = None  # this attempt's, for the proofs
-        self._challenge: bytes | None = None  # the peer's nonce, this attempt
+        self._handshake: Connecting | None = None  # this attempt's, until WELCOME
         self._task = cluster.spawn(self._run(), f"cluster link to {node}")
         self.progress = 0  # bytes written to the peer (flow control watches it)
         self.bytes_sent = 0
@@ -299,20 +298,17 @@ class PeerLink(asyncio.Protocol):
             problem = certificate_problem(transport, self.node, address)
             if problem is not None:
                 return self._refuse(problem)
-        self._hello = Hello(self.cluster.node, self.cluster.boot_id, frames.new_nonce())
-        self._write(HELLO, frames.PROTOCOL_VERSION, *self._hello)
-
-    def _write(self, *frame: Any) -> None:
-        assert self.transport is not None
-        self.transport.write(frames.encode(*frame))
+        c = self.cluster
+        self._handshake = Connecting(c.settings.secret, c.node, c.boot_id, self.node)
+        transport.write(self._handshake.hello())  # type: ignore[attr-defined]
 
     def _refuse(self, reason: str) -> None:
         """The peer is not the node meant: REFUSED tells it why (it says so too)."""
         log.error(
             "cluster link to %s (%s:%s): refused: %s; closing it", self.node, *self.address, reason
         )
-        self._write(REFUSED, reason)
         assert self.transport is not None
+        self.transport.write(frames.encode(REFUSED, reason))
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -334,40 +330,33 @@ class PeerLink(asyncio.Protocol):
             elif kind == DRAINED:  # (from a peer with no link back to this node)
                 self.cluster.drained(self.node)
             elif kind == CHALLENGE:
-                self._challenged(frame[1])
+                self._challenged(frame)
             elif kind == WELCOME:
-                self._welcome(frame[1], frame[2], frame[3])
+                self._welcome(frame)
             elif kind == REFUSED:
                 log.error("node %s refused this node's link: %s", self.node, frame[1])
                 if self._welcomed is not None and not self._welcomed.done():
                     self._welcomed.set_exception(ConnectionError(f"refused: {frame[1]}"))
 
-    def _challenged(self, nonce: Any) -> None:
-        """CHALLENGE: prove the secret over both nonces (and remember the peer's, to check
-        its own proof in WELCOME)."""
-        if self._hello is None or self._challenge is not None or not frames.nonce_ok(nonce):
+    def _challenged(self, frame: list[Any]) -> None:
+        """CHALLENGE: prove the secret (if the peer is the node meant)."""
+        assert self.transport is not None
+        if self._handshake is None:  # (the link is up)
             return self._refuse("a CHALLENGE out of place")
-        self._challenge = nonce
-        secret = self.cluster.settings.secret
-        self._write(PROOF, frames.connecting_proof(secret, self._hello, self.node, nonce))
+        try:
+            self.transport.write(self._handshake.proof(frame))
+        except HandshakeError as exc:
+            self._refuse(str(exc))
 
-    def _welcome(self, node: str, boot_id: str, proof: Any) -> None:
-        if node != self.node:
-            log.error("cluster link to %s: %s:%s is node %s", self.node, *self.address, node)
-            assert self.transport is not None
-            self.transport.abort()
-            return
-        if (
-            self._hello is None
-            or self._challenge is None
-            or not frames.proved(
-                frames.accepting_proof(
-                    self.cluster.settings.secret, self._hello, node, boot_id, self._challenge
-                ),
-                proof,
-            )
-        ):
-            return self._refuse("wrong cluster secret (its proof does not match)")
+    def _welcome(self, frame: list[Any]) -> None:
+        """WELCOME: the peer proved the secret too; the link is up."""
+        if self._handshake is None:  # (the link is up)
+            return self._refuse("a WELCOME out of place")
+        try:
+            boot_id = self._handshake.welcomed(frame)
+        except HandshakeError as exc:
+            return self._refuse(str(exc))
+        self._handshake = None
         restarted = self.boot_id and boot_id != self.boot_id
         self.boot_id = boot_id
         self.up = True
@@ -387,7 +376,7 @@ class PeerLink(asyncio.Protocol):
         was_up = self.up
         self.up = False
         self.transport = None
-        self._hello = self._challenge = None
+        self._handshake = None
         if isinstance(exc, ssl.SSLError) and not was_up:  # TLS 1.3: refused after its end
             log.warning(
                 "cluster link to %s (%s:%s): TLS handshake failed: %s",
@@ -464,7 +453,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self._challenge = frames.new_nonce()  # this node's nonce, in CHALLENGE
         self.peer: Any = ("?", 0)  # its address (peername)
         self.transport: asyncio.Transport | None = None
-        # Until HELLO is accepted, a frame may be HELLO_MAX_SIZE at most (then _hello
+        # Until the handshake is done, a frame may be HELLO_MAX_SIZE at most (then _linked
         # raises it to max_frame_size): a stranger's length prefix holds nothing here.
         self._decoder = FrameDecoder(HELLO_MAX_SIZE, BEFORE_HELLO)
         self._listener = listener_of(cluster)
@@ -598,7 +587,7 @@ class ClusterServerProtocol(asyncio.Protocol):
             if self._hello is None:
                 self._hello = frames.hello_of(frame, self.cluster.node)
                 self._check_certificate(self._hello.node)
-                self.reply(CHALLENGE, self._challenge)
+                self.reply(CHALLENGE, self.cluster.node, self._challenge)
             else:
                 self._check_proof(frame)
                 self._linked()

@@ -28,8 +28,7 @@ from typing import Any
 
 import pytest
 
-from broker.cluster import frames
-from broker.cluster.frames import CHALLENGE, HELLO, PROOF, WELCOME, FrameDecoder, Hello
+from broker.cluster.frames import CHALLENGE, WELCOME, Connecting, FrameDecoder
 from broker.cluster.node import DRAIN_LIMIT, Cluster
 from tests.test_cli import BrokerProcess, clean_env
 
@@ -107,13 +106,12 @@ def handshake(
     listener of node `target`), proving `secret`: HELLO, then the PROOF that answers the
     CHALLENGE. The frames answered (WELCOME first when the proof is right; else those
     up to the close: a REFUSED) and whether the node closed the connection."""
-    hello = Hello(node, f"{node}-boot", frames.new_nonce())
-    sock.sendall(frames.encode(HELLO, frames.PROTOCOL_VERSION, *hello))
+    said = Connecting(secret, node, f"{node}-boot", target)
+    sock.sendall(said.hello())
     got, closed = read_frames(sock, timeout, functools.partial(first_is, CHALLENGE))
     if closed or not got or got[0][0] != CHALLENGE:
         return got, closed
-    proof = frames.connecting_proof(secret, hello, target, got[0][1])
-    sock.sendall(frames.encode(PROOF, proof))
+    sock.sendall(said.proof(got[0]))
     return read_frames(sock, timeout, functools.partial(first_is, WELCOME))
 
 

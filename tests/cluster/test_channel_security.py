@@ -13,10 +13,12 @@ handshake itself from a raw socket.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import signal
 import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from broker.cluster import frames
 from broker.cluster.frames import CHALLENGE, HELLO, PROOF, REFUSED, WELCOME, Hello
 from broker.cluster.link import HANDSHAKE_TIMEOUT
 from broker.config import ConfigError, config_from_dict
+from broker.tls import certificate_names
 from tests.broker.test_tls import Cert, issue
 from tests.cluster.nodes import cluster_of, read_frames, start_in_process_node
 from tests.cluster.test_failures import (
@@ -47,6 +50,7 @@ from tests.test_check_config import check_config
 __all__ = ["clusters"]  # a fixture, used by name
 
 SECRET = "correct horse battery staple"
+HELLO_B = Hello("b", "b-boot", frames.new_nonce())
 NODE = r"127\.0\.0\.1:\d+"  # a node's address in a log line
 
 
@@ -122,10 +126,10 @@ def test_a_proof_is_good_for_one_challenge_only(start_broker: Any, redis_url: st
         with socket.create_connection(address, timeout=TIMEOUT) as sock:
             sock.sendall(frames.encode(HELLO, frames.PROTOCOL_VERSION, *hello))
             got, _ = read_frames(sock, TIMEOUT, bool)
-            assert got[0][0] == CHALLENGE
-            challenges.append(got[0][1])
+            assert got[0][:2] == [CHALLENGE, "a"]
+            challenges.append(got[0][2])
             if len(challenges) == 1:  # proved once, right
-                proof = frames.connecting_proof(SECRET, hello, "a", got[0][1])
+                proof = frames.connecting_proof(SECRET, hello, "a", got[0][2])
                 sock.sendall(frames.encode(PROOF, proof))
                 got, _ = read_frames(sock, TIMEOUT, bool)
                 assert got[0][0] == WELCOME
@@ -167,12 +171,12 @@ def test_the_accepting_node_proves_the_secret_too(start_broker: Any, redis_url: 
         sock.sendall(frames.encode(HELLO, frames.PROTOCOL_VERSION, *hello))
         (challenge,), _ = read_frames(sock, TIMEOUT, bool)
         sock.sendall(
-            frames.encode(PROOF, frames.connecting_proof(SECRET, hello, "a", challenge[1]))
+            frames.encode(PROOF, frames.connecting_proof(SECRET, hello, "a", challenge[2]))
         )
         got, _ = read_frames(sock, TIMEOUT, bool)
     _, name, boot_id, proof = got[0]
     assert (name, boot_id) == ("a", cluster.boot_id)
-    assert proof == frames.accepting_proof(SECRET, hello, "a", boot_id, challenge[1])
+    assert proof == frames.accepting_proof(SECRET, hello, "a", boot_id, challenge[2])
 
 
 # --------------------------------------------------------------------------- TLS
@@ -237,6 +241,22 @@ def test_a_tls_cluster_routes_messages_and_shows_nothing_in_clear(
     no_traceback(a, b)
 
 
+def test_a_tls_cluster_with_the_leaderless_metadata_joins_through_its_seed(
+    cluster: Cluster, certificates: Certificates
+) -> None:
+    """b joins through a's address (its seed contact, over TLS too, learns a's name from
+    the handshake and checks a's certificate for it), then routes as any cluster."""
+    a = cluster.node("a", metadata="swc", extra=certificates.keys(certificates.issue("a"))).start()
+    seed = (HOST, a.cluster_port)
+    b = cluster.node(
+        "b", metadata="swc", seeds=[seed], extra=certificates.keys(certificates.issue("b"))
+    ).start()
+    wait_log(b, rf"cluster: joining through seed {HOST}:{a.cluster_port} \(node a\)")
+    cluster.wait_linked([a, b])
+    routes(cluster, a, b, "joined")
+    no_traceback(a, b)
+
+
 def test_a_certificate_from_another_ca_is_refused(
     cluster: Cluster, certificates: Certificates
 ) -> None:
@@ -272,6 +292,49 @@ def test_a_certificate_for_another_node_is_refused(
     no_traceback(a, b)
 
 
+@pytest.mark.parametrize(
+    ("client", "why"),
+    [
+        pytest.param("no certificate", "it showed no certificate", id="no-certificate"),
+        pytest.param(
+            "plain", "it does not speak TLS (are its [cluster] tls_ keys set?)", id="no-tls"
+        ),
+    ],
+)
+def test_a_peer_without_a_certificate_is_refused(
+    start_broker: Any,
+    redis_url: str,
+    certificates: Certificates,
+    caplog: pytest.LogCaptureFixture,
+    client: str,
+    why: str,
+) -> None:
+    """A TLS client that shows no certificate, or a node without TLS (its HELLO in
+    clear): refused in one line naming it, before any frame is read."""
+    cert = certificates.issue("a")
+    node = start_in_process_node(
+        start_broker,
+        redis_url,
+        tls_certfile=cert.certfile,
+        tls_keyfile=cert.keyfile,
+        tls_cafile=certificates.cafile,
+    )
+    with socket.create_connection(cluster_of(node).address, timeout=TIMEOUT) as sock:
+        me = "{}:{}".format(*sock.getsockname())
+        if client == "plain":
+            sock.sendall(frames.encode(HELLO, frames.PROTOCOL_VERSION, *HELLO_B))
+        else:
+            context = ssl.create_default_context(cafile=certificates.cafile)
+            context.check_hostname = False
+            with context.wrap_socket(sock) as tls:  # TLS 1.3: refused after its end
+                tls.sendall(frames.encode(HELLO, frames.PROTOCOL_VERSION, *HELLO_B))
+                with contextlib.suppress(ssl.SSLError, OSError):
+                    assert tls.recv(100) == b""
+        line = f"cluster listener: refused a link from {me}: TLS handshake failed: {why}"
+        node.wait_for(lambda: line in caplog.messages)
+    assert [m for m in caplog.messages if me in m] == [line]
+
+
 def test_a_dns_name_of_the_certificate_may_name_the_node(
     cluster: Cluster, certificates: Certificates
 ) -> None:
@@ -286,6 +349,16 @@ def test_a_dns_name_of_the_certificate_may_name_the_node(
     routes(cluster, a, b, "dns")
 
 
+def test_the_names_of_a_certificate_are_its_cn_and_dns_names() -> None:
+    certificate = {
+        "subject": ((("organizationName", "o"),), (("commonName", "a"),)),
+        "subjectAltName": (("DNS", "a.cluster.test"), ("IP Address", "10.0.0.1"), ("DNS", "b")),
+    }
+    assert certificate_names(certificate) == ["a", "a.cluster.test", "b"]
+    assert certificate_names({"subjectAltName": (("DNS", "c"),)}) == ["c"]
+    assert certificate_names({}) == []
+
+
 # --------------------------------------------------------------------------- the keys
 
 
@@ -298,10 +371,14 @@ def test_a_dns_name_of_the_certificate_may_name_the_node(
             "cluster.tls_cafile: needed with tls_certfile and tls_keyfile",
         ),
         ({"tls_cafile": "ca.pem"}, "cluster.tls_certfile: needed with tls_cafile"),
+        (
+            {"tls_keypasswd": "pw"},
+            "cluster.tls_keypasswd: a TLS setting, and TLS is off (set tls_certfile)",
+        ),
     ],
 )
 def test_tls_keys_go_together(keys: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=f"^{re.escape(message)} "):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}( |$)"):
         config_from_dict({"cluster": {"address": "127.0.0.1:0", **keys}})
 
 
