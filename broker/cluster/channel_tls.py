@@ -138,13 +138,11 @@ def tls_problem(exc: ssl.SSLError) -> str:
     return _PROBLEMS.get(exc.reason or "", f"TLS failed: {exc.reason or exc}")
 
 
-def certificate_problem(transport: asyncio.BaseTransport, node: str, address: str) -> str | None:
-    """Why the certificate of the peer at `address` does not prove it is `node`; None
-    when its subject CN or one of its DNS names is `node` (compared exactly)."""
+def certificate_problem(transport: asyncio.BaseTransport, node: str) -> str | None:
+    """Why the certificate the peer showed does not prove it is `node`; None when its
+    subject CN or one of its DNS names is `node` (compared exactly). Said to both sides
+    (REFUSED carries it), whose lines name the peer."""
     names = certificate_names(transport.get_extra_info("peercert") or {})
     if node in names:
         return None
-    return (
-        f"the certificate of the node at {address} names {', '.join(names) or 'nothing'}, "
-        f"not {node}"
-    )
+    return f"the certificate shown names {', '.join(names) or 'nothing'}, not {node}"

@@ -73,6 +73,10 @@ HIGH_WATER = 1024 * 1024  # bytes queued to a peer that hold its publishers
 LOW_WATER = 256 * 1024
 SOCKET_BUFFER = 256 * 1024  # SO_SNDBUF of a link (loopback would grow it to megabytes)
 RECONNECT_DELAY = 0.5  # seconds between attempts to reach a peer
+# A link refused in its handshake (a wrong secret or certificate, a full listener) is
+# tried again after RECONNECT_DELAY, doubled with each refusal up to this: a setting
+# that is wrong stays so until someone fixes it, and each attempt is a line on each side.
+REFUSED_DELAY_MAX = 10.0
 HANDSHAKE_TIMEOUT = 5.0
 # The largest frame the cluster listener takes before a peer's handshake is done. A HELLO,
 # [HELLO, version, node, boot id, nonce] in MessagePack, is about 60 bytes plus the node's
@@ -159,6 +163,7 @@ class PeerLink(asyncio.Protocol):
         self._last_pong = 0.0
         self._welcomed: asyncio.Future[None] | None = None
         self._handshake: Connecting | None = None  # this attempt's, until WELCOME
+        self._refusals = 0  # handshakes refused in a row (the next attempt waits longer)
         self._task = cluster.spawn(self._run(), f"cluster link to {node}")
         self.progress = 0  # bytes written to the peer (flow control watches it)
         self.bytes_sent = 0
@@ -238,17 +243,12 @@ class PeerLink(asyncio.Protocol):
             try:
                 await self._connect()
             except ssl.SSLError as exc:  # (an OSError too)
-                log.warning(
-                    "cluster link to %s (%s:%s): TLS handshake failed: %s",
-                    self.node,
-                    *self.address,
-                    tls_problem(exc),
-                )
-                await asyncio.sleep(RECONNECT_DELAY)
+                self._tls_failed(exc)
+                await asyncio.sleep(self._retry_delay())
                 continue
             except (TimeoutError, OSError, ConnectionError) as exc:
                 log.debug("cluster link to %s (%s:%s): %s", self.node, *self.address, exc)
-                await asyncio.sleep(RECONNECT_DELAY)
+                await asyncio.sleep(self._retry_delay())
                 continue
             # Up: ping until the link goes down.
             while self.up and not self.closed:
@@ -266,6 +266,19 @@ class PeerLink(asyncio.Protocol):
                 self.transport.write(frames.encode(PING, next(self._pings)))
             if not self.closed:
                 await asyncio.sleep(RECONNECT_DELAY)
+
+    def _retry_delay(self) -> float:
+        return retry_delay(self._refusals)
+
+    def _tls_failed(self, exc: ssl.SSLError) -> None:
+        log.warning(
+            "cluster link to %s (%s:%s): TLS handshake failed: %s",
+            self.node,
+            *self.address,
+            tls_problem(exc),
+        )
+        if not isinstance(exc, ssl.SSLEOFError):  # (not a peer that went away meanwhile)
+            self._refusals += 1
 
     async def _connect(self) -> None:
         welcomed = self._welcomed = self.loop.create_future()
@@ -294,8 +307,7 @@ class PeerLink(asyncio.Protocol):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._decoder = FrameDecoder(self.cluster.settings.max_frame_size)
         if self.tls is not None:  # the peer must be the node meant
-            address = format_address(self.address)
-            problem = certificate_problem(transport, self.node, address)
+            problem = certificate_problem(transport, self.node)
             if problem is not None:
                 return self._refuse(problem)
         c = self.cluster
@@ -307,6 +319,7 @@ class PeerLink(asyncio.Protocol):
         log.error(
             "cluster link to %s (%s:%s): refused: %s; closing it", self.node, *self.address, reason
         )
+        self._refusals += 1
         assert self.transport is not None
         self.transport.write(frames.encode(REFUSED, reason))
         self.transport.close()
@@ -335,6 +348,7 @@ class PeerLink(asyncio.Protocol):
                 self._welcome(frame)
             elif kind == REFUSED:
                 log.error("node %s refused this node's link: %s", self.node, frame[1])
+                self._refusals += 1
                 if self._welcomed is not None and not self._welcomed.done():
                     self._welcomed.set_exception(ConnectionError(f"refused: {frame[1]}"))
 
@@ -357,6 +371,7 @@ class PeerLink(asyncio.Protocol):
         except HandshakeError as exc:
             return self._refuse(str(exc))
         self._handshake = None
+        self._refusals = 0
         restarted = self.boot_id and boot_id != self.boot_id
         self.boot_id = boot_id
         self.up = True
@@ -378,12 +393,7 @@ class PeerLink(asyncio.Protocol):
         self.transport = None
         self._handshake = None
         if isinstance(exc, ssl.SSLError) and not was_up:  # TLS 1.3: refused after its end
-            log.warning(
-                "cluster link to %s (%s:%s): TLS handshake failed: %s",
-                self.node,
-                *self.address,
-                tls_problem(exc),
-            )
+            self._tls_failed(exc)
         for future in self._requests.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"the link to {self.node} went down"))
@@ -406,6 +416,7 @@ class PeerLink(asyncio.Protocol):
         """The peer listens elsewhere now (it restarted on another port): reconnect
         there, keeping what waits for it."""
         self.address = address
+        self._refusals = 0  # (they were another node's, or nobody's)
         if self.transport is not None:
             self.transport.abort()
 
@@ -598,7 +609,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         """Over TLS, the name the peer gave must be one its certificate is for."""
         transport = self.transport
         if transport is not None and transport.get_extra_info("ssl_object") is not None:
-            problem = certificate_problem(transport, node, format_address(self.peer))
+            problem = certificate_problem(transport, node)
             if problem is not None:
                 raise HandshakeError(problem)
 
@@ -705,6 +716,11 @@ def listener_of(cluster: LinkEnd) -> ClusterListener:
     if listener is None:
         listener = _listeners[cluster] = ClusterListener(cluster.settings, cluster.loop)
     return listener
+
+
+def retry_delay(refusals: int) -> float:
+    """Seconds before the next attempt at a link refused `refusals` times in a row."""
+    return min(RECONNECT_DELAY * 2 ** min(refusals, 8), REFUSED_DELAY_MAX)
 
 
 def format_address(peer: Any) -> str:

@@ -24,7 +24,13 @@ import pytest
 
 from broker.cluster import frames
 from broker.cluster.frames import CHALLENGE, PROOF, REFUSED, WELCOME
-from broker.cluster.link import HANDSHAKE_TIMEOUT, RECONNECT_DELAY, PeerLink
+from broker.cluster.link import (
+    HANDSHAKE_TIMEOUT,
+    RECONNECT_DELAY,
+    REFUSED_DELAY_MAX,
+    PeerLink,
+    retry_delay,
+)
 from tests.cluster.nodes import cluster_of, read_frames, start_in_process_node
 
 HOST = "127.0.0.1"
@@ -162,3 +168,11 @@ def test_a_peer_that_cannot_prove_the_secret_is_refused(start_broker, redis_url,
     node.wait_for(lambda: said == [[REFUSED, reason]])
     assert not link.up
     node.call(link.close)
+
+
+def test_a_refused_link_is_tried_again_less_and_less_often() -> None:
+    """Each refusal in a row doubles the wait (a wrong secret or certificate stays wrong
+    until someone fixes it, and each attempt is a line on both nodes), up to a bound."""
+    waits = [retry_delay(refusals) for refusals in range(8)]
+    assert waits == [RECONNECT_DELAY, 1.0, 2.0, 4.0, 8.0] + [REFUSED_DELAY_MAX] * 3
+    assert retry_delay(10_000) == REFUSED_DELAY_MAX

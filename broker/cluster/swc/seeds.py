@@ -86,7 +86,7 @@ class Seeds:
             name = await _handshake(
                 reader, writer, Connecting(c.settings.secret, c.node, c.boot_id)
             )
-            if tls is not None and (problem := certificate_problem(writer.transport, name, seed)):
+            if tls is not None and (problem := certificate_problem(writer.transport, name)):
                 raise ConnectionError(problem)
             if self._has_other_history(name):
                 self.refused = True
