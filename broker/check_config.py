@@ -1,7 +1,8 @@
 """`nautilus check-config FILE`: what a start on FILE would do, without starting.
 
 The config is read and checked as start-up checks it, and the plugins are built (their
-files read, their settings checked; nothing of theirs starts). Printed: the addresses a
+files read, their settings checked; nothing of theirs starts), and the cluster channel's
+TLS files loaded. Printed: the addresses a
 start listens on, the plugins in call order, who decides a CONNECT, a PUBLISH and a
 SUBSCRIBE (broker/deciders.py), and the warnings start-up would log. Exit status 0 when
 the broker would start (warnings or not), 2 with one line naming the key when it would
@@ -38,6 +39,7 @@ def main(argv: list[str]) -> int:
     try:
         config = load_config(path)
         plugins = configured_plugins(config)
+        check_cluster_tls(config)
     except ConfigError as exc:
         print(f"nautilus check-config: {exc}", file=sys.stderr)
         return 2
@@ -51,6 +53,14 @@ def main(argv: list[str]) -> int:
     said = f"{len(found)} warning{'s' if len(found) != 1 else ''}" if found else "no warnings"
     print(f"{path}: ok, {said}")
     return 0
+
+
+def check_cluster_tls(config: Config) -> None:
+    """The cluster channel's TLS files load, as at start (ConfigError naming the key)."""
+    if config.cluster.address and config.cluster.tls_certfile:
+        from broker.cluster.channel_tls import ChannelTls  # (only with [cluster])
+
+        ChannelTls(config.cluster)
 
 
 class Collected(logging.Handler):

@@ -189,7 +189,14 @@ class ClusterSettings:
     # "auto": "redis" when [plugins.redis_subs] is enabled, else "swc".
     metadata: Literal["auto", "redis", "swc"] = "auto"
     seeds: list[str] = field(default_factory=list)  # swc: "host:port" of nodes to join
-    secret: str = ""  # nodes must present the same one to link
+    secret: str = ""  # nodes must prove they hold the same one to link (it is never sent)
+    # TLS on the links (all three, or none): this node's certificate chain and key (PEM),
+    # and the CA that signed every node's certificate; a certificate names its node (its
+    # subject CN or a DNS subjectAltName is the node's name).
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_keypasswd: str = ""  # the key's password, if it is encrypted
+    tls_cafile: str = ""
     liveness_interval: float = 0.5  # seconds between liveness refreshes
     dead_after: float = 3.0  # a node silent this long is dead: its sessions are reaped
     outgoing_buffer_size: int = 16 * 1024 * 1024  # bytes kept per link while it is down
@@ -507,6 +514,7 @@ def _validate_cluster(config: Config) -> None:
             raise ConfigError(
                 f"cluster.{key}: expected 'host:port' (IPv6: '[::1]:port'), got {address!r}"
             ) from None
+    _check_cluster_tls(cluster)
     if cluster.address:
         if cluster.dead_after <= cluster.liveness_interval:
             raise ConfigError(
@@ -527,6 +535,23 @@ def _validate_cluster(config: Config) -> None:
             raise ConfigError("cluster.swc.exchange_batch_size: must be at least 1")
         if not cluster.swc.directory:
             cluster.swc.directory = os.path.join(config.store.path, "swc")
+
+
+CLUSTER_TLS_KEYS = ("tls_certfile", "tls_keyfile", "tls_cafile")
+
+
+def _check_cluster_tls(cluster: ClusterSettings) -> None:
+    """The cluster's TLS is mutual: each node needs its certificate, its key and the CA
+    (broker/cluster/channel_tls.py loads the files)."""
+    given = [key for key in CLUSTER_TLS_KEYS if getattr(cluster, key)]
+    if given and len(given) < len(CLUSTER_TLS_KEYS):
+        missing = next(key for key in CLUSTER_TLS_KEYS if key not in given)
+        raise ConfigError(
+            f"cluster.{missing}: needed with {' and '.join(given)} (the cluster's TLS is "
+            "mutual: tls_certfile, tls_keyfile and tls_cafile)"
+        )
+    if cluster.tls_keypasswd and not given:
+        raise ConfigError("cluster.tls_keypasswd: a TLS setting, and TLS is off (set tls_certfile)")
 
 
 TLS_KEYS = (

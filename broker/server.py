@@ -382,9 +382,12 @@ class Broker:
 
     def reload_tls(self) -> None:
         """SIGHUP: TLS listeners load their certificate files again, for new connections
-        (established ones keep theirs), and so do plugins' own TLS servers (the
-        `reload_tls` side door: the event relay's). Files that fail keep the old ones."""
+        (established ones keep theirs), and so do the cluster's links and plugins' own
+        TLS servers (the `reload_tls` side door: the event relay's). Files that fail keep
+        the old ones."""
         reloads = [(tls.where, tls.reload) for tls in self.tls.values()]
+        if not isinstance(self.peers, Alone) and self.peers.tls is not None:
+            reloads.append((self.peers.tls.where, self.peers.tls.reload))  # [cluster]'s
         reloads += [(deciders.table(name), reload) for name, reload in self.doors.reload_tls]
         for where, reload in reloads:
             try:

@@ -38,31 +38,15 @@ class TlsSettings(Protocol):
     def ciphers(self) -> str: ...
 
 
-def server_context(listener: TlsSettings, where: str) -> ssl.SSLContext:
+def server_context(listener: TlsSettings, where: str, prefix: str = "") -> ssl.SSLContext:
     """A context from the listener's files; a file that will not load is a ConfigError
-    naming its key (`where` is the section: "listeners[0]", "event_relay")."""
+    naming its key (`where` is the section: "listeners[0]", "event_relay"; `prefix` the
+    keys' own, "tls_" for [cluster]'s tls_certfile...)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _VERSIONS[listener.tls_version]
-    try:
-        # The password as a function: OpenSSL never asks on a terminal (an encrypted key
-        # without keypasswd would otherwise block the broker on a prompt).
-        context.load_cert_chain(
-            listener.certfile, listener.keyfile, password=lambda: listener.keypasswd
-        )
-    except (OSError, ssl.SSLError) as exc:
-        encrypted = isinstance(exc, ssl.SSLError) and not listener.keypasswd
-        hint = " (if the key is encrypted, set keypasswd)" if encrypted else ""
-        raise ConfigError(
-            f"{where}.certfile: cannot load {listener.certfile} with the key "
-            f"{listener.keyfile}: {why(exc)}{hint}"
-        ) from None
+    _load_chain(context, listener, where, prefix)
     if listener.cafile:
-        try:
-            context.load_verify_locations(cafile=listener.cafile)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"{where}.cafile: cannot load {listener.cafile}: {why(exc)}"
-            ) from None
+        _load_ca(context, listener, f"{where}.{prefix}")
         # With a CA, clients may show a certificate (then it must chain to the CA).
         context.verify_mode = (
             ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_OPTIONAL
@@ -71,8 +55,45 @@ def server_context(listener: TlsSettings, where: str) -> ssl.SSLContext:
         try:
             context.set_ciphers(listener.ciphers)
         except ssl.SSLError:
-            raise ConfigError(f"{where}.ciphers: no cipher matches {listener.ciphers!r}") from None
+            raise ConfigError(
+                f"{where}.{prefix}ciphers: no cipher matches {listener.ciphers!r}"
+            ) from None
     return context
+
+
+def client_context(settings: TlsSettings, where: str, prefix: str = "") -> ssl.SSLContext:
+    """A client's context from the same keys: it shows its certificate, and trusts only
+    the CA of `cafile`. The server's name is not checked here (the caller knows what it
+    should be: a cluster node's name, not the address it is reached at)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = _VERSIONS[settings.tls_version]
+    context.check_hostname = False
+    _load_chain(context, settings, where, prefix)
+    _load_ca(context, settings, f"{where}.{prefix}")  # verify_mode is CERT_REQUIRED
+    return context
+
+
+def _load_chain(context: ssl.SSLContext, settings: TlsSettings, where: str, prefix: str) -> None:
+    try:
+        # The password as a function: OpenSSL never asks on a terminal (an encrypted key
+        # without keypasswd would otherwise block the broker on a prompt).
+        context.load_cert_chain(
+            settings.certfile, settings.keyfile, password=lambda: settings.keypasswd
+        )
+    except (OSError, ssl.SSLError) as exc:
+        encrypted = isinstance(exc, ssl.SSLError) and not settings.keypasswd
+        hint = f" (if the key is encrypted, set {prefix}keypasswd)" if encrypted else ""
+        raise ConfigError(
+            f"{where}.{prefix}certfile: cannot load {settings.certfile} with the key "
+            f"{settings.keyfile}: {why(exc)}{hint}"
+        ) from None
+
+
+def _load_ca(context: ssl.SSLContext, settings: TlsSettings, keys: str) -> None:
+    try:
+        context.load_verify_locations(cafile=settings.cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{keys}cafile: cannot load {settings.cafile}: {why(exc)}") from None
 
 
 def why(exc: OSError) -> str:
@@ -86,11 +107,12 @@ class TlsListener:
     """The contexts of one TLS listener: `server` to create it with, `current` for new
     handshakes."""
 
-    def __init__(self, listener: TlsSettings, where: str) -> None:
+    def __init__(self, listener: TlsSettings, where: str, prefix: str = "") -> None:
         self.listener = listener
         self.where = where
-        self.current = server_context(listener, where)
-        self.server = server_context(listener, where)
+        self.prefix = prefix
+        self.current = server_context(listener, where, prefix)
+        self.server = server_context(listener, where, prefix)
         self.server.sni_callback = self._choose
 
     def _choose(self, ssl_object: ssl.SSLObject, _name: str | None, _ctx: Any) -> None:
@@ -98,7 +120,7 @@ class TlsListener:
 
     def reload(self) -> None:
         """Load the files again (ConfigError, and the old context stays, if they fail)."""
-        self.current = server_context(self.listener, self.where)
+        self.current = server_context(self.listener, self.where, self.prefix)
 
 
 def common_name(certificate: dict[str, Any]) -> str | None:
@@ -108,3 +130,11 @@ def common_name(certificate: dict[str, Any]) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def certificate_names(certificate: dict[str, Any]) -> list[str]:
+    """The names a verified peer certificate is for: its subject's CN and its DNS names
+    (subjectAltName), as getpeercert() gives them."""
+    names = [value for kind, value in certificate.get("subjectAltName", ()) if kind == "DNS"]
+    cn = common_name(certificate)
+    return [cn, *names] if cn is not None else names

@@ -6,7 +6,9 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
   0 protocol       the sans-I/O codec
   1 foundations    topics, clock, metrics, config, subscription_trie (it only matches),
                    authorization, deciders (who decides what, as configured),
-                   enhanced_auth, hook_callers, tls (listeners' contexts),
+                   enhanced_auth, hook_callers, tls (listeners' contexts), tls_stream
+                   and layer (TLS over memory BIOs: a listener's after a PROXY header,
+                   the cluster listener's),
                    logs, episodes (a repeated line logged once per episode),
                    connection_cap (a listener's max_connections), descriptors (the
                    process's file descriptors), optional
@@ -26,8 +28,8 @@ Layers of broker/, lowest first (a module may import its own layer and lower one
                    client.subscribe; client.handlers: which handles each packet), plugins,
                    systree
   7 connection     the asyncio shell around an engine (connection), its writer,
-                   proxy_protocol (the header before it), tls_stream (TLS after that
-                   header), websocket (the framing around it)
+                   proxy_protocol (the header before it), websocket (the framing
+                   around it)
   8 broker         server (the Broker), __main__, check_config, admin (operations),
                    http (the server)
 
@@ -107,8 +109,8 @@ LAYERS = {
     "broker.connection": 7,
     "broker.proxy_protocol": 7,
     "broker.websocket": 7,
-    "broker.tls_stream": 7,
-    "broker.layer": 7,
+    "broker.tls_stream": 1,  # TLS over memory BIOs (the listeners', the cluster listener's)
+    "broker.layer": 1,  # what a layer between a socket and its protocol is (TLS, WebSocket)
     "broker.server": 8,
     "broker.admin": 8,
     "broker.http": 8,

@@ -1,28 +1,34 @@
 """The cluster channel's wire format, sans I/O: frames in, bytes out.
 
 A frame is a 4-byte big-endian length, then a MessagePack array whose first item is the
-frame's kind. A link starts with HELLO from the connecting node, answered by WELCOME (or
-REFUSED, then the close). After that the connecting node sends the traffic (PUBLISH,
-ENQUEUE, TAKEOVER, PING) and the accepting node answers on the same socket (ACK, PONG):
-one link per ordered pair of nodes, as in VerneMQ. The whole format is in
-docs/clustering.md.
+frame's kind. A link starts with a handshake in which each node proves it holds the
+cluster's secret without sending it: HELLO from the connecting node (with a fresh nonce),
+CHALLENGE from the accepting node (with its own), PROOF from the connecting node, WELCOME
+(with the accepting node's proof) to end it; either side may answer REFUSED instead, then
+close. After that the connecting node sends the traffic (PUBLISH, ENQUEUE, TAKEOVER, PING)
+and the accepting node answers on the same socket (ACK, PONG): one link per ordered pair
+of nodes, as in VerneMQ. The whole format is in docs/clustering.md.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from broker.message import Message
 from broker.protocol import Property
 
-PROTOCOL_VERSION = 1
+# 2: the secret is proved (CHALLENGE, PROOF), no longer sent in HELLO.
+PROTOCOL_VERSION = 2
 
-HELLO = 1  # [HELLO, version, node, boot id, secret]
-WELCOME = 2  # [WELCOME, node, boot id]
-REFUSED = 3  # [REFUSED, reason]
+HELLO = 1  # [HELLO, version, node, boot id, nonce]
+WELCOME = 2  # [WELCOME, node, boot id, proof]: the accepting node's proof
+REFUSED = 3  # [REFUSED, reason]: from either side during the handshake, then the close
 PUBLISH = 4  # [PUBLISH, message]: match it against this node's subscriptions
 ENQUEUE = 5  # [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share]
 ACK = 6  # [ACK, ref, error or None]
@@ -52,6 +58,9 @@ TRACE_STOP = 33  # [TRACE_STOP, trace id]: the sender's trace is over: stop your
 TRACE_LINE = 34  # [TRACE_LINE, trace id, line fields]: a line of the receiver's trace
 TRACE_END = 35  # [TRACE_END, trace id, reason]: the sender's part ended (its rate limit)
 TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
+# The handshake's proof of the secret (between HELLO and WELCOME):
+CHALLENGE = 40  # [CHALLENGE, node, nonce]: the accepting node's name and nonce
+PROOF = 41  # [PROOF, proof]: the connecting node's proof
 
 _LENGTH = struct.Struct(">I")
 
@@ -91,6 +100,109 @@ def unpack_message(fields: list[Any], now: float) -> Message:
     message = Message(topic, payload, qos, retain, properties, sender, now=now)
     message.acl_name = acl_name
     return message
+
+
+# -- the handshake ---------------------------------------------------------------------
+#
+# Each side proves it holds the secret with HMAC-SHA256(secret, what the handshake said so
+# far, its role first). Both nonces are fresh per link, so a proof seen on the wire is
+# worth nothing on another link; the role keeps one side's proof from passing as the
+# other's, and the node names bind it to these two nodes.
+
+NONCE_SIZE = 16  # bytes
+
+
+class HandshakeError(ValueError):
+    """A handshake frame that is not acceptable; the message is the REFUSED reason."""
+
+
+class Hello(NamedTuple):
+    """What the connecting node says of itself in HELLO."""
+
+    node: str
+    boot_id: str
+    nonce: bytes
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_SIZE)
+
+
+def hello_of(frame: list[Any], own_node: str) -> Hello:
+    """The HELLO a link opened with (HandshakeError: the reason to refuse it)."""
+    if frame[0] != HELLO or len(frame) != 5:
+        raise HandshakeError("expected HELLO")
+    _, version, node, boot_id, nonce = frame
+    if version != PROTOCOL_VERSION:
+        raise HandshakeError(f"protocol version {version} (this node speaks {PROTOCOL_VERSION})")
+    if not isinstance(node, str) or not node or node == own_node:
+        raise HandshakeError(f"bad node name {node!r}")
+    if not isinstance(boot_id, str) or not nonce_ok(nonce):
+        raise HandshakeError("a HELLO without a boot id and a nonce")
+    return Hello(node, boot_id, nonce)
+
+
+def nonce_ok(nonce: Any) -> bool:
+    return isinstance(nonce, bytes) and len(nonce) == NONCE_SIZE
+
+
+def connecting_proof(secret: str, hello: Hello, accepting_node: str, challenge: bytes) -> bytes:
+    """The connecting node's proof (PROOF): over its HELLO, the name of the node it means
+    to reach and that node's CHALLENGE nonce."""
+    return _proof(secret, ["connecting", *hello, accepting_node, challenge])
+
+
+def accepting_proof(
+    secret: str, hello: Hello, accepting_node: str, boot_id: str, challenge: bytes
+) -> bytes:
+    """The accepting node's proof (WELCOME): the same, and its boot id."""
+    return _proof(secret, ["accepting", *hello, accepting_node, challenge, boot_id])
+
+
+def proved(expected: bytes, proof: Any) -> bool:
+    """Whether a proof received is the one expected (in constant time)."""
+    return isinstance(proof, bytes) and hmac.compare_digest(expected, proof)
+
+
+def _proof(secret: str, fields: list[Any]) -> bytes:
+    message = msgpack.packb([PROTOCOL_VERSION, *fields])
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+class Connecting:
+    """The connecting node's side of a handshake (link.py's PeerLink, a seed contact):
+    `hello` to send first, `proof` to answer the CHALLENGE, `welcomed` to check the
+    WELCOME. HandshakeError, its message the reason to refuse, for what is not right."""
+
+    def __init__(self, secret: str, node: str, boot_id: str, meant: str = "") -> None:
+        self.secret = secret
+        self.meant = meant  # the node this one means to reach ("": any, a seed)
+        self.greeting = Hello(node, boot_id, new_nonce())
+        self.peer = ""  # the accepting node, as its CHALLENGE names it
+        self._nonce: bytes | None = None  # its CHALLENGE's
+
+    def hello(self) -> bytes:
+        return encode(HELLO, PROTOCOL_VERSION, *self.greeting)
+
+    def proof(self, frame: list[Any]) -> bytes:
+        """The PROOF answering a CHALLENGE, from the node meant."""
+        if len(frame) != 3 or self._nonce is not None or not nonce_ok(frame[2]):
+            raise HandshakeError("a CHALLENGE out of place")
+        _, node, nonce = frame
+        if not isinstance(node, str) or (self.meant and node != self.meant):
+            raise HandshakeError(f"it is node {node}, not {self.meant}")
+        self.peer, self._nonce = node, nonce
+        return encode(PROOF, connecting_proof(self.secret, self.greeting, node, nonce))
+
+    def welcomed(self, frame: list[Any]) -> str:
+        """The accepting node's boot id, once WELCOME's proof is checked."""
+        if len(frame) != 4 or self._nonce is None or frame[1] != self.peer:
+            raise HandshakeError("a WELCOME out of place")
+        _, node, boot_id, proof = frame
+        expected = accepting_proof(self.secret, self.greeting, node, str(boot_id), self._nonce)
+        if not proved(expected, proof):
+            raise HandshakeError("wrong cluster secret (its proof does not match)")
+        return str(boot_id)
 
 
 class FrameDecoder:

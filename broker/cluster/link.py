@@ -12,12 +12,19 @@ mark publishers wait, so a slow link slows its publishers instead of growing mem
 A link that gets no PONG to its PINGs for `dead_after` is aborted and reconnected: a
 peer that is blackholed (the socket open, nothing passing) is noticed that way.
 
-The cluster listener is open to whoever reaches its port, so until a peer's HELLO is
-accepted (its secret checked) it costs little: its frames may be at most HELLO_MAX_SIZE
+A link starts with a handshake (broker/cluster/frames.py): HELLO, CHALLENGE, PROOF,
+WELCOME, in which each node proves it holds `[cluster] secret` without sending it. With
+TLS on (broker/cluster/channel_tls.py) it runs inside TLS, and the names the nodes give
+must be the names their certificates are for. A refusal is one line on each side: the
+refusing node's, and the other's on reading REFUSED (or the failed TLS handshake).
+
+The cluster listener is open to whoever reaches its port, so until a peer's handshake
+is done (its secret proved) it costs little: its frames may be at most HELLO_MAX_SIZE
 (a longer length is refused from the 4 bytes that say it, nothing of the frame read),
-it has HANDSHAKE_TIMEOUT to say HELLO, and the connections open at once are capped
-(`[cluster] max_connections`, ClusterListener). Every refusal's line names the peer's
-address.
+it has HANDSHAKE_TIMEOUT to finish the handshake, and the connections open at once are
+capped (`[cluster] max_connections`, ClusterListener; with TLS, from the end of the TLS
+handshake, which has HANDSHAKE_TIMEOUT of its own). Every refusal's line names the
+peer's address.
 
 Frames a link has read are handled even if the peer closes it before they are (held by
 flow control meanwhile): the peer counted them sent.
@@ -26,32 +33,38 @@ flow control meanwhile): the peer counted them sent.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import socket
+import ssl
 import weakref
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
+from broker.cluster.channel_tls import certificate_problem, tls_problem
 from broker.cluster.frames import (
     ACK,
     ANSWER,
+    CHALLENGE,
     DRAINED,
-    HELLO,
     PING,
     PONG,
+    PROOF,
     REFUSED,
     WELCOME,
+    Connecting,
     FrameDecoder,
     FrameError,
+    HandshakeError,
+    Hello,
 )
 from broker.config import ClusterSettings
 from broker.episodes import Episode
 
 if TYPE_CHECKING:
+    from broker.cluster.channel_tls import ChannelTls
     from broker.metrics import Metrics
 
 log = logging.getLogger("nautilus.cluster")
@@ -60,12 +73,16 @@ HIGH_WATER = 1024 * 1024  # bytes queued to a peer that hold its publishers
 LOW_WATER = 256 * 1024
 SOCKET_BUFFER = 256 * 1024  # SO_SNDBUF of a link (loopback would grow it to megabytes)
 RECONNECT_DELAY = 0.5  # seconds between attempts to reach a peer
+# A link refused in its handshake (a wrong secret or certificate, a full listener) is
+# tried again after RECONNECT_DELAY, doubled with each refusal up to this: a setting
+# that is wrong stays so until someone fixes it, and each attempt is a line on each side.
+REFUSED_DELAY_MAX = 10.0
 HANDSHAKE_TIMEOUT = 5.0
-# The largest frame the cluster listener takes before a peer's HELLO is accepted. A HELLO,
-# [HELLO, version, node, boot id, secret] in MessagePack, is about 40 bytes plus the node's
-# name and the secret: tens of bytes, a few hundred with a long secret. 4 KiB is ten times
-# that and still nothing to hold for a connection that has proved nothing yet (where
-# max_frame_size, 64 MiB, let ten silent connections hold 600 MB).
+# The largest frame the cluster listener takes before a peer's handshake is done. A HELLO,
+# [HELLO, version, node, boot id, nonce] in MessagePack, is about 60 bytes plus the node's
+# name, a PROOF about 40. 4 KiB is far more, and still nothing to hold for a connection
+# that has proved nothing yet (where max_frame_size, 64 MiB, let ten silent connections
+# hold 600 MB).
 HELLO_MAX_SIZE = 4096
 BEFORE_HELLO = "before HELLO, at most"  # how FrameErrors name HELLO_MAX_SIZE
 REFUSALS_INTERVAL = 10.0  # seconds between lines counting links refused at the cap
@@ -119,8 +136,15 @@ class ListeningNode(LinkEnd, Protocol):
 class PeerLink(asyncio.Protocol):
     """This node's one-way link to `node`; replies to requests come back on it."""
 
-    def __init__(self, cluster: LinkingNode, node: str, address: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        cluster: LinkingNode,
+        node: str,
+        address: tuple[str, int],
+        tls: ChannelTls | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.tls = tls  # [cluster] tls_certfile...: the link's TLS, if on
         self.loop = cluster.loop
         self.node = node
         self.address = address
@@ -138,6 +162,8 @@ class PeerLink(asyncio.Protocol):
         self._pings = itertools.count(1)
         self._last_pong = 0.0
         self._welcomed: asyncio.Future[None] | None = None
+        self._handshake: Connecting | None = None  # this attempt's, until WELCOME
+        self._refusals = 0  # handshakes refused in a row (the next attempt waits longer)
         self._task = cluster.spawn(self._run(), f"cluster link to {node}")
         self.progress = 0  # bytes written to the peer (flow control watches it)
         self.bytes_sent = 0
@@ -216,9 +242,13 @@ class PeerLink(asyncio.Protocol):
         while not self.closed:
             try:
                 await self._connect()
+            except ssl.SSLError as exc:  # (an OSError too)
+                self._tls_failed(exc)
+                await asyncio.sleep(self._retry_delay())
+                continue
             except (TimeoutError, OSError, ConnectionError) as exc:
                 log.debug("cluster link to %s (%s:%s): %s", self.node, *self.address, exc)
-                await asyncio.sleep(RECONNECT_DELAY)
+                await asyncio.sleep(self._retry_delay())
                 continue
             # Up: ping until the link goes down.
             while self.up and not self.closed:
@@ -237,14 +267,31 @@ class PeerLink(asyncio.Protocol):
             if not self.closed:
                 await asyncio.sleep(RECONNECT_DELAY)
 
+    def _retry_delay(self) -> float:
+        return retry_delay(self._refusals)
+
+    def _tls_failed(self, exc: ssl.SSLError) -> None:
+        log.warning(
+            "cluster link to %s (%s:%s): TLS handshake failed: %s",
+            self.node,
+            *self.address,
+            tls_problem(exc),
+        )
+        if not isinstance(exc, ssl.SSLEOFError):  # (not a peer that went away meanwhile)
+            self._refusals += 1
+
     async def _connect(self) -> None:
         welcomed = self._welcomed = self.loop.create_future()
         # Its error is the waiter's; one that comes when nobody waits any more (this task
         # was dropped with its loop) is not "never retrieved" noise in asyncio's log.
         welcomed.add_done_callback(_seen)
+        tls = self.tls
         try:
             await asyncio.wait_for(
-                self.loop.create_connection(lambda: self, *self.address), HANDSHAKE_TIMEOUT
+                self.loop.create_connection(
+                    lambda: self, *self.address, ssl=tls.client if tls is not None else None
+                ),
+                HANDSHAKE_TIMEOUT,
             )
             # Awaited as it is (not shielded): a timeout, or the link closed, cancels it.
             await asyncio.wait_for(welcomed, HANDSHAKE_TIMEOUT)
@@ -259,10 +306,23 @@ class PeerLink(asyncio.Protocol):
         if sock is not None:  # the kernel's share of the queue to the peer: bounded too
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._decoder = FrameDecoder(self.cluster.settings.max_frame_size)
+        if self.tls is not None:  # the peer must be the node meant
+            problem = certificate_problem(transport, self.node)
+            if problem is not None:
+                return self._refuse(problem)
         c = self.cluster
-        transport.write(  # type: ignore[attr-defined]
-            frames.encode(HELLO, frames.PROTOCOL_VERSION, c.node, c.boot_id, c.settings.secret)
+        self._handshake = Connecting(c.settings.secret, c.node, c.boot_id, self.node)
+        transport.write(self._handshake.hello())  # type: ignore[attr-defined]
+
+    def _refuse(self, reason: str) -> None:
+        """The peer is not the node meant: REFUSED tells it why (it says so too)."""
+        log.error(
+            "cluster link to %s (%s:%s): refused: %s; closing it", self.node, *self.address, reason
         )
+        self._refusals += 1
+        assert self.transport is not None
+        self.transport.write(frames.encode(REFUSED, reason))
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -282,19 +342,36 @@ class PeerLink(asyncio.Protocol):
                 self._last_pong = self.loop.time()
             elif kind == DRAINED:  # (from a peer with no link back to this node)
                 self.cluster.drained(self.node)
+            elif kind == CHALLENGE:
+                self._challenged(frame)
             elif kind == WELCOME:
-                self._welcome(frame[1], frame[2])
+                self._welcome(frame)
             elif kind == REFUSED:
                 log.error("node %s refused this node's link: %s", self.node, frame[1])
+                self._refusals += 1
                 if self._welcomed is not None and not self._welcomed.done():
                     self._welcomed.set_exception(ConnectionError(f"refused: {frame[1]}"))
 
-    def _welcome(self, node: str, boot_id: str) -> None:
-        if node != self.node:
-            log.error("cluster link to %s: %s:%s is node %s", self.node, *self.address, node)
-            assert self.transport is not None
-            self.transport.abort()
-            return
+    def _challenged(self, frame: list[Any]) -> None:
+        """CHALLENGE: prove the secret (if the peer is the node meant)."""
+        assert self.transport is not None
+        if self._handshake is None:  # (the link is up)
+            return self._refuse("a CHALLENGE out of place")
+        try:
+            self.transport.write(self._handshake.proof(frame))
+        except HandshakeError as exc:
+            self._refuse(str(exc))
+
+    def _welcome(self, frame: list[Any]) -> None:
+        """WELCOME: the peer proved the secret too; the link is up."""
+        if self._handshake is None:  # (the link is up)
+            return self._refuse("a WELCOME out of place")
+        try:
+            boot_id = self._handshake.welcomed(frame)
+        except HandshakeError as exc:
+            return self._refuse(str(exc))
+        self._handshake = None
+        self._refusals = 0
         restarted = self.boot_id and boot_id != self.boot_id
         self.boot_id = boot_id
         self.up = True
@@ -314,6 +391,9 @@ class PeerLink(asyncio.Protocol):
         was_up = self.up
         self.up = False
         self.transport = None
+        self._handshake = None
+        if isinstance(exc, ssl.SSLError) and not was_up:  # TLS 1.3: refused after its end
+            self._tls_failed(exc)
         for future in self._requests.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"the link to {self.node} went down"))
@@ -336,6 +416,7 @@ class PeerLink(asyncio.Protocol):
         """The peer listens elsewhere now (it restarted on another port): reconnect
         there, keeping what waits for it."""
         self.address = address
+        self._refusals = 0  # (they were another node's, or nobody's)
         if self.transport is not None:
             self.transport.abort()
 
@@ -362,7 +443,7 @@ class PeerLink(asyncio.Protocol):
 
 
 class ClusterServerProtocol(asyncio.Protocol):
-    """A link another node opened to this one: HELLO first, then its traffic.
+    """A link another node opened to this one: the handshake first, then its traffic.
 
     It is a flow-control publisher (broker/flow.py's Reader): when a forwarded message
     fills a local subscriber's queue to its high-water mark, the link stops being read
@@ -378,10 +459,12 @@ class ClusterServerProtocol(asyncio.Protocol):
 
     def __init__(self, cluster: ListeningNode) -> None:
         self.cluster = cluster
-        self.node = ""  # the peer's name, once it said HELLO
+        self.node = ""  # the peer's name, once its handshake is done
+        self._hello: Hello | None = None  # what it said in HELLO
+        self._challenge = frames.new_nonce()  # this node's nonce, in CHALLENGE
         self.peer: Any = ("?", 0)  # its address (peername)
         self.transport: asyncio.Transport | None = None
-        # Until HELLO is accepted, a frame may be HELLO_MAX_SIZE at most (then _hello
+        # Until the handshake is done, a frame may be HELLO_MAX_SIZE at most (then _linked
         # raises it to max_frame_size): a stranger's length prefix holds nothing here.
         self._decoder = FrameDecoder(HELLO_MAX_SIZE, BEFORE_HELLO)
         self._listener = listener_of(cluster)
@@ -394,7 +477,8 @@ class ClusterServerProtocol(asyncio.Protocol):
     def who(self) -> str:
         """The peer, for the log: its address, and its name once it said HELLO."""
         address = format_address(self.peer)
-        return f"{self.node} ({address})" if self.node else address
+        name = self.node or (self._hello.node if self._hello is not None else "")
+        return f"{name} ({address})" if name else address
 
     @property
     def buffered(self) -> int:
@@ -411,8 +495,12 @@ class ClusterServerProtocol(asyncio.Protocol):
         self._handshake_timer = self.cluster.loop.call_later(HANDSHAKE_TIMEOUT, self._no_hello)
 
     def _no_hello(self) -> None:
+        missing = "HELLO" if self._hello is None else "PROOF"
         log.warning(
-            "cluster listener: refused a link from %s: no HELLO in %gs", self.who, HANDSHAKE_TIMEOUT
+            "cluster listener: refused a link from %s: no %s in %gs",
+            self.who,
+            missing,
+            HANDSHAKE_TIMEOUT,
         )
         if self.transport is not None:
             self.transport.abort()
@@ -426,6 +514,11 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.reply(REFUSED, reason)
         assert self.transport is not None
         self.transport.close()
+
+    def tls_refused(self, peer: Any, reason: str) -> None:
+        """(channel_tls.AcceptedTls) Its TLS handshake failed: the link never began."""
+        self.peer = peer or self.peer
+        log.warning("cluster listener: refused a link from %s: %s", self.who, reason)
 
     def data_received(self, data: bytes) -> None:
         self.cluster.metrics.cluster_bytes_received += len(data)
@@ -454,7 +547,7 @@ class ClusterServerProtocol(asyncio.Protocol):
                 return
             frame = waiting.popleft()
             if not self.node:
-                self._hello(frame)
+                self._handshake(frame)
                 continue
             try:
                 self.cluster.on_frame(self, frame)
@@ -491,27 +584,58 @@ class ClusterServerProtocol(asyncio.Protocol):
             self.cluster.settings.liveness_interval, self._beat
         )
 
-    def _hello(self, frame: list[Any]) -> None:
+    def _handshake(self, frame: list[Any]) -> None:
+        """HELLO, answered by CHALLENGE; then PROOF, answered by WELCOME: the peer is
+        linked. (Or REFUSED from the peer: it found this node is not the one it meant.)"""
+        if frame[0] == REFUSED and len(frame) == 2:
+            log.warning(
+                "cluster listener: the link from %s refused this node: %s", self.who, frame[1]
+            )
+            assert self.transport is not None
+            self.transport.close()
+            return
+        try:
+            if self._hello is None:
+                self._hello = frames.hello_of(frame, self.cluster.node)
+                self._check_certificate(self._hello.node)
+                self.reply(CHALLENGE, self.cluster.node, self._challenge)
+            else:
+                self._check_proof(frame)
+                self._linked()
+        except HandshakeError as exc:
+            self.refuse(str(exc))
+
+    def _check_certificate(self, node: str) -> None:
+        """Over TLS, the name the peer gave must be one its certificate is for."""
+        transport = self.transport
+        if transport is not None and transport.get_extra_info("ssl_object") is not None:
+            problem = certificate_problem(transport, node)
+            if problem is not None:
+                raise HandshakeError(problem)
+
+    def _check_proof(self, frame: list[Any]) -> None:
+        assert self._hello is not None
+        if frame[0] != PROOF or len(frame) != 2:
+            raise HandshakeError("expected PROOF")
+        secret, node = self.cluster.settings.secret, self.cluster.node
+        expected = frames.connecting_proof(secret, self._hello, node, self._challenge)
+        if not frames.proved(expected, frame[1]):
+            raise HandshakeError("wrong cluster secret (its proof does not match)")
+
+    def _linked(self) -> None:
+        """The handshake is done: WELCOME, with this node's own proof."""
+        assert self._hello is not None
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        if frame[0] != HELLO or len(frame) != 5:
-            return self.refuse("expected HELLO")
-        _, version, node, _boot_id, secret = frame
-        if version != frames.PROTOCOL_VERSION:
-            return self.refuse(
-                f"protocol version {version} (this node speaks {frames.PROTOCOL_VERSION})"
-            )
-        if not isinstance(secret, str) or not hmac.compare_digest(
-            secret.encode(), self.cluster.settings.secret.encode()
-        ):
-            return self.refuse("wrong cluster secret")
-        if not isinstance(node, str) or not node or node == self.cluster.node:
-            return self.refuse(f"bad node name {node!r}")
-        self.node = node
-        self._decoder.set_limit(self.cluster.settings.max_frame_size)  # a peer now
-        self.reply(WELCOME, self.cluster.node, self.cluster.boot_id)
+        c = self.cluster
+        self.node = self._hello.node
+        self._decoder.set_limit(c.settings.max_frame_size)  # a peer now
+        proof = frames.accepting_proof(
+            c.settings.secret, self._hello, c.node, c.boot_id, self._challenge
+        )
+        self.reply(WELCOME, c.node, c.boot_id, proof)
         self._beat()
-        self.cluster.inbound_up(self)
+        c.inbound_up(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._handshake_timer, self._heartbeat):
@@ -592,6 +716,11 @@ def listener_of(cluster: LinkEnd) -> ClusterListener:
     if listener is None:
         listener = _listeners[cluster] = ClusterListener(cluster.settings, cluster.loop)
     return listener
+
+
+def retry_delay(refusals: int) -> float:
+    """Seconds before the next attempt at a link refused `refusals` times in a row."""
+    return min(RECONNECT_DELAY * 2 ** min(refusals, 8), REFUSED_DELAY_MAX)
 
 
 def format_address(peer: Any) -> str:

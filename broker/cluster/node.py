@@ -22,17 +22,18 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from broker.binding import BindError, claim
 from broker.cluster import frames
 from broker.cluster.adoption import Adoption
+from broker.cluster.channel_tls import ChannelTls
 from broker.cluster.departure import Departure
 from broker.cluster.frames import LEAVING, PUBLISH, SWC_WRITE
 from broker.cluster.handover import Handover
 from broker.cluster.incoming import IncomingFrames
-from broker.cluster.link import ClusterServerProtocol, PeerLink
+from broker.cluster.link import HANDSHAKE_TIMEOUT, ClusterServerProtocol, PeerLink
 from broker.cluster.liveness import Liveness
 from broker.cluster.membership import Membership
 from broker.cluster.metadata import MetadataBackend, MetadataUnavailable, Registration
@@ -70,6 +71,8 @@ class Cluster:
         self.metrics = ports.metrics
         self.node = ports.settings.node_name  # [cluster] node_name lands there
         self.boot_id = uuid.uuid4().hex
+        # The links' TLS, if [cluster] tls_certfile is set (ConfigError: a file will not load).
+        self.tls = ChannelTls(settings) if settings.tls_certfile else None
         self.links: dict[str, PeerLink] = {}
         self.remote_nodes: dict[str, RemoteNode] = {}
         self._members: dict[tuple[str, str], RemoteMember] = {}
@@ -109,7 +112,10 @@ class Cluster:
         """Claim the cluster listener's address, not accepting yet (BindError: it cannot
         be had): start-up binds every address before it starts anything."""
         host, port = host_port(self.settings.address)
-        factory = functools.partial(ClusterServerProtocol, self)
+        link = functools.partial(ClusterServerProtocol, self)
+        factory: Callable[[], asyncio.Protocol] = link
+        if self.tls is not None:  # TLS first, then the link
+            factory = functools.partial(self.tls.accepting, link, self.loop, HANDSHAKE_TIMEOUT)
         try:
             self._server = await claim(self.loop, factory, host, port, reuse_address=True)
         except OSError as exc:
@@ -210,7 +216,7 @@ class Cluster:
         return self.adoption.reaping
 
     def link_to(self, node: str, address: tuple[str, int]) -> None:
-        self.links[node] = PeerLink(self, node, address)
+        self.links[node] = PeerLink(self, node, address, self.tls)
 
     def after_heartbeat(self) -> None:
         self.netsplit.check()

@@ -17,6 +17,7 @@ through `nautilus cluster status --json` with a key the node was given at start.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.frames import FrameDecoder
+from broker.cluster.frames import CHALLENGE, WELCOME, Connecting, FrameDecoder
 from broker.cluster.node import DRAIN_LIMIT, Cluster
 from tests.test_cli import BrokerProcess, clean_env
 
@@ -101,6 +102,26 @@ def read_frames(
             return got, True
         got += decoder.feed(chunk)
     return got, False
+
+
+def handshake(
+    sock: socket.socket, node: str, target: str, secret: str = "", timeout: float = 10.0
+) -> tuple[Frames, bool]:
+    """The handshake of a link, said by node `node` on `sock` (a connection to the cluster
+    listener of node `target`), proving `secret`: HELLO, then the PROOF that answers the
+    CHALLENGE. The frames answered (WELCOME first when the proof is right; else those
+    up to the close: a REFUSED) and whether the node closed the connection."""
+    said = Connecting(secret, node, f"{node}-boot", target)
+    sock.sendall(said.hello())
+    got, closed = read_frames(sock, timeout, functools.partial(first_is, CHALLENGE))
+    if closed or not got or got[0][0] != CHALLENGE:
+        return got, closed
+    sock.sendall(said.proof(got[0]))
+    return read_frames(sock, timeout, functools.partial(first_is, WELCOME))
+
+
+def first_is(kind: int, got: Frames) -> bool:
+    return bool(got) and got[0][0] == kind
 
 
 class ClusterNode:

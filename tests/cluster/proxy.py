@@ -15,6 +15,8 @@ Two ways to cut a link:
   heartbeats can notice, as in a real netsplit. (The kernel still ACKs what is sent, so
   senders' buffers do not fill up.)
 
+`recorded` holds every byte forwarded, both ways (what a reader of the network sees).
+
 `pass_through()` (the default) forwards again. Connections blackholed until then are reset
 (RST) at that moment, since the bytes they lost would leave their streams corrupt: the
 endpoints see the link drop and reconnect cleanly through the proxy.
@@ -113,6 +115,7 @@ class _Link:
             self.pending.append(data)
             return
         self.proxy._bytes += len(data)  # first: write() may send at once
+        self.proxy._recorded += data
         peer.transport.write(data)
 
     async def connect(self, target: tuple[str, int]) -> None:
@@ -147,6 +150,7 @@ class TcpProxy:
         self.mode = "pass"  # "pass", "reset" or "blackhole"; read and set on the loop
         self._links: set[_Link] = set()
         self._bytes = 0
+        self._recorded = bytearray()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.name = f"tcp-proxy-to-{target[1]}"
@@ -188,6 +192,14 @@ class TcpProxy:
     def bytes_forwarded(self) -> int:
         """Bytes passed on, both directions together (swallowed ones not counted)."""
         return self._bytes
+
+    @property
+    def recorded(self) -> bytes:
+        """Every byte passed on so far, both directions interleaved."""
+        return self._call(self._copy())
+
+    async def _copy(self) -> bytes:
+        return bytes(self._recorded)
 
     def pass_through(self) -> None:
         self._call(self._set_mode("pass"))

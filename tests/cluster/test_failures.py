@@ -64,7 +64,7 @@ from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME
 from broker.cluster.node import DRAIN_TIMEOUT
 from testing.redis_server import RedisServer
 from tests.broker.helpers import PAHO_PROTOCOL, V5, V311, PahoClient, RawClient
-from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, ClusterNode, read_frames
+from tests.cluster.nodes import DEAD_AFTER, LIVENESS_INTERVAL, ClusterNode, handshake, read_frames
 from tests.cluster.proxy import TcpProxy
 
 HOST = "127.0.0.1"
@@ -1077,6 +1077,23 @@ def cluster_exchange(
         return read_frames(sock, TIMEOUT, until)
 
 
+def linked_exchange(
+    node: ClusterNode,
+    data: bytes,
+    until: Callable[[list[list[Any]]], bool] | None = None,
+    secret: str = "",
+) -> tuple[list[list[Any]], bool]:
+    """cluster_exchange on a link: `data` sent once the handshake as node x is done; the
+    frames answered (WELCOME first) and whether the node closed the connection."""
+    with socket.create_connection((HOST, node.cluster_port), timeout=TIMEOUT) as sock:
+        welcome, closed = handshake(sock, "x", node.name, secret)
+        if closed or not welcome or welcome[0][0] != WELCOME:
+            return welcome, closed
+        sock.sendall(data)
+        got, closed = read_frames(sock, TIMEOUT, until)
+        return welcome + got, closed
+
+
 def answered(got: list[list[Any]], ping: int) -> bool:
     """WELCOME first, then the PONG to PING `ping` (among the node's own PONG 0s)."""
     return bool(got) and got[0][0] == WELCOME and [PONG, ping] in got
@@ -1084,7 +1101,7 @@ def answered(got: list[list[Any]], ping: int) -> bool:
 
 def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
     (a,) = cluster.start("a")
-    hello = frames.PROTOCOL_VERSION, "x", "boot", ""  # the tests' nodes have no secret
+    hello = frames.PROTOCOL_VERSION, "x", "boot", frames.new_nonce()
 
     # Garbage: closed without an answer, counted.
     for garbage in (
@@ -1098,7 +1115,7 @@ def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
 
     # A HELLO that is not acceptable: REFUSED, then closed; not counted as garbage.
     for frame, reason in (
-        (frames.encode(HELLO, *hello[:3], "wrong"), "wrong cluster secret"),
+        (frames.encode(HELLO, *hello[:3], "short"), "a HELLO without a boot id and a nonce"),
         (frames.encode(HELLO, 99, *hello[1:]), "protocol version 99"),
         (frames.encode(HELLO, hello[0], "a", *hello[2:]), "bad node name 'a'"),
         (frames.encode(HELLO, *hello[:2]), "expected HELLO"),  # too short
@@ -1107,6 +1124,9 @@ def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
         answer, closed = cluster_exchange(a, frame)
         assert closed and len(answer) == 1 and answer[0][0] == REFUSED, answer
         assert reason in answer[0][1], answer
+    # The tests' nodes have the secret "": a proof of another one is refused.
+    answer, closed = linked_exchange(a, b"", secret="wrong")
+    assert closed and answer == [[REFUSED, "wrong cluster secret (its proof does not match)"]]
     assert a.metrics()["cluster_frames_invalid"] == 4
 
     # After a good HELLO: answered (WELCOME, PONG); then a bad frame closes the link.
@@ -1115,8 +1135,7 @@ def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
         frames.encode(PUBLISH, [1, 2, 3]),  # a message that is not one
         frames.encode(PUBLISH),  # too short
     ):
-        good = frames.encode(HELLO, *hello) + frames.encode(PING, 7)
-        answer, closed = cluster_exchange(a, good + bad)
+        answer, closed = linked_exchange(a, frames.encode(PING, 7) + bad)
         assert closed, bad
         assert answered(answer, 7), answer
     assert a.metrics()["cluster_frames_invalid"] == 7
@@ -1127,8 +1146,8 @@ def test_malformed_input_on_the_cluster_listener(cluster: Cluster) -> None:
     pub = cluster.publisher(a)
     publish_all(pub, "ok/s", [1])
     sub.wait_seqs([1])
-    good = frames.encode(HELLO, *hello) + frames.encode(PING, 8)
-    answer, closed = cluster_exchange(a, good, until=lambda got: answered(got, 8))
+    ping = frames.encode(PING, 8)
+    answer, closed = linked_exchange(a, ping, until=lambda got: [PONG, 8] in got)
     assert answered(answer, 8) and not closed
 
 

@@ -1,6 +1,7 @@
 """The cluster channel's wire codec on its own (broker/cluster/frames.py): frames in and
-out of FrameDecoder however the bytes are cut, its refusals, and messages as frames carry
-them (pack_message / unpack_message)."""
+out of FrameDecoder however the bytes are cut, its refusals, messages as frames carry
+them (pack_message / unpack_message), and the handshake's HELLO and proofs of the
+secret."""
 
 from __future__ import annotations
 
@@ -15,14 +16,27 @@ from hypothesis import strategies as st
 from broker.cluster import frames
 from broker.cluster.frames import (
     ACK,
+    CHALLENGE,
     ENQUEUE,
     HELLO,
+    NONCE_SIZE,
     PING,
+    PROOF,
     PUBLISH,
+    WELCOME,
+    Connecting,
     FrameDecoder,
     FrameError,
+    HandshakeError,
+    Hello,
+    accepting_proof,
+    connecting_proof,
     encode,
+    hello_of,
+    new_nonce,
+    nonce_ok,
     pack_message,
+    proved,
     unpack_message,
 )
 from broker.message import Message
@@ -168,12 +182,12 @@ def test_a_raised_limit_takes_the_larger_frames_that_follow() -> None:
     """The cluster listener's way: a small limit until HELLO is accepted, then its
     max_frame_size (broker/cluster/link.py). A peer sends nothing more before WELCOME:
     a larger frame's header right behind the HELLO is refused with it."""
-    small = encode(HELLO, 1, "b", "boot", "secret")
+    small = encode(HELLO, 2, "b", "boot", b"n" * 16)
     large = encode(PUBLISH, "x" * 1000)
     with pytest.raises(FrameError, match="before HELLO"):
         FrameDecoder(len(small) - 4, "before HELLO, at most").feed(small + large[:4])
     decoder = FrameDecoder(len(small) - 4, "before HELLO, at most")
-    assert decoder.feed(small) == [[HELLO, 1, "b", "boot", "secret"]]
+    assert decoder.feed(small) == [[HELLO, 2, "b", "boot", b"n" * 16]]
     decoder.set_limit(BIG)
     assert decoder.feed(large[:10]) == []
     assert decoder.feed(large[10:]) == [[PUBLISH, "x" * 1000]]
@@ -357,3 +371,141 @@ def test_an_enqueue_frame_carries_packed_messages() -> None:
     assert (qos, retain, sub_ids) == (1, False, [3, 4])
     got = unpack_message(fields, 0.0)
     assert message_fields(got) == message_fields(message)
+
+
+# --------------------------------------------------------------------------- the handshake
+
+SECRET = "s3cret"
+HELLO_B = Hello("b", "b-boot", b"n" * NONCE_SIZE)
+CHALLENGE_NONCE = b"c" * NONCE_SIZE
+
+
+def test_a_hello_is_read_and_its_refusals_are_named() -> None:
+    good = [HELLO, frames.PROTOCOL_VERSION, *HELLO_B]
+    assert hello_of(good, "a") == HELLO_B
+    for frame, reason in (
+        ([PING, 1], "expected HELLO"),
+        (good[:4], "expected HELLO"),
+        (
+            [HELLO, 1, "b", "b-boot", SECRET],
+            f"protocol version 1 (this node speaks {frames.PROTOCOL_VERSION})",
+        ),
+        ([HELLO, frames.PROTOCOL_VERSION, "a", "boot", HELLO_B.nonce], "bad node name 'a'"),
+        ([HELLO, frames.PROTOCOL_VERSION, "", "boot", HELLO_B.nonce], "bad node name ''"),
+        ([HELLO, frames.PROTOCOL_VERSION, 7, "boot", HELLO_B.nonce], "bad node name 7"),
+        (
+            [HELLO, frames.PROTOCOL_VERSION, "b", "boot", "text"],
+            "a HELLO without a boot id and a nonce",
+        ),
+        (
+            [HELLO, frames.PROTOCOL_VERSION, "b", "boot", b"short"],
+            "a HELLO without a boot id and a nonce",
+        ),
+        (
+            [HELLO, frames.PROTOCOL_VERSION, "b", None, HELLO_B.nonce],
+            "a HELLO without a boot id and a nonce",
+        ),
+    ):
+        with pytest.raises(HandshakeError) as refused:
+            hello_of(frame, "a")
+        assert str(refused.value) == reason, frame
+
+
+def test_nonces_are_fresh() -> None:
+    nonces = {new_nonce() for _ in range(100)}
+    assert len(nonces) == 100 and all(nonce_ok(n) for n in nonces)
+
+
+def test_a_proof_holds_for_the_same_secret_and_handshake_only() -> None:
+    proof = connecting_proof(SECRET, HELLO_B, "a", CHALLENGE_NONCE)
+    assert len(proof) == 32
+    assert proved(connecting_proof(SECRET, HELLO_B, "a", CHALLENGE_NONCE), proof)
+    others = [
+        connecting_proof("other", HELLO_B, "a", CHALLENGE_NONCE),  # another secret
+        connecting_proof(SECRET, HELLO_B, "a", b"d" * NONCE_SIZE),  # another challenge
+        connecting_proof(SECRET, HELLO_B._replace(nonce=b"m" * NONCE_SIZE), "a", CHALLENGE_NONCE),
+        connecting_proof(SECRET, HELLO_B._replace(node="c"), "a", CHALLENGE_NONCE),  # as c
+        connecting_proof(SECRET, HELLO_B._replace(boot_id="b-2"), "a", CHALLENGE_NONCE),
+        connecting_proof(SECRET, HELLO_B, "z", CHALLENGE_NONCE),  # meant for node z
+        # The accepting node's proof is never the connecting node's (nor the reverse).
+        accepting_proof(SECRET, HELLO_B, "a", "", CHALLENGE_NONCE),
+    ]
+    assert not any(proved(other, proof) for other in others)
+    assert len(set(others)) == len(others)
+
+
+def test_the_accepting_proof_covers_its_boot_id() -> None:
+    proof = accepting_proof(SECRET, HELLO_B, "a", "a-boot", CHALLENGE_NONCE)
+    assert proved(accepting_proof(SECRET, HELLO_B, "a", "a-boot", CHALLENGE_NONCE), proof)
+    assert not proved(accepting_proof(SECRET, HELLO_B, "a", "a-boot-2", CHALLENGE_NONCE), proof)
+
+
+@pytest.mark.parametrize("received", [None, "text", 42, b"", b"x" * 32, [b"x"]])
+def test_anything_but_the_proof_is_not_proved(received: Any) -> None:
+    expected = connecting_proof(SECRET, HELLO_B, "a", CHALLENGE_NONCE)
+    assert not proved(expected, received)
+
+
+def test_no_handshake_frame_carries_the_secret() -> None:
+    secret = "a-secret-long-enough-to-see"
+    proof = connecting_proof(secret, HELLO_B, "a", CHALLENGE_NONCE)
+    said = b"".join(
+        (
+            encode(HELLO, frames.PROTOCOL_VERSION, *HELLO_B),
+            encode(frames.CHALLENGE, "a", CHALLENGE_NONCE),
+            encode(frames.PROOF, proof),
+            encode(
+                frames.WELCOME,
+                "a",
+                "a-boot",
+                accepting_proof(secret, HELLO_B, "a", "a-boot", CHALLENGE_NONCE),
+            ),
+        )
+    )
+    assert secret.encode() not in said
+    assert len(encode(HELLO, frames.PROTOCOL_VERSION, *HELLO_B)) < 100  # far under HELLO_MAX_SIZE
+
+
+def accepting(frame: bytes, secret: str = SECRET) -> tuple[Hello, list[Any]]:
+    """What node a answers a HELLO with: its HELLO read, and its CHALLENGE."""
+    (hello_frame,) = FrameDecoder(BIG).feed(frame)
+    return hello_of(hello_frame, "a"), [CHALLENGE, "a", CHALLENGE_NONCE]
+
+
+def test_the_connecting_side_proves_and_checks_the_proof_it_gets() -> None:
+    said = Connecting(SECRET, "b", "b-boot", meant="a")
+    hello, challenge = accepting(said.hello())
+    (proof_frame,) = FrameDecoder(BIG).feed(said.proof(challenge))
+    assert proof_frame[0] == PROOF
+    assert proved(connecting_proof(SECRET, hello, "a", CHALLENGE_NONCE), proof_frame[1])
+    good = accepting_proof(SECRET, hello, "a", "a-boot", CHALLENGE_NONCE)
+    assert said.welcomed([WELCOME, "a", "a-boot", good]) == "a-boot"
+    assert said.peer == "a"
+
+
+def test_the_connecting_side_refuses_what_is_not_right() -> None:
+    said = Connecting(SECRET, "b", "b-boot", meant="a")
+    with pytest.raises(HandshakeError, match=r"^a WELCOME out of place$"):
+        said.welcomed([WELCOME, "a", "a-boot", b"x" * 32])  # before any CHALLENGE
+    with pytest.raises(HandshakeError, match=r"^it is node c, not a$"):
+        said.proof([CHALLENGE, "c", CHALLENGE_NONCE])  # another node at that address
+    with pytest.raises(HandshakeError, match=r"^a CHALLENGE out of place$"):
+        said.proof([CHALLENGE, "a", b"short"])
+    hello, challenge = accepting(said.hello())
+    said.proof(challenge)
+    with pytest.raises(HandshakeError, match=r"^a CHALLENGE out of place$"):
+        said.proof(challenge)  # a second one
+    other_secret = accepting_proof("other", hello, "a", "a-boot", CHALLENGE_NONCE)
+    with pytest.raises(HandshakeError, match=r"^wrong cluster secret \(its proof"):
+        said.welcomed([WELCOME, "a", "a-boot", other_secret])
+    with pytest.raises(HandshakeError, match=r"^a WELCOME out of place$"):
+        said.welcomed([WELCOME, "c", "c-boot", b"x" * 32])  # from another node
+
+
+def test_a_seed_contact_takes_the_node_its_challenge_names() -> None:
+    said = Connecting(SECRET, "b", "b-boot")  # no node meant
+    hello, _ = accepting(said.hello())
+    said.proof([CHALLENGE, "seed-7", CHALLENGE_NONCE])
+    good = accepting_proof(SECRET, hello, "seed-7", "s-boot", CHALLENGE_NONCE)
+    assert said.welcomed([WELCOME, "seed-7", "s-boot", good]) == "s-boot"
+    assert said.peer == "seed-7"

@@ -6,11 +6,13 @@ handshake')" when it is collected; a netsplit logged two).
 One node runs in-process (tests/conftest.py's start_broker, its clock moved by
 `advance`) on the session's redis-server; its link goes to a peer that is a plain socket:
 one that the kernel accepts for and that never answers (a hung or blackholed node), or
-one that accepts and closes at once.
+one that accepts and closes at once, or one that answers the handshake without knowing
+the cluster's secret (an impostor: the link must not come up).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import socket
@@ -20,8 +22,16 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.link import HANDSHAKE_TIMEOUT, RECONNECT_DELAY, PeerLink
-from tests.cluster.nodes import cluster_of, start_in_process_node
+from broker.cluster import frames
+from broker.cluster.frames import CHALLENGE, PROOF, REFUSED, WELCOME
+from broker.cluster.link import (
+    HANDSHAKE_TIMEOUT,
+    RECONNECT_DELAY,
+    REFUSED_DELAY_MAX,
+    PeerLink,
+    retry_delay,
+)
+from tests.cluster.nodes import cluster_of, read_frames, start_in_process_node
 
 HOST = "127.0.0.1"
 
@@ -115,3 +125,54 @@ def test_a_peer_that_accepts_and_closes(start_broker, redis_url, closing_peer, c
         node.advance(RECONNECT_DELAY)
     node.call(link.close)
     assert unretrieved(caplog) == []
+
+
+@pytest.fixture
+def impostor() -> Iterator[tuple[tuple[str, int], list[list[Any]]]]:
+    """An address that answers a link's handshake as node "ghost" would, with a proof of
+    another secret; and the frames the link sent it after that proof (on its first
+    connection)."""
+    said: list[list[Any]] = []
+    with socket.socket() as listening:
+        listening.bind((HOST, 0))
+        listening.listen(16)
+
+        def answer() -> None:
+            with contextlib.suppress(OSError):
+                connection, _ = listening.accept()
+                with connection:
+                    (hello,), _ = read_frames(connection, 10, bool)
+                    nonce = frames.new_nonce()
+                    connection.sendall(frames.encode(CHALLENGE, "ghost", nonce))
+                    read_frames(connection, 10, lambda got: any(f[0] == PROOF for f in got))
+                    greeting = frames.Hello(*hello[2:])
+                    wrong = frames.accepting_proof("guess", greeting, "ghost", "g-boot", nonce)
+                    connection.sendall(frames.encode(WELCOME, "ghost", "g-boot", wrong))
+                    said.extend(read_frames(connection, 10)[0])
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        yield (HOST, listening.getsockname()[1]), said
+        thread.join(10)
+
+
+def test_a_peer_that_cannot_prove_the_secret_is_refused(start_broker, redis_url, impostor, caplog):
+    """The accepting side proves the secret too: a WELCOME whose proof is not the one
+    the secret makes is refused, and the link stays down."""
+    address, said = impostor
+    node = start_in_process_node(start_broker, redis_url, secret="the-secret")
+    link = link_to(node, address)
+    reason = "wrong cluster secret (its proof does not match)"
+    line = f"cluster link to ghost ({HOST}:{address[1]}): refused: {reason}; closing it"
+    node.wait_for(lambda: line in caplog.messages)
+    node.wait_for(lambda: said == [[REFUSED, reason]])
+    assert not link.up
+    node.call(link.close)
+
+
+def test_a_refused_link_is_tried_again_less_and_less_often() -> None:
+    """Each refusal in a row doubles the wait (a wrong secret or certificate stays wrong
+    until someone fixes it, and each attempt is a line on both nodes), up to a bound."""
+    waits = [retry_delay(refusals) for refusals in range(8)]
+    assert waits == [RECONNECT_DELAY, 1.0, 2.0, 4.0, 8.0] + [REFUSED_DELAY_MAX] * 3
+    assert retry_delay(10_000) == REFUSED_DELAY_MAX

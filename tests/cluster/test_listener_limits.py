@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, REFUSED, WELCOME
+from broker.cluster.frames import PING, PONG, PUBLISH, REFUSED, WELCOME
 from broker.cluster.link import (
     HANDSHAKE_TIMEOUT,
     HELLO_MAX_SIZE,
@@ -36,14 +36,14 @@ from broker.cluster.link import (
 )
 from broker.config import ConfigError, config_from_dict, load_config
 from broker.message import Message
-from tests.cluster.nodes import cluster_of, read_frames, start_in_process_node
+from tests.cluster.nodes import cluster_of, handshake, read_frames, start_in_process_node
 
 HOST = "127.0.0.1"
 MiB = 1024 * 1024
 CLUSTER_LOGGER = "nautilus.cluster"
 # Well within HANDSHAKE_TIMEOUT: a connection closed by then was refused, not timed out.
 PROMPTLY = HANDSHAKE_TIMEOUT / 2
-SECRET = "s" * 3000  # a long secret: its HELLO (about 3 KB) still fits HELLO_MAX_SIZE
+SECRET = "s" * 3000  # a long secret (proved in the handshake, not sent: any length fits)
 
 
 def start_node(start_broker: Any, redis_url: str, **cluster: Any) -> Any:
@@ -71,14 +71,9 @@ def address(sock: socket.socket) -> str:
     return "{}:{}".format(*sock.getsockname())
 
 
-def hello(node: str, secret: str = SECRET) -> bytes:
-    return frames.encode(HELLO, frames.PROTOCOL_VERSION, node, "boot", secret)
-
-
 def link(sock: socket.socket, node: str) -> None:
-    """Say HELLO as `node` and wait for the WELCOME."""
-    sock.sendall(hello(node))
-    got, closed = read_frames(sock, 10, lambda got: any(f[0] == WELCOME for f in got))
+    """The handshake as `node`, to its WELCOME."""
+    got, closed = handshake(sock, node, "a", SECRET)
     assert not closed and got[0][0] == WELCOME, got
 
 
@@ -174,12 +169,12 @@ def test_a_refused_hello_names_the_peer(
     caplog.set_level(logging.INFO)
     node = start_node(start_broker, redis_url)
     sock = sockets(node)
-    sock.sendall(hello("b", secret="wrong"))
-    got, closed = read_frames(sock, PROMPTLY)
-    assert closed and got == [[REFUSED, "wrong cluster secret"]]
+    got, closed = handshake(sock, "b", "a", "wrong", timeout=PROMPTLY)
+    reason = "wrong cluster secret (its proof does not match)"
+    assert closed and got == [[REFUSED, reason]]
     me = address(sock)
     assert [line for line in lines(caplog) if me in line] == [
-        f"cluster listener: refused a link from {me}: wrong cluster secret"
+        f"cluster listener: refused a link from b ({me}): {reason}"
     ]
 
 
@@ -188,7 +183,7 @@ def test_once_hello_is_accepted_frames_may_be_max_frame_size(
 ) -> None:
     node = start_node(start_broker, redis_url)
     sock = sockets(node)
-    link(sock, "b")  # a HELLO of about 3 KB (the long secret): taken
+    link(sock, "b")
     big = Message("big/one", bytes(256 * 1024), 0)
     sock.sendall(
         frames.encode(PUBLISH, frames.pack_message(big, time.monotonic())) + frames.encode(PING, 7)

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, WELCOME, FrameDecoder
+from broker.cluster.frames import PING, PONG, PUBLISH, WELCOME
 from broker.cluster.metadata import Change, SubOptions, Subscriber, Write
 from broker.message import Message
 from plugins.redis_subs.store import RedisStore
 from tests.broker.helpers import PahoClient
-from tests.cluster.nodes import cluster_of, start_in_process_node
+from tests.cluster.nodes import cluster_of, handshake, read_frames, start_in_process_node
 
 CLIENT = "reaped-sub"
 WAIT = 10.0
@@ -152,20 +152,15 @@ def test_a_message_forwarded_before_the_adoption_is_kept(
     # Another node, b, already knows that a owns the session (its change stream was
     # quicker) and forwards a message for it; the PONG says a has read it.
     message = Message("load/2", b"forwarded", 1, sender="elsewhere")
-    data = (
-        frames.encode(HELLO, frames.PROTOCOL_VERSION, "b", "b-boot", "")
-        + frames.encode(PUBLISH, frames.pack_message(message, time.monotonic()))
-        + frames.encode(PING, 1)
+    data = frames.encode(PUBLISH, frames.pack_message(message, time.monotonic())) + frames.encode(
+        PING, 1
     )
-    decoder = FrameDecoder(1 << 20)
-    got: list[list[Any]] = []
     with socket.create_connection(cluster.address, timeout=WAIT) as sock:
+        welcome, _ = handshake(sock, "b", cluster.node)
+        assert welcome[0][0] == WELCOME, welcome
         sock.sendall(data)
-        while [PONG, 1] not in got:
-            chunk = sock.recv(65536)
-            assert chunk, f"closed: {got}"
-            got += decoder.feed(chunk)
-    assert got[0][0] == WELCOME
+        got, closed = read_frames(sock, WAIT, lambda got: [PONG, 1] in got)
+        assert [PONG, 1] in got, (got, closed)
     gates.open()
     server.wait_for(lambda: reaped(server))
     subscriber = resume(server)

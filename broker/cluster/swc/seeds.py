@@ -1,7 +1,8 @@
 """Joining a cluster through its seeds (`[cluster] seeds`, metadata = "swc").
 
-A seed is only an address: this node connects to it as a peer would (HELLO, its WELCOME
-names it), hands it this node's member record (one SWC_WRITE) and closes. The seed then
+A seed is only an address: this node connects to it as a peer would (the handshake of
+link.py, its CHALLENGE naming it; over TLS, its certificate must too), hands it this
+node's member record (one SWC_WRITE) and closes. The seed then
 knows where this node listens and links to it; its links to this node carry its own
 record back (Cluster.link_up); from there the exchanges bring every key, the other
 members' records included, and the heartbeat links to each member.
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, REFUSED, SWC_WRITE, WELCOME, FrameDecoder
+from broker.cluster.channel_tls import certificate_problem
+from broker.cluster.frames import REFUSED, SWC_WRITE, Connecting, FrameDecoder
 from broker.config import host_port
 
 if TYPE_CHECKING:
+    from broker.cluster.channel_tls import ChannelTls
     from broker.cluster.link import PeerLink
     from broker.cluster.swc.backend import SwcBackend
     from broker.config import ClusterSettings
@@ -42,6 +45,7 @@ class Joiner(Protocol):
     boot_id: str
     settings: ClusterSettings
     links: dict[str, PeerLink]
+    tls: ChannelTls | None
 
 
 class Seeds:
@@ -75,12 +79,15 @@ class Seeds:
             await asyncio.sleep(RETRY)
 
     async def _contact(self, seed: str) -> None:
-        reader, writer = await asyncio.open_connection(*host_port(seed))
+        c = self.cluster
+        tls = c.tls.client if c.tls is not None else None
+        reader, writer = await asyncio.open_connection(*host_port(seed), ssl=tls)
         try:
-            c = self.cluster
-            hello = (HELLO, frames.PROTOCOL_VERSION, c.node, c.boot_id, c.settings.secret)
-            writer.write(frames.encode(*hello))
-            name = await _welcome(reader, seed)
+            name = await _handshake(
+                reader, writer, Connecting(c.settings.secret, c.node, c.boot_id)
+            )
+            if tls is not None and (problem := certificate_problem(writer.transport, name)):
+                raise ConnectionError(problem)
             if self._has_other_history(name):
                 self.refused = True
                 log.error(
@@ -107,15 +114,27 @@ class Seeds:
         return any(key != own for key, _ in self.backend.replicas.items())
 
 
-async def _welcome(reader: asyncio.StreamReader, seed: str) -> str:
+async def _handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handshake: Connecting
+) -> str:
+    """The seed's name, once the handshake is done (HELLO, PROOF for its CHALLENGE, its
+    WELCOME checked)."""
     decoder = FrameDecoder(WELCOME_MAX_SIZE)
+    writer.write(handshake.hello())
+    writer.write(handshake.proof(await _answer(reader, decoder, frames.CHALLENGE)))
+    handshake.welcomed(await _answer(reader, decoder, frames.WELCOME))
+    return handshake.peer
+
+
+async def _answer(reader: asyncio.StreamReader, decoder: FrameDecoder, kind: int) -> list[Any]:
+    """The seed's next frame, of `kind` (the handshake's answers come one at a time)."""
     while True:
         data = await reader.read(4096)
         if not data:
-            raise ConnectionError(f"{seed} closed the connection")
+            raise ConnectionError("it closed the connection")
         for frame in decoder.feed(data):
-            if frame[0] == WELCOME:
-                return str(frame[1])
             if frame[0] == REFUSED:
-                raise ConnectionError(f"{seed} refused: {frame[1]}")
-            raise ValueError(f"{seed} answered {frame[:1]}, not WELCOME")
+                raise ConnectionError(f"refused: {frame[1]}")
+            if frame[0] != kind:
+                raise ValueError(f"answered {frame[:1]}, not {kind}")
+            return frame
