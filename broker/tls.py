@@ -1,6 +1,7 @@
 """TLS listeners: the server's SSLContext from a listener's settings (or the event
-relay's, which has the same keys), and reloading its certificates without dropping a
-connection.
+relay's, or the cluster channel's, which have the same keys), the client's context of
+the cluster channel's mutual TLS, and reloading a listener's certificates without
+dropping a connection.
 
 The listener is created with a context whose SNI callback hands each new handshake the
 `current` context; a reload (SIGHUP) builds a new one from the files and swaps it in, so
