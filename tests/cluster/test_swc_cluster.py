@@ -32,7 +32,7 @@ from tests.broker.helpers import (
     unique_id,
     unsubscribe_packet,
 )
-from tests.cluster.nodes import API_KEY
+from tests.cluster.nodes import API_KEY, ClusterNode
 from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,
@@ -197,7 +197,7 @@ def test_a_node_with_another_clusters_metadata_is_refused(tmp_path: Path) -> Non
         cluster.close()
 
 
-def cluster_command(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+def cluster_command(node: ClusterNode, *args: str) -> subprocess.CompletedProcess[str]:
     """`nautilus cluster ARGS...` against `node`'s admin API."""
     url = f"http://{HOST}:{node.http_port}"
     return subprocess.run(
