@@ -4,10 +4,11 @@ The cluster is ready while every member's link answers (VerneMQ's check); a memb
 link has not answered for dead_after makes it a netsplit, and the netsplit switches
 (`allow_<action>_during_netsplit`) apply to registrations, publishes and subscriptions.
 
-A member that said it stops (LEAVING: SIGTERM, a restart) is not counted until it is back
-(its link welcomed again): it serves nobody meanwhile, so nothing can be decided on both
-sides of it, and a rolling restart does not refuse the whole cluster's clients. Only a
-member that goes silent without saying so counts.
+A member that said it stops (SIGTERM, a restart: its member record says so, and LEAVING
+on the links) is not counted until it is back (its next run's record, or its link
+welcomed again): it serves nobody meanwhile, so nothing can be decided on both sides of
+it, and a rolling restart does not refuse the whole cluster's clients. Only a member that
+goes silent without saying so counts.
 """
 
 from __future__ import annotations
@@ -81,12 +82,13 @@ class Netsplit:
         now = cluster.loop.time()
         members = self.replicated.members()
         since = self._unanswered
+        said_so = self.replicated.stopped_members()  # also before this node's start
         stopped = []
         for node in members:
             link = cluster.links.get(node)
             if node == cluster.node or (link is not None and link.answering):
                 since.pop(node, None)
-            elif link is not None and link.peer_stopped:
+            elif node in said_so or (link is not None and link.peer_stopped):
                 since.pop(node, None)
                 stopped.append(node)
             elif link is not None and link.last_answer:  # silent since its last answer

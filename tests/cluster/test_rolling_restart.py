@@ -136,7 +136,8 @@ def restarted(cluster: Cluster, node: ClusterNode, stopped_at: float) -> None:
 
 def test_a_stopped_node_is_not_a_netsplit_but_a_silent_one_is(cluster: Cluster) -> None:
     """c stopped with SIGTERM: a and b log that it stops and go on serving, past twice
-    dead_after, reporting it as stopped (not unreachable). b paused with SIGSTOP (no
+    dead_after, reporting it as stopped (not unreachable); so does a restarted meanwhile
+    (c's member record says it stopped). b paused with SIGSTOP (no
     goodbye): a netsplit on a within dead_after of b's last answer, CONNECT refused
     (0x88). b resumed: ready again, though c is still down; c started: linked again and
     no longer stopped."""
@@ -154,6 +155,16 @@ def test_a_stopped_node_is_not_a_netsplit_but_a_silent_one_is(cluster: Cluster) 
         serves(cluster, node)
     status = cluster_command(a, "status").stdout
     assert "unreachable members: none, stopped members: c" in status, status
+
+    # a restarted meanwhile knows from c's member record, not from c, that c stopped.
+    assert a.stop() == 0
+    a.start()
+    wait_log(a, link_up("b"))
+    started_at = time.monotonic()
+    wait_out(started_at, DOWN_FOR)
+    assert count_log(a, r"cluster: not ready") == 0
+    assert a.cluster_status()["swc"]["stopped"] == ["c"]
+    serves(cluster, a)
 
     since_a = mark(a)
     paused_at = time.time()
