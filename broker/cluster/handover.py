@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from broker.config import ClusterSettings
     from broker.flow import FlowControl
     from broker.session import Session
-    from broker.subscription_trie import SubscriptionTrie
+    from broker.subscription_trie import SubOptions, SubscriptionTrie
 
 log = logging.getLogger("nautilus.cluster")
 
@@ -183,7 +183,7 @@ class Handover:
             raise
         # From now on the other nodes route this client's messages here, before its
         # session is: they wait with what the old node sends (see registered()).
-        self._stand_in(client_id, registration)
+        self.stand_in(client_id, registration.subscriptions)
         previous = registration.previous_node
         if previous is not None and previous != self.node:
             self.sessions.tracer.session_event(
@@ -192,12 +192,15 @@ class Handover:
             await self._take_from(previous, client_id, clean)
         return registration
 
-    def _stand_in(self, client_id: str, registration: Registration) -> None:
+    def stand_in(self, client_id: str, subscriptions: dict[str, SubOptions]) -> None:
+        """The client being registered here has `subscriptions` (the registration's answer,
+        or its record in the change stream, whichever comes first: the view drops the
+        route to the old node as the record arrives, and what is published here from
+        then on must not match nothing)."""
         early = self._registering.get(client_id)
-        if early is None or not registration.subscriptions:
+        if early is None or not subscriptions or client_id in self._stand_ins:
             return
         stand_in = _Arrivals(client_id, early)
-        subscriptions = registration.subscriptions
         filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
         for topic_filter in filters:
             self.sessions.router.subscribe(stand_in, topic_filter, subscriptions[topic_filter])
@@ -210,9 +213,12 @@ class Handover:
 
     async def _take_from(self, node: str, client_id: str, clean: bool) -> None:
         link = self.cluster.links.get(node)
-        if link is None or not link.up:
+        if link is None or not link.up or link.peer_stopped:
+            # (A stopping node would not release it either: its store keeps the queue
+            # and hands it here at its next start.)
+            state = "stopping" if link is not None and link.peer_stopped else "unreachable"
             log.info(
-                "cluster: %s was on node %s, unreachable: taken without its queue", client_id, node
+                "cluster: %s was on node %s, %s: taken without its queue", client_id, node, state
             )
             return
         try:

@@ -187,6 +187,17 @@ class PeerLink(asyncio.Protocol):
         return self.up and self.loop.time() - self._last_pong < self.cluster.settings.dead_after
 
     @property
+    def last_answer(self) -> float:
+        """Loop time of the peer's last PONG (or WELCOME); 0: it never answered."""
+        return self._last_pong
+
+    @property
+    def peer_stopped(self) -> bool:
+        """The peer said it stops (LEAVING) and has not welcomed this link since: it
+        does not count towards a netsplit (netsplit.py)."""
+        return self._holding
+
+    @property
     def congested(self) -> bool:
         return self.up and self.backlog >= HIGH_WATER
 
@@ -406,11 +417,13 @@ class PeerLink(asyncio.Protocol):
 
     def hold_until_back(self) -> None:
         """The peer is stopping: what is queued from now on waits for its return (up to
-        outgoing_buffer_size); DRAINED, after everything written so far, tells it so."""
+        outgoing_buffer_size); DRAINED, after everything written so far, tells it so.
+        Until its next WELCOME it is stopped, not unreachable (peer_stopped)."""
+        log.info("cluster: node %s is stopping; what is sent to it waits for its return", self.node)
         if self.transport is not None and self.up:
-            self._flush()
-            self._holding = True  # sends pile up in _pending; the next WELCOME flushes them
+            self._flush()  # (before the hold: _flush writes nothing while holding)
             self.transport.write(frames.encode(DRAINED))
+        self._holding = True  # sends pile up in _pending; the next WELCOME flushes them
 
     def retarget(self, address: tuple[str, int]) -> None:
         """The peer listens elsewhere now (it restarted on another port): reconnect

@@ -3,6 +3,12 @@
 The cluster is ready while every member's link answers (VerneMQ's check); a member whose
 link has not answered for dead_after makes it a netsplit, and the netsplit switches
 (`allow_<action>_during_netsplit`) apply to registrations, publishes and subscriptions.
+
+A member that said it stops (SIGTERM, a restart: its member record says so, and LEAVING
+on the links) is not counted until it is back (its next run's record, or its link
+welcomed again): it serves nobody meanwhile, so nothing can be decided on both sides of
+it, and a rolling restart does not refuse the whole cluster's clients. Only a member that
+goes silent without saying so counts.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Netsplit:
         self.cluster = cluster
         self.replicated = replicated  # the members (none: not swc, never a netsplit)
         self.unreachable: list[str] = []
+        self.stopped: list[str] = []  # members that said they stop (not counted)
         self._unanswered: dict[str, float] = {}  # member -> since when its link is not up
         self._episode = Episode(
             log,
@@ -67,19 +74,26 @@ class Netsplit:
         return why
 
     def check(self) -> None:
-        """A member whose link has not answered for dead_after makes a netsplit. (Run
-        every liveness_interval, and as links come and go.)"""
+        """A member whose link has not answered for dead_after makes a netsplit, unless it
+        said it stops. (Run every liveness_interval, and as links come and go.)"""
         if self.replicated is None:
             return
         cluster = self.cluster
         now = cluster.loop.time()
         members = self.replicated.members()
         since = self._unanswered
+        said_so = self.replicated.stopped_members()  # also before this node's start
+        stopped = []
         for node in members:
             link = cluster.links.get(node)
             if node == cluster.node or (link is not None and link.answering):
                 since.pop(node, None)
-            else:  # a member just learned of, or a link just dropped, gets dead_after
+            elif node in said_so or (link is not None and link.peer_stopped):
+                since.pop(node, None)
+                stopped.append(node)
+            elif link is not None and link.last_answer:  # silent since its last answer
+                since[node] = link.last_answer
+            else:  # a member just learned of, or a link never up, gets dead_after
                 since.setdefault(node, now)
         for node in [node for node in since if node not in members]:
             del since[node]
@@ -95,4 +109,4 @@ class Netsplit:
                 self._episode.ended("cluster: ready again, every member reached")
             else:
                 log.info("cluster: ready again, every member reached")
-        cluster.split, self.unreachable = split, unreachable
+        cluster.split, self.unreachable, self.stopped = split, unreachable, sorted(stopped)

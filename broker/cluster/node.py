@@ -156,6 +156,8 @@ class Cluster:
         sessions."""
         if self._server is not None:
             self._server.close()
+        if self.replicated is not None and not (self.departure and self.departure.started):
+            await self.replicated.stopping()  # (a node leaving for good is no member)
         await self._drain_peers()
         await self.sync.flush()
         for task in list(self._tasks):

@@ -107,6 +107,7 @@ class StatusReport:
         return {
             "ready": not self.cluster.split,
             "unreachable": list(self.netsplit.unreachable),
+            "stopped": list(self.netsplit.stopped),  # said so: not a netsplit
             "groups_synced": sum(r.synced for r in replicas.groups.replicas),
             "groups": len(replicas.groups),
             "oldest_exchange_s": max(ages) if ages else 0,

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from broker.cluster.ports import MirroredState
     from broker.cluster.view import RemoteView
     from broker.config import ClusterSettings
+    from broker.session import Session
 
 log = logging.getLogger("nautilus.cluster")
 
@@ -93,14 +94,22 @@ class MetadataSync:
 
     def reconcile(self, snapshot: Snapshot) -> None:
         """At start: the sessions this node restored from its store against the shared
-        truth. Ours and unknown ones are (re)written; ones another node owns now are
-        handed to it; ones the metadata says are ours but the store lost live on empty."""
+        truth. Unknown ones are written, and ours whose record the store has outrun (a
+        crash before the writer's round); ones another node owns now are handed to it;
+        ones the metadata says are ours but the store lost live on empty.
+
+        A record that says ours and matches is not written again: with the leaderless
+        metadata it is this node's own copy, stale until the exchanges catch up, and a
+        write now would be newer than the registration another node made while this one
+        was away, taking the session back from there (its client disconnected, 0x8E).
+        The exchanges bring that registration, and subscriber_changed hands the session
+        over with what this node had queued for it."""
         registry = self.mirrored.registry
         for client_id, session in list(registry.items()):
             record = snapshot.subscribers.get(client_id)
-            if record is None or record.node == self.node:
+            if record is None or (record.node == self.node and not _describes(record, session)):
                 self.changed(client_id)
-            else:
+            elif record.node != self.node:
                 self.cluster.handover.hand_over(session, record.node, False)
         for client_id, record in snapshot.subscribers.items():
             if record.node == self.node and client_id not in registry:
@@ -198,6 +207,10 @@ class MetadataSync:
                 # own adopt then finds it here). Else what is published until the answer
                 # arrives would match neither.
                 self.cluster.adoption.adopt(client_id, record)
+        if record is not None and record.node == self.node:
+            # This node's own registration, here before its answer: from now on the view
+            # routes the client here, where its stand-in takes what is published for it.
+            self.cluster.handover.stand_in(client_id, record.subscriptions)
         self.view.apply(client_id, record)
 
     def _retained_changed(self, topic: str, packed: bytes | None) -> None:
@@ -304,3 +317,8 @@ class MetadataSync:
         except MetadataUnavailable as exc:
             self.unavailable(exc)
         # _follow notices on its own and reloads (its read failed or it finds a gap).
+
+
+def _describes(record: Subscriber, session: Session) -> bool:
+    """Whether the metadata's record says what `session` holds (as the writer writes it)."""
+    return record.clean == (session.expiry == 0) and record.subscriptions == session.subscriptions

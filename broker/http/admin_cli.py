@@ -318,9 +318,11 @@ def print_cluster(status: dict[str, Any]) -> None:
     swc = status.get("swc")
     if swc:
         unreachable = ", ".join(swc["unreachable"]) or "none"
+        stopped = ", ".join(swc.get("stopped", ()))  # (a node of an older version: none)
         print(
             f"swc: {swc['groups_synced']} of {swc['groups']} groups synced, oldest exchange "
             f"{swc['oldest_exchange_s']:.1f} s ago, unreachable members: {unreachable}"
+            + (f", stopped members: {stopped}" if stopped else "")
         )
     if status.get("leaving"):
         print(f"leaving the cluster: {status['leaving']}")

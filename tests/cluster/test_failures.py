@@ -277,9 +277,10 @@ class Stream:
     to happen on a node does not say which publishes that node routed after it.
     `sent_after_now()` does: the first seq whose PUBLISH leaves after the call."""
 
-    def __init__(self, publisher: PahoClient, topic: str) -> None:
+    def __init__(self, publisher: PahoClient, topic: str, first: int = 0) -> None:
         self.publisher = publisher
         self.topic = topic
+        self.first = first  # the first seq (two streams to one subscriber: apart)
         self.acked: list[int] = []
         self.unacked: list[int] = []
         self._sending = -1  # the seq being published, or the last one if between two
@@ -289,7 +290,7 @@ class Stream:
     def _run(self) -> None:
         client = self.publisher.client
         assert client is not None
-        seq = 0
+        seq = self.first
         while not self._stop.is_set():
             self._sending = seq
             info = client.publish(self.topic, str(seq).encode(), 1)

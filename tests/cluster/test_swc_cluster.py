@@ -32,7 +32,7 @@ from tests.broker.helpers import (
     unique_id,
     unsubscribe_packet,
 )
-from tests.cluster.nodes import API_KEY
+from tests.cluster.nodes import API_KEY, ClusterNode
 from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,
@@ -197,7 +197,7 @@ def test_a_node_with_another_clusters_metadata_is_refused(tmp_path: Path) -> Non
         cluster.close()
 
 
-def cluster_command(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+def cluster_command(node: ClusterNode, *args: str) -> subprocess.CompletedProcess[str]:
     """`nautilus cluster ARGS...` against `node`'s admin API."""
     url = f"http://{HOST}:{node.http_port}"
     return subprocess.run(
@@ -455,6 +455,7 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
     subscribe_with_probe(sub)
     wait_routed(swc_trio.client("a"), sub)  # a has every one of b's writes so far
     sub.close()
+    since_a = len(a.drain_log())
     b.kill()
     restarted = Node(
         b.directory,
@@ -467,6 +468,8 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
     swc_trio.nodes["b"] = restarted
     restarted.start()
     restarted.wait_links(["a", "c"])
+    # a's own link to b too: b was away long enough for a netsplit on a, over only then.
+    a.wait_links(["b"], since_a)
     fresh = swc_trio.client("b")
     subscribe_with_probe(fresh, ("after/restart", 1))
     wait_routed(swc_trio.client("a"), fresh)  # a new write of b's reaches a: no reuse

@@ -4,6 +4,7 @@ A MetadataBackend (broker/cluster/metadata.py) over this node's replicas (servic
 every node holds every record, replicated leaderlessly over the cluster channel. The keys:
 
     ("node", name)          a member: [cluster address, boot id, replica id]
+                            (boot id STOPPED: it stopped on purpose, until its next start)
     ("sub", client id)      a subscriber: [owner node, clean, packed subscriptions, ts]
     ("retain", topic)       a retained message: [packed message, ts]
 
@@ -48,6 +49,7 @@ from broker.config import ConfigError, SwcSettings
 NODE = "node"
 SUB = "sub"
 RETAIN = "retain"
+STOPPED = ""  # a member record's boot id while its node is stopped on purpose
 
 
 class SwcBackend:
@@ -118,6 +120,22 @@ class SwcBackend:
             self.replication.stop()
         if self._db is not None:
             self._db.close()
+
+    async def stopping(self) -> None:
+        """This node stops on purpose (SIGTERM): its member record says so until its next
+        start writes it again, so that the others, and members that start meanwhile, do
+        not count it towards a netsplit (netsplit.py). Not for a node removed from the
+        members: its record would bring it back."""
+        record = self._members.get(self.node)
+        if record is None or self.removed or self.replication is None:
+            return
+        address, _, replica_id = record
+        self.replication.put((NODE, self.node), [address, STOPPED, replica_id], time.time_ns())
+        await self.replication.durable()  # (then broadcast, ahead of the LEAVING frames)
+
+    def stopped_members(self) -> set[str]:
+        """The members whose record says they stopped on purpose."""
+        return {node for node, record in self._members.items() if record[1] == STOPPED}
 
     def members(self) -> dict[str, str]:
         """Node -> replica id, of every member this node knows."""
