@@ -38,6 +38,7 @@ SWC_CLOCK = 21  # [SWC_CLOCK, ref, group] -> ANSWER [replica id, node clock]
 SWC_FETCH = 22  # [SWC_FETCH, ref, group, dots] -> ANSWER [[key, dots, object]]
 SWC_WATERMARK = 23  # [SWC_WATERMARK, ref, group] -> ANSWER watermark
 SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[[key, object]], last]
+SWC_STANDING = 28  # [SWC_STANDING, ref] -> ANSWER [holds the metadata, fresh]: asked as a seed
 # A node leaving the cluster for good (broker/cluster/departure.py):
 LEAVE = 25  # [LEAVE, ref] -> ANSWER [error or None, what it says]: leave, with your sessions
 TAKE = 26  # [TAKE, ref, client id, expiry] -> ACK: take this session (I am leaving)

@@ -505,6 +505,12 @@ class ClusterServerProtocol(asyncio.Protocol):
             secret.encode(), self.cluster.settings.secret.encode()
         ):
             return self.refuse("wrong cluster secret")
+        if node == self.cluster.node and _boot_id == self.cluster.boot_id:
+            # This node itself, through a seed naming it (swc/seeds.py): told so, not linked.
+            self.reply(WELCOME, node, _boot_id)
+            assert self.transport is not None
+            self.transport.close()
+            return None
         if not isinstance(node, str) or not node or node == self.cluster.node:
             return self.refuse(f"bad node name {node!r}")
         self.node = node

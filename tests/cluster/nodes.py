@@ -169,10 +169,15 @@ class ClusterNode:
         )
         return self.config_path
 
-    def start(self) -> ClusterNode:
+    def prepare(self) -> None:
+        """Its config and API key file (what start() needs before it launches the node)."""
         self.write_config()
         if not (self.directory / "api-keys").exists():
             self._add_api_key()
+
+    def start(self, complete: bool = True) -> ClusterNode:
+        """`complete` (swc): also wait until the node holds the cluster's metadata."""
+        self.prepare()
         self.http_port = 0  # a restart binds another one
         self.process = BrokerProcess(self.config_path, cwd=self.directory)
         self.port = self.process.port
@@ -183,7 +188,7 @@ class ClusterNode:
                 self.http_port = int(match[1])
         if not self.http_port:
             self.http_port = int(self.process.wait_for(HTTP_LINE)[1])
-        if self.metadata == "swc":  # serving every client id: a joining node copies first
+        if self.metadata == "swc" and complete:  # every client id served: copied first
             self.wait_for_log(COMPLETE_LINE)
         return self
 

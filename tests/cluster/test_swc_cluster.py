@@ -181,7 +181,8 @@ def test_retained_set_on_one_node_and_cleared_on_another(swc_trio: SwcCluster) -
 def test_a_node_with_another_clusters_metadata_is_refused(tmp_path: Path) -> None:
     cluster = SwcCluster(tmp_path)
     try:
-        cluster.start("a")
+        cluster.start("a")  # a cluster with history (an empty one would join z's)
+        cluster.client("a").publish("a/topic", b"a's", 1, retain=True)
         lone = cluster.start("z")  # a cluster of its own, holding a retained message
         cluster.client("z").publish("z/topic", b"z's", 1, retain=True)
         lone.stop()  # its metadata is written before it exits
