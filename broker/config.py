@@ -188,7 +188,7 @@ class ClusterSettings:
     # holds it, replicated leaderlessly (broker/cluster/swc/; no external service).
     # "auto": "redis" when [plugins.redis_subs] is enabled, else "swc".
     metadata: Literal["auto", "redis", "swc"] = "auto"
-    seeds: list[str] = field(default_factory=list)  # swc: "host:port" of nodes to join
+    seeds: list[str] = field(default_factory=list)  # swc: "host:port" of the nodes (this one too)
     secret: str = ""  # nodes must present the same one to link
     liveness_interval: float = 0.5  # seconds between liveness refreshes
     dead_after: float = 3.0  # a node silent this long is dead: its sessions are reaped

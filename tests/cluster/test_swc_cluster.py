@@ -468,6 +468,8 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
     swc_trio.nodes["b"] = restarted
     restarted.start()
     restarted.wait_links(["a", "c"])
+    # a took b for a netsplit while it was down: it accepts clients once its link is back.
+    eventually(lambda: a.cluster_status()["metadata"] == "ready", what="a reaches b again")
     fresh = swc_trio.client("b")
     subscribe_with_probe(fresh, ("after/restart", 1))
     wait_routed(swc_trio.client("a"), fresh)  # a new write of b's reaches a: no reuse

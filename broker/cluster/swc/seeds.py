@@ -86,9 +86,12 @@ class Seeds:
         self.cluster = cluster
         self.backend = backend
         self.seeds = seeds
-        # This node's addresses, not seeds: its listener's, and those that answered with
-        # its name (a DNS name, or a wildcard listener reached on one of its addresses).
+        # This node's addresses, not seeds: its listener's, the one it advertises, and
+        # those that answered with its name (a DNS name, or a wildcard listener reached
+        # on one of its addresses).
         self.own: set[Address] = {own} if own is not None else set()
+        if cluster.settings.advertise:
+            self.own.add(host_port(cluster.settings.advertise))
         self.refused = False
         self.waiting = "asking the seeds where they stand"  # (until the first round ends)
         self.joined_through = ""  # the node this one introduced itself to, to join it
