@@ -28,6 +28,7 @@ from tests.cluster.test_cluster import (
     TIMEOUT,
     Node,
     eventually,
+    retained_seen,
     subscribe_with_probe,
     take,
     wait_routed,
@@ -205,3 +206,24 @@ def health(node: ClusterNode) -> tuple[int, dict[str, object]]:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
+
+
+def test_the_set_restarted_together_keeps_its_cluster_and_what_it_held(
+    together: StartedTogether,
+) -> None:
+    """Killed together and started together again, each node holds history: none starts
+    a cluster anew, they join each other, and a retained message set before is there."""
+    together.connect("b")[0].publish("kept/topic", b"kept", 1, retain=True)
+    for name, node in together.nodes.items():
+        eventually(lambda node=node, name=name: node.status()[0][name]["num_retained"] == 1)
+    for client in together.clients:
+        client.close()
+    together.clients.clear()
+    for node in together.nodes.values():
+        node.kill()
+    together.start()
+    clients = {name: together.connect(name)[0] for name in NAMES}
+    seen = retained_seen(clients["c"], "kept/topic")
+    assert seen is not None and seen.payload == b"kept"
+    lines = [line for node in together.nodes.values() for line in node.drain_log()]
+    assert not [line for line in lines if STARTS.search(line) or REFUSAL.search(line)]
