@@ -106,6 +106,7 @@ class ClusterNode:
         redis_url: str,
         *,
         cluster_port: int = 0,
+        cluster_host: str = "127.0.0.1",
         peer_addresses: dict[str, tuple[str, int]] | None = None,
         extra: str = "",
         broker_keys: str = "",
@@ -119,6 +120,7 @@ class ClusterNode:
         self.name = name
         self.redis_url = redis_url
         self.cluster_port = cluster_port
+        self.cluster_host = cluster_host  # the cluster listener's (0.0.0.0: every address)
         self.peer_addresses = dict(peer_addresses or {})
         self.extra = extra  # lines of [cluster]
         self.broker_keys = broker_keys  # lines of [broker]
@@ -153,7 +155,7 @@ class ClusterNode:
             f'[http]\naddress = "127.0.0.1:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
             "[cluster]\n"
             f'node_name = "{self.name}"\n'
-            f'address = "127.0.0.1:{self.cluster_port}"\n'
+            f'address = "{self.cluster_host}:{self.cluster_port}"\n'
             f'metadata = "{self.metadata}"\n'
             f"seeds = {json.dumps([f'{host}:{port}' for host, port in self.seeds])}\n"
             f"liveness_interval = {self.liveness_interval}\n"

@@ -55,16 +55,29 @@ def port_below_ephemeral() -> int:
         return port
 
 
+def by_name(host: str, port: int) -> dict[str, str]:
+    """A node's keys for listening on every address and advertising `host`:`port`."""
+    return {"cluster_host": "0.0.0.0", "extra": f'advertise = "{host}:{port}"'}
+
+
 class StartedTogether:
     """Nodes a, b, c, each on a cluster port chosen before any starts, all with the seed
-    list naming the three as `seed_host:port`."""
+    list naming the three as `seed_host:port`. With a host name, each listens on every
+    address and advertises `seed_host:port`: its own seed is not its listener's address,
+    and it finds itself among the seeds by the name it answers with."""
 
     def __init__(self, tmp_path: Path, seed_host: str) -> None:
         ports = {name: port_below_ephemeral() for name in NAMES}
         seeds = [(seed_host, ports[name]) for name in NAMES]
         self.nodes = {
             name: Node(
-                tmp_path / name, name, "", metadata="swc", cluster_port=ports[name], seeds=seeds
+                tmp_path / name,
+                name,
+                "",
+                metadata="swc",
+                cluster_port=ports[name],
+                seeds=seeds,
+                **({} if seed_host == HOST else by_name(seed_host, ports[name])),
             )
             for name in NAMES
         }
@@ -148,6 +161,7 @@ def test_nodes_started_together_from_one_seed_list_form_one_cluster(
     lines = [line for node in together.nodes.values() for line in node.drain_log()]
     assert [line for line in lines if STARTS.search(line)], "no node started the cluster"
     assert not [line for line in lines if REFUSAL.search(line)]
+    assert not [line for line in lines if "refused a link" in line]  # (not even itself)
 
 
 def test_a_node_holding_another_clusters_metadata_is_refused_by_the_set(

@@ -217,9 +217,9 @@ class Seeds:
     async def _standing(self, address: Address, seed: str) -> SeedAnswer | None:
         connection = await _Connection.open(address, seed)
         try:
-            name = await self._hello(connection)
-            if name == self.cluster.node:  # this node, by another address
-                self.own.add(address)
+            name, boot_id = await self._hello(connection)
+            if name == self.cluster.node and boot_id == self.cluster.boot_id:
+                self.own.add(address)  # this node, by another address
                 return None
             connection.writer.write(frames.encode(SWC_STANDING, 1))
             holds, fresh = (await connection.next(ANSWER))[2]
@@ -232,7 +232,7 @@ class Seeds:
         connection = await _Connection.open(address, seed)
         writer = connection.writer
         try:
-            name = await self._hello(connection)
+            name, _ = await self._hello(connection)
             if self._has_other_history(name):
                 self._refuse(SeedAnswer(seed, name, True, False))
                 return
@@ -242,13 +242,15 @@ class Seeds:
         finally:
             writer.close()
 
-    async def _hello(self, connection: _Connection) -> str:
-        """Say HELLO as a peer would; the seed's node name, from its WELCOME."""
+    async def _hello(self, connection: _Connection) -> tuple[str, str]:
+        """Say HELLO as a peer would; the seed's node name and boot id, from its
+        WELCOME."""
         c = self.cluster
         connection.writer.write(
             frames.encode(HELLO, frames.PROTOCOL_VERSION, c.node, c.boot_id, c.settings.secret)
         )
-        return str((await connection.next(WELCOME))[1])
+        _, name, boot_id = await connection.next(WELCOME)
+        return str(name), str(boot_id)
 
     def _has_other_history(self, seed_node: str) -> bool:
         """Whether this node holds metadata of a cluster `seed_node` is not a member of."""
