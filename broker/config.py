@@ -188,7 +188,7 @@ class ClusterSettings:
     # holds it, replicated leaderlessly (broker/cluster/swc/; no external service).
     # "auto": "redis" when [plugins.redis_subs] is enabled, else "swc".
     metadata: Literal["auto", "redis", "swc"] = "auto"
-    seeds: list[str] = field(default_factory=list)  # swc: "host:port" of nodes to join
+    seeds: list[str] = field(default_factory=list)  # swc: "host:port" of the nodes (this one too)
     secret: str = ""  # nodes must prove they hold the same one to link (it is never sent)
     # TLS on the links (all three, or none): this node's certificate chain and key (PEM),
     # and the CA that signed every node's certificate; a certificate names its node (its

@@ -44,6 +44,7 @@ SWC_CLOCK = 21  # [SWC_CLOCK, ref, group] -> ANSWER [replica id, node clock]
 SWC_FETCH = 22  # [SWC_FETCH, ref, group, dots] -> ANSWER [[key, dots, object]]
 SWC_WATERMARK = 23  # [SWC_WATERMARK, ref, group] -> ANSWER watermark
 SWC_KEYS = 24  # [SWC_KEYS, ref, group, start, limit] -> ANSWER [[[key, object]], last]
+SWC_STANDING = 28  # [SWC_STANDING, ref] -> ANSWER [holds the metadata, fresh]: asked as a seed
 # A node leaving the cluster for good (broker/cluster/departure.py):
 LEAVE = 25  # [LEAVE, ref] -> ANSWER [error or None, what it says]: leave, with your sessions
 TAKE = 26  # [TAKE, ref, client id, expiry] -> ACK: take this session (I am leaving)
@@ -128,14 +129,17 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_SIZE)
 
 
-def hello_of(frame: list[Any], own_node: str) -> Hello:
-    """The HELLO a link opened with (HandshakeError: the reason to refuse it)."""
+def hello_of(frame: list[Any], own_node: str, own_boot_id: str = "") -> Hello:
+    """The HELLO a link opened with (HandshakeError: the reason to refuse it). This node's
+    own name is refused, but for this very process (its boot id): a seed list may name
+    this node, and it says HELLO to itself to find out (swc/seeds.py)."""
     if frame[0] != HELLO or len(frame) != 5:
         raise HandshakeError("expected HELLO")
     _, version, node, boot_id, nonce = frame
     if version != PROTOCOL_VERSION:
         raise HandshakeError(f"protocol version {version} (this node speaks {PROTOCOL_VERSION})")
-    if not isinstance(node, str) or not node or node == own_node:
+    itself = node == own_node and bool(own_boot_id) and boot_id == own_boot_id
+    if not isinstance(node, str) or not node or (node == own_node and not itself):
         raise HandshakeError(f"bad node name {node!r}")
     if not isinstance(boot_id, str) or not nonce_ok(nonce):
         raise HandshakeError("a HELLO without a boot id and a nonce")

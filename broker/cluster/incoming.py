@@ -27,6 +27,7 @@ from broker.cluster.frames import (
     SWC_CLOCK,
     SWC_FETCH,
     SWC_KEYS,
+    SWC_STANDING,
     SWC_WATERMARK,
     SWC_WRITE,
     TAKE,
@@ -102,6 +103,9 @@ class IncomingFrames:
         elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):
             result = cluster.membership.swc().answer(inbound.node, kind, frame[2:])
             inbound.reply(ANSWER, frame[1], result)
+        elif kind == SWC_STANDING:  # a node starting asks this one as a seed (swc/seeds.py)
+            swc = cluster.membership.swc()
+            inbound.reply(ANSWER, frame[1], [swc.holds(), swc.alone()])
         elif kind == TAKE:
             _, ref, client_id, expiry = frame
             self._answer_later(inbound, ref, cluster.adoption.take(inbound.node, client_id, expiry))

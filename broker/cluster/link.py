@@ -609,11 +609,19 @@ class ClusterServerProtocol(asyncio.Protocol):
             return
         try:
             if self._hello is None:
-                self._hello = frames.hello_of(frame, self.cluster.node)
+                c = self.cluster
+                self._hello = frames.hello_of(frame, c.node, c.boot_id)
                 self._check_certificate(self._hello.node)
                 self.reply(CHALLENGE, self.cluster.node, self._challenge)
             else:
                 self._check_proof(frame)
+                if self._hello.node == self.cluster.node:
+                    # This node itself, through a seed naming it (swc/seeds.py): told so
+                    # (the WELCOME names it), not linked.
+                    self._welcome()
+                    assert self.transport is not None
+                    self.transport.close()
+                    return
                 self._linked()
         except HandshakeError as exc:
             self.refuse(str(exc))
@@ -643,12 +651,18 @@ class ClusterServerProtocol(asyncio.Protocol):
         c = self.cluster
         self.node = self._hello.node
         self._decoder.set_limit(c.settings.max_frame_size)  # a peer now
+        self._welcome()
+        self._beat()
+        c.inbound_up(self)
+
+    def _welcome(self) -> None:
+        """WELCOME, with this node's own proof."""
+        assert self._hello is not None
+        c = self.cluster
         proof = frames.accepting_proof(
             c.settings.secret, self._hello, c.node, c.boot_id, self._challenge
         )
         self.reply(WELCOME, c.node, c.boot_id, proof)
-        self._beat()
-        c.inbound_up(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._handshake_timer, self._heartbeat):

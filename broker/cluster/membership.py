@@ -55,7 +55,7 @@ class Membership:
         if replicated.alone():  # nothing of its own to keep: copy the cluster's first
             replicated.replicas.unfound()
         seeds = Seeds(self.cluster, replicated, [address], self.cluster.address)
-        self.cluster.spawn(seeds.join(), f"cluster join through {address}")
+        self.cluster.spawn(seeds.join_through(address), f"cluster join through {address}")
         return f"joining the cluster of {address}: `nautilus cluster show` lists the members"
 
     async def leave(self, node: str) -> str:

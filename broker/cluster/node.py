@@ -100,6 +100,7 @@ class Cluster:
         self.liveness = Liveness(self, self.sync, self.tracing, self.adoption)
         self.netsplit = Netsplit(self, self.replicated)
         self.departure: Departure | None = None  # swc: `nautilus cluster leave` of this node
+        self.seeds: Seeds | None = None  # swc: joining (or starting) the cluster at start
         if self.replicated is not None:
             self.replicated.attach(LinkTransport(self), self.loop)
             self.departure = Departure(self, self.replicated, ports.exit)
@@ -130,8 +131,9 @@ class Cluster:
         advertise = self.settings.advertise or "{}:{}".format(*self.address)
         await self.backend.open(self.node, self.boot_id, advertise)
         if self.replicated is not None and self.settings.seeds:
-            seeds = Seeds(self, self.replicated, self.settings.seeds, self.address)
-            self.spawn(seeds.join(), "cluster join")
+            self.seeds = Seeds(self, self.replicated, self.settings.seeds, self.address)
+            self.spawn(self.seeds.join(), "cluster join")
+            self.spawn(self.seeds.report(), "cluster readiness report")
         await self.liveness.heartbeat()
         snapshot = await self.backend.snapshot()
         self.sync.reconcile(snapshot)

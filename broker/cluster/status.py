@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from broker.cluster.liveness import Liveness
     from broker.cluster.netsplit import Netsplit
     from broker.cluster.swc.backend import SwcBackend
+    from broker.cluster.swc.seeds import Seeds
     from broker.cluster.sync import MetadataSync
     from broker.cluster.view import RemoteView
     from broker.config import ClusterSettings
@@ -32,6 +33,7 @@ class Observed(Protocol):
     sync: MetadataSync  # whether the metadata answers
     view: RemoteView  # the other nodes' subscribers
     replicated: SwcBackend | None  # the leaderless metadata, if it is that
+    seeds: Seeds | None  # swc: joining (or starting) the cluster at start
 
 
 class StatusReport:
@@ -45,6 +47,9 @@ class StatusReport:
         says so)."""
         if self.departure is not None and self.departure.started:
             return "leaving the cluster"
+        waiting = self._waiting()
+        if waiting is not None:
+            return f"not ready: {waiting}"
         if self.cluster.sync.available:
             return None
         refused = not self.cluster.settings.allow_register_during_outage
@@ -93,8 +98,16 @@ class StatusReport:
             )
         return nodes
 
+    def _waiting(self) -> str | None:
+        """swc: what this node waits for before it holds the cluster's metadata."""
+        seeds = self.cluster.seeds
+        return seeds.not_ready() if seeds is not None else None
+
     def _metadata(self) -> str:
         if self.cluster.replicated is not None:  # swc: ready (no netsplit)
+            waiting = self._waiting()
+            if waiting is not None:
+                return f"not ready ({waiting})"
             return "ready" if not self.cluster.split else "not ready (netsplit)"
         return "available" if self.cluster.sync.available else "unavailable"
 
@@ -105,7 +118,8 @@ class StatusReport:
         replicas = self.cluster.replicated.replicas
         ages = [g["sync_age_seconds"] for g in replicas.group_figures()]
         return {
-            "ready": not self.cluster.split,
+            "ready": not self.cluster.split and self._waiting() is None,
+            "waiting": self._waiting(),  # what a node not holding the metadata yet waits for
             "unreachable": list(self.netsplit.unreachable),
             "stopped": list(self.netsplit.stopped),  # said so: not a netsplit
             "groups_synced": sum(r.synced for r in replicas.groups.replicas),

@@ -132,6 +132,7 @@ class ClusterNode:
         redis_url: str,
         *,
         cluster_port: int = 0,
+        cluster_host: str = "",
         peer_addresses: dict[str, tuple[str, int]] | None = None,
         extra: str = "",
         broker_keys: str = "",
@@ -147,6 +148,8 @@ class ClusterNode:
         self.name = name
         self.redis_url = redis_url
         self.cluster_port = cluster_port
+        # The cluster listener's (0.0.0.0: every address); "": the node's host.
+        self.cluster_host = cluster_host or host
         self.peer_addresses = dict(peer_addresses or {})
         self.extra = extra  # lines of [cluster]
         self.broker_keys = broker_keys  # lines of [broker]
@@ -183,7 +186,7 @@ class ClusterNode:
             f'[http]\naddress = "{self.host}:0"\napi_keys_file = "{self.directory}/api-keys"\n\n'
             "[cluster]\n"
             f'node_name = "{self.name}"\n'
-            f'address = "{self.host}:{self.cluster_port}"\n'
+            f'address = "{self.cluster_host}:{self.cluster_port}"\n'
             f'metadata = "{self.metadata}"\n'
             f"seeds = {json.dumps([f'{host}:{port}' for host, port in self.seeds])}\n"
             f"liveness_interval = {self.liveness_interval}\n"
@@ -199,10 +202,15 @@ class ClusterNode:
         )
         return self.config_path
 
-    def start(self) -> ClusterNode:
+    def prepare(self) -> None:
+        """Its config and API key file (what start() needs before it launches the node)."""
         self.write_config()
         if not (self.directory / "api-keys").exists():
             self._add_api_key()
+
+    def start(self, complete: bool = True) -> ClusterNode:
+        """`complete` (swc): also wait until the node holds the cluster's metadata."""
+        self.prepare()
         self.http_port = 0  # a restart binds another one
         # clean_env() binds HTTP to loopback, over the config: here, the node's host.
         env = clean_env(NAUTILUS_HTTP__ADDRESS=f"{self.host}:0")
@@ -215,7 +223,7 @@ class ClusterNode:
                 self.http_port = int(match[1])
         if not self.http_port:
             self.http_port = int(self.process.wait_for(HTTP_LINE)[1])
-        if self.metadata == "swc":  # serving every client id: a joining node copies first
+        if self.metadata == "swc" and complete:  # every client id served: copied first
             self.wait_for_log(COMPLETE_LINE)
         return self
 

@@ -42,6 +42,7 @@ from broker.cluster.metadata import (
     unpack_subscriptions,
 )
 from broker.cluster.swc import storage
+from broker.cluster.swc.bootstrap import Standing
 from broker.cluster.swc.replica import Key
 from broker.cluster.swc.service import Replication, Transport
 from broker.config import ConfigError, SwcSettings
@@ -304,6 +305,23 @@ class SwcBackend:
         return set(self._members) <= {self.node} and all(
             key == own for key, _ in self.replicas.items()
         )
+
+    def holds(self) -> bool:
+        """Every group holds the cluster's whole state (this node started the cluster, or
+        copied it): a joining node can copy it from here."""
+        return all(replica.synced for replica in self.replicas.groups.replicas)
+
+    def standing(self) -> Standing:
+        """Fresh (nothing but its own record), joining (it knows members, introduced,
+        and holds nothing of theirs), or a member holding history: a subscriber or a
+        retained message, or other members in a state it holds (bootstrap.py). Member
+        records alone are no history: two fresh nodes that met hold each other's."""
+        if self.alone():
+            return Standing.FRESH
+        if any(key[0] != NODE for key, _ in self.replicas.items()):
+            return Standing.MEMBER
+        synced = any(replica.synced for replica in self.replicas.groups.replicas)
+        return Standing.MEMBER if synced else Standing.JOINING
 
     # -- what the replicas saw change --------------------------------------------------
 

@@ -122,6 +122,23 @@ class Replication:
             self._touch(group)
             self._mark_copied(group)
 
+    def copy_now(self, node: str) -> None:
+        """This node just joined through `node`: copy each group it does not hold yet
+        from there now, not at the group's next exchange (up to a sync_interval and a
+        half away)."""
+        if node not in self.transport.linked():
+            return  # (the exchanges copy from whichever member they meet)
+        for group, replica in enumerate(self.groups.replicas):
+            if not replica.synced:
+                self._spawn(self.exchange(group, node))
+
+    def copy_progress(self) -> tuple[int, int, list[str]]:
+        """The groups holding the whole state, of how many, and the members copies are
+        under way from."""
+        copied = sum(replica.synced for replica in self.groups.replicas)
+        sources = sorted({copy.node for copy in self._copies.values()})
+        return copied, len(self.groups), sources
+
     def _mark_copied(self, group: int) -> None:
         event = self._copied[group]
         if not self.groups.replicas[group].synced:

@@ -1,0 +1,243 @@
+"""One config for every node (`metadata = "swc"`): three `python -m broker` processes
+started at the same moment, each with the same seed list naming all three (itself
+included), by IP and by DNS name, form one cluster: each accepts a client within
+READY_WITHIN seconds of the start, a message published on one node reaches a subscriber
+on another, and none logs the refusal of a node holding another cluster's metadata
+(which still refuses a node that does).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker.helpers import V311, PahoClient
+from tests.cluster.nodes import COMPLETE_LINE, ClusterNode
+from tests.cluster.test_cluster import (
+    HOST,
+    TIMEOUT,
+    Node,
+    eventually,
+    retained_seen,
+    subscribe_with_probe,
+    take,
+    wait_routed,
+)
+
+NAMES = ("a", "b", "c")
+READY_WITHIN = 15.0  # seconds from the start to a node accepting clients
+REFUSAL = re.compile(r"holds metadata of another cluster")
+ACCEPTED = 0
+STARTS = re.compile(r"cluster: starting the cluster")
+
+
+def port_below_ephemeral() -> int:
+    """A free port below the kernel's ephemeral range (ip_local_port_range), chosen before
+    the nodes start: the ports they bind to 0 (MQTT, HTTP) never take it meanwhile."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        return port
+
+
+def by_name(host: str, port: int) -> dict[str, str]:
+    """A node's keys for listening on every address and advertising `host`:`port`."""
+    return {"cluster_host": "0.0.0.0", "extra": f'advertise = "{host}:{port}"'}
+
+
+class StartedTogether:
+    """Nodes a, b, c, each on a cluster port chosen before any starts, all with the seed
+    list naming the three as `seed_host:port`. With a host name, each listens on every
+    address and advertises `seed_host:port`: its own seed is not its listener's address,
+    and it finds itself among the seeds by the name it answers with."""
+
+    def __init__(self, tmp_path: Path, seed_host: str) -> None:
+        ports = {name: port_below_ephemeral() for name in NAMES}
+        seeds = [(seed_host, ports[name]) for name in NAMES]
+        self.nodes = {
+            name: Node(
+                tmp_path / name,
+                name,
+                "",
+                metadata="swc",
+                cluster_port=ports[name],
+                seeds=seeds,
+                **({} if seed_host == HOST else by_name(seed_host, ports[name])),
+            )
+            for name in NAMES
+        }
+        self.clients: list[PahoClient] = []
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        """Every node at once (each thread launches one process and waits until it
+        listens for MQTT; not until it holds the metadata)."""
+        failures: list[BaseException] = []
+
+        def start(node: ClusterNode) -> None:
+            try:
+                node.start(complete=False)
+            except BaseException as exc:  # shown by the test
+                failures.append(exc)
+
+        for node in self.nodes.values():
+            node.prepare()  # (its API key made by a process of its own, before the clock)
+        threads = [threading.Thread(target=start, args=(node,)) for node in self.nodes.values()]
+        self.started_at = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
+
+    def connect(self, name: str) -> tuple[PahoClient, float]:
+        """A client accepted by node `name` (CONNECTs refused while the node is not ready
+        are tried again), and the seconds from the start to its CONNACK."""
+        node = self.nodes[name]
+        deadline = self.started_at + READY_WITHIN
+        while True:
+            client = PahoClient(HOST, node.port, V311)
+            result = client.connect(expect_code=None)
+            if result.reason_code == ACCEPTED:
+                self.clients.append(client)
+                return client, time.monotonic() - self.started_at
+            client.close()
+            assert time.monotonic() < deadline, f"node {name} refused CONNECT: {result}"
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for node in self.nodes.values():
+            node.kill()
+        for node in self.nodes.values():  # shown when the test failed
+            if node.process is not None:
+                print(f"--- node {node.name} (port {node.port})")
+                print("\n".join(node.drain_log()))
+
+
+@pytest.fixture(params=[HOST, "localhost"], ids=["ip", "dns"])
+def together(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StartedTogether]:
+    cluster = StartedTogether(tmp_path, request.param)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_nodes_started_together_from_one_seed_list_form_one_cluster(
+    together: StartedTogether,
+) -> None:
+    clients = {name: together.connect(name) for name in NAMES}
+    for name, (_, after) in clients.items():
+        assert after <= READY_WITHIN, f"{name} accepted its first client {after:.1f}s in"
+    subscriber, publisher = clients["c"][0], clients["a"][0]
+    subscribe_with_probe(subscriber, ("start/topic", 1))
+    wait_routed(publisher, subscriber)
+    publisher.publish("start/topic", b"from a", 1)
+    assert take(subscriber, 1)[0].payload == b"from a"
+    for name, node in together.nodes.items():
+        status = eventually(
+            lambda node=node: (s := node.cluster_status())["metadata"] == "ready" and s,
+            what=f"{name} ready",
+        )
+        linked = {n["node"] for n in status["nodes"] if n["link"]}
+        assert linked == set(NAMES) - {name}, status["nodes"]
+    lines = [line for node in together.nodes.values() for line in node.drain_log()]
+    assert [line for line in lines if STARTS.search(line)], "no node started the cluster"
+    assert not [line for line in lines if REFUSAL.search(line)]
+    assert not [line for line in lines if "refused a link" in line]  # (not even itself)
+
+
+def test_a_node_holding_another_clusters_metadata_is_refused_by_the_set(
+    together: StartedTogether, tmp_path: Path
+) -> None:
+    for name in NAMES:
+        together.nodes[name].wait_for_log(COMPLETE_LINE, READY_WITHIN)
+    lone = Node(tmp_path / "z", "z", "", metadata="swc")  # a cluster of its own
+    lone.start()
+    together.nodes["z"] = lone
+    client = PahoClient(HOST, lone.port, V311)
+    client.connect()
+    client.publish("z/topic", b"z's", 1, retain=True)
+    client.close()
+    lone.stop()  # its metadata is written before it exits
+    again = Node(  # its seeds: the set's three, and itself
+        tmp_path / "z",
+        "z",
+        "",
+        metadata="swc",
+        cluster_port=lone.cluster_port,
+        seeds=[(HOST, node.cluster_port) for node in together.nodes.values()],
+    )
+    together.nodes["z"] = again
+    again.start()
+    again.wait_for_log(r"not joining through seed .* holds metadata of another cluster", TIMEOUT)
+    for name in NAMES:
+        assert not [line for line in together.nodes[name].drain_log() if REFUSAL.search(line)]
+
+
+def test_a_node_started_first_says_what_it_waits_for_and_the_others_come_in_any_order(
+    tmp_path: Path,
+) -> None:
+    cluster = StartedTogether(tmp_path, HOST)
+    try:
+        b = cluster.nodes["b"].start(complete=False)
+        cluster.started_at = time.monotonic()
+        others = ", ".join(f"{HOST}:{cluster.nodes[name].cluster_port}" for name in ("a", "c"))
+        waiting = f"not ready: waiting for seeds {others} (none answered yet)"
+        eventually(lambda: health(b) == (503, {"status": "not ready", "reasons": [waiting]}))
+        b.wait_for_log(f"WARNING nautilus.cluster: cluster: {re.escape(waiting)}", 2 * TIMEOUT)
+        for name in ("c", "a"):
+            cluster.nodes[name].start(complete=False)
+        cluster.started_at = time.monotonic()
+        clients = {name: cluster.connect(name)[0] for name in NAMES}
+        subscribe_with_probe(clients["a"], ("any/order", 1))
+        wait_routed(clients["b"], clients["a"])
+        assert health(b) == (200, {"status": "ok"})
+    finally:
+        cluster.close()
+
+
+def health(node: ClusterNode) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{node.http_port}/health") as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_the_set_restarted_together_keeps_its_cluster_and_what_it_held(
+    together: StartedTogether,
+) -> None:
+    """Killed together and started together again, each node holds history: none starts
+    a cluster anew, they join each other, and a retained message set before is there."""
+    together.connect("b")[0].publish("kept/topic", b"kept", 1, retain=True)
+    for name, node in together.nodes.items():
+        eventually(lambda node=node, name=name: node.status()[0][name]["num_retained"] == 1)
+    for client in together.clients:
+        client.close()
+    together.clients.clear()
+    for node in together.nodes.values():
+        node.kill()
+    together.start()
+    clients = {name: together.connect(name)[0] for name in NAMES}
+    seen = retained_seen(clients["c"], "kept/topic")
+    assert seen is not None and seen.payload == b"kept"
+    lines = [line for node in together.nodes.values() for line in node.drain_log()]
+    assert not [line for line in lines if STARTS.search(line) or REFUSAL.search(line)]
