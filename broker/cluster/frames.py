@@ -23,8 +23,9 @@ PROTOCOL_VERSION = 1
 HELLO = 1  # [HELLO, version, node, boot id, secret]
 WELCOME = 2  # [WELCOME, node, boot id]
 REFUSED = 3  # [REFUSED, reason]
-PUBLISH = 4  # [PUBLISH, message]: match it against this node's subscriptions
-ENQUEUE = 5  # [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share]
+PUBLISH = 4  # [PUBLISH, message(, seq)]: match it against this node's subscriptions
+# [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share(, seq)]
+ENQUEUE = 5
 ACK = 6  # [ACK, ref, error or None]
 TAKEOVER = 7  # [TAKEOVER, ref, client id, clean]: release the session; queue follows
 PING = 8  # [PING, n]
@@ -52,8 +53,15 @@ TRACE_STOP = 33  # [TRACE_STOP, trace id]: the sender's trace is over: stop your
 TRACE_LINE = 34  # [TRACE_LINE, trace id, line fields]: a line of the receiver's trace
 TRACE_END = 35  # [TRACE_END, trace id, reason]: the sender's part ended (its rate limit)
 TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
+# At least once between nodes (broker/cluster/streams.py): a QoS 1/2 PUBLISH or single
+# ENQUEUE carries `seq`, its number in the sender's stream to the receiver, which the
+# sender keeps it under until the receiver says it is queued.
+STREAM = 40  # [STREAM, epoch]: first on every link: the numbering the seqs that follow use
+QUEUED = 41  # [QUEUED, epoch, seq]: the answer: every seq up to `seq` is queued (stored)
 
 _LENGTH = struct.Struct(">I")
+_PUBLISH_2 = b"\x92" + msgpack.packb(PUBLISH)  # an array of 2 items, the first PUBLISH
+_PUBLISH_3 = b"\x93" + msgpack.packb(PUBLISH)
 
 
 class FrameError(Exception):
@@ -63,6 +71,18 @@ class FrameError(Exception):
 def encode(*frame: Any) -> bytes:
     body = msgpack.packb(frame)
     return _LENGTH.pack(len(body)) + body
+
+
+def publish_body(message: Message, now: float) -> bytes:
+    """A PUBLISH frame's message, encoded once for every node it goes to (`publish_frame`
+    puts each node's number after it)."""
+    return msgpack.packb(pack_message(message, now))
+
+
+def publish_frame(body: bytes, seq: int | None = None) -> bytes:
+    """[PUBLISH, message] (QoS 0), or [PUBLISH, message, seq], around an encoded message."""
+    frame = _PUBLISH_2 + body if seq is None else _PUBLISH_3 + body + msgpack.packb(seq)
+    return _LENGTH.pack(len(frame)) + frame
 
 
 def pack_message(message: Message, now: float) -> list[Any]:

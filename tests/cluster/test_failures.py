@@ -267,7 +267,7 @@ class Subscriber:
 
 
 class Stream:
-    """QoS 1 publishes of 0, 1, 2, ... to `topic`, one after the other in a thread, as
+    """QoS 1 (or 2) publishes of 0, 1, 2, ... to `topic`, one after the other in a thread, as
     fast as PUBACKs come back; `acked` lists, in order, those acknowledged. (A subscriber
     on another node that falls behind holds the link, then the publisher: flow control
     across nodes, so nothing acknowledged is tail-dropped there.)
@@ -277,9 +277,10 @@ class Stream:
     to happen on a node does not say which publishes that node routed after it.
     `sent_after_now()` does: the first seq whose PUBLISH leaves after the call."""
 
-    def __init__(self, publisher: PahoClient, topic: str) -> None:
+    def __init__(self, publisher: PahoClient, topic: str, qos: int = 1) -> None:
         self.publisher = publisher
         self.topic = topic
+        self.qos = qos  # 2: `acked` once PUBCOMP came back
         self.acked: list[int] = []
         self.unacked: list[int] = []
         self._sending = -1  # the seq being published, or the last one if between two
@@ -292,7 +293,7 @@ class Stream:
         seq = 0
         while not self._stop.is_set():
             self._sending = seq
-            info = client.publish(self.topic, str(seq).encode(), 1)
+            info = client.publish(self.topic, str(seq).encode(), self.qos)
             with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(TIMEOUT)
             (self.acked if info.is_published() else self.unacked).append(seq)
