@@ -56,7 +56,9 @@ TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
 # At least once between nodes (broker/cluster/streams.py): a QoS 1/2 PUBLISH or single
 # ENQUEUE carries `seq`, its number in the sender's stream to the receiver, which the
 # sender keeps it under until the receiver says it is queued.
-STREAM = 40  # [STREAM, epoch]: first on every link: the numbering the seqs that follow use
+# [STREAM, epoch, settled]: first on every link: the numbering the seqs that follow use;
+# wait for none up to `settled`
+STREAM = 40
 QUEUED = 41  # [QUEUED, epoch, seq]: the answer: every seq up to `seq` is queued (stored)
 
 _LENGTH = struct.Struct(">I")

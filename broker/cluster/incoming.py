@@ -111,7 +111,7 @@ class IncomingFrames:
         elif kind == PING:
             inbound.reply(PONG, frame[1])
         elif kind == STREAM:
-            self.streams.stream(inbound, frame[1])
+            self.streams.stream(inbound, frame[1], frame[2])
         elif kind == SWC_WRITE:
             cluster.membership.swc().on_write(inbound.node, frame[1], frame[2], frame[3])
         elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):

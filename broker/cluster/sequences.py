@@ -74,6 +74,15 @@ class Outbox:
         self.sent = max(self.sent, upto)
         return released
 
+    def give_up(self) -> list[tuple[int, bytes]]:
+        """Release every message as if acknowledged (their receiver is gone: another node
+        took its sessions); the numbering goes on (STREAM tells the receiver where)."""
+        released = list(self._unacked.items())
+        self._unacked.clear()
+        self.bytes = 0
+        self.acked = self.sent = self.last
+        return released
+
     def relinked(self) -> None:
         """A new link: everything not acknowledged goes out again."""
         self.sent = self.acked
@@ -104,13 +113,20 @@ class Inbox:
         self.high = high  # every number up to here was queued
         self.window = window if window is not None else set()  # queued, above `high`
 
-    def stream(self, epoch: str) -> None:
-        """The origin's frames are numbered in `epoch` from now on: another epoch than the
-        one remembered starts from nothing (the origin lost what it kept)."""
+    def stream(self, epoch: str, settled: int) -> None:
+        """The origin's frames are numbered in `epoch` from now on, and it waits for no
+        number up to `settled` (acknowledged, or given up). Another epoch than the one
+        remembered starts from nothing (the origin lost what it kept)."""
         if epoch != self.epoch:
             self.epoch = epoch
             self.high = 0
             self.window = set()
+        if settled > self.high:
+            self.high = settled
+            self.window = {seq for seq in self.window if seq > settled}
+            while self.high + 1 in self.window:
+                self.high += 1
+                self.window.discard(self.high)
 
     def fresh(self, seq: int) -> bool:
         """Whether `seq` was never queued (False: a duplicate, to drop)."""

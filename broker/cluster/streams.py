@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgpack
 
 from broker.cluster import frames
-from broker.cluster.frames import QUEUED, STREAM
+from broker.cluster.frames import PUBLISH, QUEUED, STREAM
 from broker.cluster.sequences import Inbox, Outbox
 from broker.config import ClusterSettings
 
@@ -151,8 +151,8 @@ class Streams:
     def link_up(self, link: PeerLink) -> None:
         """A new link: it starts with this node's epoch, then everything not acknowledged
         goes out again (the receiver drops what it queued already)."""
-        link.send_first(frames.encode(STREAM, self.epoch))
         outbox = self.outboxes.get(link.node)
+        link.send_first(frames.encode(STREAM, self.epoch, outbox.acked if outbox else 0))
         if outbox is None:
             return
         self.cluster.metrics.cluster_messages_resent += outbox.sent - outbox.acked
@@ -171,17 +171,38 @@ class Streams:
                 store.delete_cluster(_kept_key(node, seq))
             store.put_cluster(ACKED + node.encode(), msgpack.packb(outbox.acked))
 
+    def take_kept(self, node: str) -> list[Message]:
+        """`node`'s sessions were taken by this one (it was reaped): the messages kept for
+        it, for those sessions now. Their numbers are given up (the next STREAM to `node`
+        says so)."""
+        outbox = self.outboxes.get(node)
+        if outbox is None:
+            return []
+        messages = []
+        now = self.cluster.loop.time()
+        for seq, frame in outbox.give_up():
+            if self.keeps:
+                self.store.delete_cluster(_kept_key(node, seq))
+            fields = msgpack.unpackb(frame[4:], strict_map_key=False)
+            if fields[0] == PUBLISH:  # (an ENQUEUE was for one session, which moved too)
+                messages.append(frames.unpack_message(fields[1], now))
+        if self.keeps:
+            self.store.put_cluster(ACKED + node.encode(), msgpack.packb(outbox.acked))
+        return messages
+
     # -- receiving ---------------------------------------------------------------------
 
-    def stream(self, inbound: ClusterServerProtocol, epoch: str) -> None:
-        """STREAM: what `inbound`'s node sends next is numbered in `epoch`."""
+    def stream(self, inbound: ClusterServerProtocol, epoch: str, settled: int) -> None:
+        """STREAM: what `inbound`'s node sends next is numbered in `epoch`, and it waits
+        for nothing up to `settled`."""
         origin = inbound.node
         inbox = self.inboxes.get(origin)
         if inbox is None:
             inbox = self.inboxes[origin] = Inbox()
-        if inbox.epoch != epoch:
-            inbox.stream(epoch)
-            self._changed.add(origin)  # (stored with the next commit)
+        before = inbox.state()
+        inbox.stream(epoch, settled)
+        if inbox.state() != before:
+            self._acknowledge_later(origin)  # (stored with the next commit)
         self._answer[origin] = inbound
 
     def fresh(self, inbound: ClusterServerProtocol, seq: int) -> bool:

@@ -74,7 +74,7 @@ def test_restored_messages_continue_the_numbering() -> None:
 
 def test_the_receiver_drops_what_it_queued_already() -> None:
     inbox = Inbox()
-    inbox.stream("e1")
+    inbox.stream("e1", 0)
     for seq in (1, 2, 3):
         assert inbox.fresh(seq)
         inbox.queued(seq)
@@ -103,9 +103,9 @@ def test_a_window_past_its_bound_gives_up_the_oldest_gap() -> None:
 
 def test_another_epoch_starts_from_nothing() -> None:
     inbox = Inbox("e1", high=40)
-    inbox.stream("e1")
+    inbox.stream("e1", 0)
     assert not inbox.fresh(40)
-    inbox.stream("e2")  # the origin lost what it kept: its numbering starts again
+    inbox.stream("e2", 0)  # the origin lost what it kept: its numbering starts again
     assert inbox.fresh(1)
 
 
@@ -140,7 +140,7 @@ def test_sender_and_receiver_lose_nothing_across_reconnects(lost: int) -> None:
     exactly once."""
     outbox = Outbox("e1", 1 << 20)
     inbox = Inbox()
-    inbox.stream("e1")
+    inbox.stream("e1", 0)
     queued: list[int] = []
     count = 0
     for _ in range(5):
@@ -164,3 +164,22 @@ def test_sender_and_receiver_lose_nothing_across_reconnects(lost: int) -> None:
     outbox.ack(inbox.high)
     assert sorted(queued) == list(range(1, 101))
     assert len(outbox) == 0
+
+
+def test_numbers_given_up_by_the_sender_are_not_waited_for() -> None:
+    """The sender handed what it kept for this node to the node that took its sessions
+    (give_up): its next STREAM says they are settled, and what follows is contiguous."""
+    outbox = filled(5)
+    for seq, _ in outbox.unsent():
+        outbox.mark_sent(seq)
+    inbox = Inbox()
+    inbox.stream("e1", 0)
+    inbox.queued(1)  # 2..5 never arrived
+    assert [seq for seq, _ in outbox.give_up()] == [1, 2, 3, 4, 5]
+    assert len(outbox) == 0 and outbox.acked == 5
+    inbox.stream("e1", outbox.acked)
+    assert inbox.high == 5
+    seq, _ = outbox.add(frame)  # type: ignore[misc]
+    assert inbox.fresh(seq)
+    inbox.queued(seq)
+    assert inbox.high == 6 and not inbox.window
