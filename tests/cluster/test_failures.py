@@ -308,8 +308,8 @@ class Stream:
         self._thread.start()
         return self
 
-    def wait_acked(self, count: int) -> int:
-        eventually(lambda: len(self.acked) >= count, f"{count} publishes acknowledged")
+    def wait_acked(self, count: int, timeout: float = TIMEOUT) -> int:
+        eventually(lambda: len(self.acked) >= count, f"{count} publishes acknowledged", timeout)
         return len(self.acked)
 
     def stop(self) -> None:
@@ -1248,7 +1248,10 @@ def test_a_stopping_node_waits_for_a_peer_holding_its_frames(cluster: Cluster) -
         sub.acking = False
     stream = Stream(pub, "held/s").start()
     try:
-        stream.wait_acked(3000)
+        # One at a time, each PUBACK after A's store committed (an fsync) the message it
+        # keeps for C until C has queued it (broker/cluster/streams.py): a few hundred a
+        # second on a busy machine.
+        stream.wait_acked(3000, timeout=60.0)
     finally:
         stream.stop()
     acked = stream.acked
