@@ -17,8 +17,9 @@ The receiving side: every link starts with STREAM, naming the numbering (its epo
 sender uses; the receiver's `Inbox` for that node says which numbers it queued already: a
 duplicate is dropped (`cluster_messages_duplicate`), a new one routed to this node's
 sessions. Once per event-loop turn, what the turn queued is committed to the store with the
-Inboxes that changed (one batch: a queued message and its number are kept together, or
-neither is), and then each sender gets one QUEUED with the highest number below which
+Inboxes that changed (one batch, unless something else in the turn committed first: a
+message is never acknowledged before it is stored, and its number is stored with it or
+after it), and then each sender gets one QUEUED with the highest number below which
 everything is queued.
 """
 
@@ -211,16 +212,18 @@ class Streams:
         inbox = self.inboxes.get(inbound.node)
         if inbox is None:
             raise ValueError("a numbered message before STREAM")
+        # Scheduled before routing writes anything: the turn's acknowledgement then
+        # commits the store once, queued messages and Inboxes together.
+        self._acknowledge_later(inbound.node)
         if inbox.fresh(seq):
             return True
         self.cluster.metrics.cluster_messages_duplicate += 1
-        self._acknowledge_later(inbound.node)
         return False
 
     def queued(self, inbound: ClusterServerProtocol, seq: int) -> None:
-        """The message numbered `seq` is in its subscribers' queues."""
+        """The message numbered `seq` is in its subscribers' queues (acknowledged at the
+        end of the turn: `fresh` scheduled it)."""
         self.inboxes[inbound.node].queued(seq)
-        self._acknowledge_later(inbound.node)
 
     def _acknowledge_later(self, origin: str) -> None:
         self._changed.add(origin)
