@@ -7,6 +7,8 @@ links report to. Each part has one job:
   leaving node's, handed here);
 - netsplit.py: whether every member can be reached (swc), and what a netsplit refuses;
 - incoming.py: the frames that arrive from other nodes, each to the part it is for;
+- streams.py: QoS 1/2 messages between nodes at least once (numbered, kept until the
+  other node has queued them, sent again, duplicates dropped);
 - operations.py: admin commands across the cluster; tracing.py: traces across it;
 - membership.py: members joining and leaving; departure.py: this node leaving;
 - status.py: `nautilus cluster status`, /health's problem, the figures;
