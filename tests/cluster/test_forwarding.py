@@ -1,4 +1,5 @@
-"""At least once between nodes (broker/cluster/streams.py), with real node processes: kill -9
+"""At least once between nodes (broker/cluster/streams.py). On the wire: a receiving node
+queues each number once and answers once per turn. With real node processes: kill -9
 of the subscriber's node, and of the publisher's node, under a QoS 1 and a QoS 2 stream,
 loses no message the publisher had acknowledged, for a persistent subscriber that
 reconnects once its node is back; the messages sent again are counted, and the
@@ -14,12 +15,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from tests.cluster.nodes import ClusterNode
+from broker.cluster import frames
+from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, QUEUED, STREAM, WELCOME
+from broker.message import Message
+from tests.broker.helpers import PahoClient
+from tests.cluster.nodes import ClusterNode, cluster_of, read_frames, start_in_process_node
 from tests.cluster.test_failures import (
     DETECT,
     HOST,
@@ -36,6 +44,49 @@ from tests.cluster.test_failures import (
 )
 
 SWITCH = "allow_publish_during_netsplit = true\n"
+
+
+def test_the_receiver_queues_each_number_once_and_answers_once_per_turn(
+    start_broker: Any, redis_url: str
+) -> None:
+    """On the wire, as another node would send them: a STREAM, QoS 1 PUBLISHes numbered
+    1, 2, then 1 again (a resend) and a QoS 0 one, unnumbered, read in one turn. The
+    subscriber gets each message once, the duplicate is counted, and one QUEUED answers
+    the turn with the highest number queued; nothing answers the QoS 0 message."""
+    server = start_in_process_node(start_broker, redis_url)
+    address = cluster_of(server).address
+    assert address is not None
+    subscriber = PahoClient(server.host, server.port, client_id="wire-sub")
+    assert subscriber.connect(clean=False).session_present is False
+    assert subscriber.subscribe("wire/#", 1) == [1]
+    now = time.monotonic()
+
+    def publish(payload: bytes, qos: int, *seq: int) -> bytes:
+        message = Message("wire/t", payload, qos, sender="elsewhere")
+        return frames.encode(PUBLISH, frames.pack_message(message, now), *seq)
+
+    data = (
+        frames.encode(HELLO, frames.PROTOCOL_VERSION, "b", "b-boot", "")
+        + frames.encode(STREAM, "b-epoch", 0)
+        + publish(b"one", 1, 1)
+        + publish(b"two", 1, 2)
+        + publish(b"one", 1, 1)
+        + publish(b"zero", 0)
+        + frames.encode(PING, 1)
+    )
+    try:
+        with socket.create_connection(address, timeout=TIMEOUT) as sock:
+            sock.sendall(data)
+            got, closed = read_frames(sock, TIMEOUT, lambda got: [QUEUED, "b-epoch", 2] in got)
+            assert not closed and got[0][0] == WELCOME, got
+            assert [PONG, 1] in got
+            assert [frame for frame in got if frame[0] == QUEUED] == [[QUEUED, "b-epoch", 2]]
+        payloads = sorted(subscriber.expect_message().payload for _ in range(3))
+        assert payloads == [b"one", b"two", b"zero"]
+        subscriber.expect_no_message()
+        assert server.broker.metrics.cluster_messages_duplicate == 1
+    finally:
+        subscriber.close()
 
 
 def two_nodes(cluster: Cluster) -> tuple[ClusterNode, ClusterNode]:
