@@ -4,6 +4,7 @@
     python -m bench.cluster --write                 # also regenerates "## Clustering" in
                                                     # docs/performance.md
     python -m bench.cluster --only latency,propagation --seconds 1 --repeats 1
+    python -m bench.cluster --only throughput --store leveldb  # nodes on LevelDB
     python -m bench.cluster --only connect --metadata swc   # the leaderless metadata,
                                                     # no Redis (--swc-sync: fsync each commit)
 
@@ -151,6 +152,12 @@ def parse_args(argv: list[str] | None) -> Args:
         help="the clusters' metadata: Redis (default), or the leaderless swc (no Redis)",
     )
     parser.add_argument(
+        "--store",
+        choices=("memory", "leveldb"),
+        default=defaults.store,
+        help="the nodes' store for throughput and latency (leveldb: sync = false)",
+    )
+    parser.add_argument(
         "--swc-sync",
         action="store_true",
         help="with --metadata swc: [cluster.swc] sync = true (an fsync per commit)",
@@ -187,6 +194,7 @@ def parse_args(argv: list[str] | None) -> Args:
         write=ns.write,
         metadata=ns.metadata,
         swc_sync=ns.swc_sync,
+        store=ns.store,
         argv=sys.argv[1:] if argv is None else list(argv),
     )
 
@@ -281,7 +289,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 def node_config(args: Args, mode: str = "bounded", base: NodeConfig | None = None) -> NodeConfig:
     """The nodes' config for a figure, with the run's metadata backend."""
-    config = base if base is not None else NodeConfig(mode=mode)
+    config = base if base is not None else NodeConfig(mode=mode, store=args.store)
     return dataclasses.replace(config, metadata=args.metadata, swc_sync=args.swc_sync)
 
 

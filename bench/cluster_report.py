@@ -123,6 +123,7 @@ class Args:
     argv: list[str] = field(default_factory=list)
     metadata: str = "redis"  # the clusters' metadata backend: "redis" or "swc"
     swc_sync: bool = False  # swc: [cluster.swc] sync = true
+    store: str = "memory"  # the nodes' store for throughput and latency, or "leveldb"
 
 
 def cell(raw: Raw, key: str) -> Sequence[Result]:

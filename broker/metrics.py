@@ -70,6 +70,9 @@ class Metrics:
     cluster_bytes_dropped: int = 0  # frames a full or closed link could not take
     cluster_frames_invalid: int = 0  # links closed for a malformed frame
     cluster_enqueue_dropped: int = 0  # messages for a session no longer on this node
+    cluster_messages_dropped: int = 0  # QoS 1/2 messages for another node, not kept
+    cluster_messages_resent: int = 0  # sent again on a new link, not yet acknowledged
+    cluster_messages_duplicate: int = 0  # received again, queued already: dropped
     cluster_sessions_migrated: int = 0  # sessions whose queue moved to another node
     cluster_messages_migrated: int = 0
     cluster_sessions_reaped: int = 0  # persistent sessions taken from dead nodes

@@ -6,7 +6,8 @@ here. The reap's answer and the change stream announcing it come over different
 connections, in either order: whichever arrives first adopts the session (MetadataSync.
 subscriber_changed), so that no publish finds the dead node's route gone and no session
 here in its place; forwarded messages that match no session meanwhile are kept for it
-(Handover.unrouted), as during a registration.
+(Handover.unrouted), as during a registration. The QoS 1/2 messages this node had sent
+the dead node and kept unacknowledged (streams.py) go to the sessions it reaped.
 
 Taking. A node leaving the cluster hands each of its sessions to a member (TAKE,
 departure.py), which registers it as a CONNECT would, without a client.
@@ -17,12 +18,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from broker.cluster.handover import deliver_matching
 from broker.cluster.metadata import MetadataUnavailable, StaleRequest
 
 if TYPE_CHECKING:
     from broker.cluster.handover import Handover, OwnerRecords
     from broker.cluster.metadata import MetadataBackend, Subscriber
     from broker.cluster.ports import NodeSessions
+    from broker.cluster.streams import Streams
     from broker.cluster.view import RemoteView
     from broker.metrics import Metrics
     from broker.session import Session
@@ -40,6 +43,7 @@ class Successor(Protocol):
     backend: MetadataBackend  # what the reaps take
     view: RemoteView  # who owns which session, as far as this node knows
     handover: Handover  # sessions registered here, and forwarded messages kept for them
+    streams: Streams  # the QoS 1/2 messages kept for the dead node, for its sessions
 
     @property
     def sync(self) -> OwnerRecords:
@@ -74,22 +78,35 @@ class Adoption:
             return
         reaping.add(dead)
         cluster = self.cluster
+        adopted: list[Session] = []
         try:
             while dead in cluster.dead:
                 moved = await cluster.backend.reap(dead, REAP_BATCH)
                 if moved is None:
                     log.info("cluster: node %s forgotten (its sessions reaped)", dead)
+                    self._hand_kept(dead, adopted)
                     return
                 if not moved:
                     return  # it came back
                 for client_id, record in moved:
                     self.adopt(client_id, record)
                     cluster.metrics.cluster_sessions_reaped += 1
+                    if (session := self.sessions.registry.get(client_id)) is not None:
+                        adopted.append(session)
         except MetadataUnavailable as exc:
             cluster.sync.unavailable(exc)
         finally:
             reaping.discard(dead)
             cluster.handover.forget_unrouted()
+
+    def _hand_kept(self, dead: str, adopted: list[Session]) -> None:
+        """The QoS 1/2 messages this node kept for the dead node, unacknowledged
+        (streams.py), are its reaped sessions' now: each takes those it subscribed to."""
+        kept = self.cluster.streams.take_kept(dead)
+        if kept:
+            for session in adopted:
+                deliver_matching(session, kept)
+            log.info("cluster: %d messages kept for %s handed to its sessions", len(kept), dead)
 
     def adopt(self, client_id: str, record: Subscriber) -> None:
         """A persistent session this node now owns but does not hold: an offline one,

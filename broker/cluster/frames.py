@@ -29,8 +29,9 @@ PROTOCOL_VERSION = 2
 HELLO = 1  # [HELLO, version, node, boot id, nonce]
 WELCOME = 2  # [WELCOME, node, boot id, proof]: the accepting node's proof
 REFUSED = 3  # [REFUSED, reason]: from either side during the handshake, then the close
-PUBLISH = 4  # [PUBLISH, message]: match it against this node's subscriptions
-ENQUEUE = 5  # [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share]
+PUBLISH = 4  # [PUBLISH, message(, seq)]: match it against this node's subscriptions
+# [ENQUEUE, ref, client id, [[message, qos, retain, subscription ids]], share(, seq)]
+ENQUEUE = 5
 ACK = 6  # [ACK, ref, error or None]
 TAKEOVER = 7  # [TAKEOVER, ref, client id, clean]: release the session; queue follows
 PING = 8  # [PING, n]
@@ -62,8 +63,17 @@ TRACE_STOP_ALL = 36  # [TRACE_STOP_ALL]: end every trace you have
 # The handshake's proof of the secret (between HELLO and WELCOME):
 CHALLENGE = 40  # [CHALLENGE, node, nonce]: the accepting node's name and nonce
 PROOF = 41  # [PROOF, proof]: the connecting node's proof
+# At least once between nodes (broker/cluster/streams.py): a QoS 1/2 PUBLISH or single
+# ENQUEUE carries `seq`, its number in the sender's stream to the receiver, which the
+# sender keeps it under until the receiver says it is queued.
+# [STREAM, epoch, settled]: first on every link: the numbering the seqs that follow use;
+# wait for none up to `settled`
+STREAM = 42
+QUEUED = 43  # [QUEUED, epoch, seq]: the answer: every seq up to `seq` is queued (stored)
 
 _LENGTH = struct.Struct(">I")
+_PUBLISH_2 = b"\x92" + msgpack.packb(PUBLISH)  # an array of 2 items, the first PUBLISH
+_PUBLISH_3 = b"\x93" + msgpack.packb(PUBLISH)
 
 
 class FrameError(Exception):
@@ -73,6 +83,18 @@ class FrameError(Exception):
 def encode(*frame: Any) -> bytes:
     body = msgpack.packb(frame)
     return _LENGTH.pack(len(body)) + body
+
+
+def publish_body(message: Message, now: float) -> bytes:
+    """A PUBLISH frame's message, encoded once for every node it goes to (`publish_frame`
+    puts each node's number after it)."""
+    return msgpack.packb(pack_message(message, now))
+
+
+def publish_frame(body: bytes, seq: int | None = None) -> bytes:
+    """[PUBLISH, message] (QoS 0), or [PUBLISH, message, seq], around an encoded message."""
+    frame = _PUBLISH_2 + body if seq is None else _PUBLISH_3 + body + msgpack.packb(seq)
+    return _LENGTH.pack(len(frame)) + frame
 
 
 def pack_message(message: Message, now: float) -> list[Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
@@ -133,15 +133,8 @@ class Handover:
         """A reaped session lives here now: the forwarded messages kept meanwhile that
         its subscriptions match are queued for it (other nodes learned that it is here
         from the change stream, and may have sent them before this node adopted it)."""
-        if not self._unrouted:
-            return
-        subscriptions = session.subscriptions
-        filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
-        for message in self._unrouted:
-            matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
-            if matching:
-                qos = min(message.qos, max(options.qos for options in matching))
-                session.deliver(Delivery(message, qos, False))
+        if self._unrouted:
+            deliver_matching(session, self._unrouted)
 
     def moving(self, client_id: str) -> bool:
         """Whether the client is being released here (its changes are not written)."""
@@ -427,6 +420,17 @@ class Handover:
             return None
         congested = [full for d in deliveries if (full := session.owner.deliver(d)) is not None]
         return congested or None
+
+
+def deliver_matching(session: Session, messages: Iterable[Message]) -> None:
+    """Queue for `session` the messages its (non-shared) subscriptions match."""
+    subscriptions = session.subscriptions
+    filters = [f for f in subscriptions if not f.startswith(SHARE_PREFIX)]
+    for message in messages:
+        matching = [subscriptions[f] for f in filters if topic_matches(f, message.topic)]
+        if matching:
+            qos = min(message.qos, max(options.qos for options in matching))
+            session.deliver(Delivery(message, qos, False))
 
 
 class _Arrivals:

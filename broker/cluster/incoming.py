@@ -1,6 +1,7 @@
 """The frames that arrive from other nodes, on the links they opened to this one
 (link.py's ClusterServerProtocol), and which part of the cluster takes each: forwarded
-messages go through this node's ingress, sessions moving to handover.py, the leaderless
+messages go through this node's ingress (QoS 1/2 ones numbered: streams.py drops the
+duplicates and answers what is queued), sessions moving to handover.py, the leaderless
 metadata's to swc/, members joining and leaving to membership.py and adoption.py, admin
 requests to operations.py, traces to tracing.py. A request that awaits is answered (ACK)
 when it is done, by a task of its own.
@@ -24,6 +25,7 @@ from broker.cluster.frames import (
     PING,
     PONG,
     PUBLISH,
+    STREAM,
     SWC_CLOCK,
     SWC_FETCH,
     SWC_KEYS,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from broker.cluster.membership import Membership
     from broker.cluster.operations import RemoteOperations
     from broker.cluster.ports import NodeRouting
+    from broker.cluster.streams import Streams
     from broker.cluster.tracing import ClusterTracing
 
 
@@ -66,14 +69,18 @@ class Recipients(Protocol):
 
 
 class IncomingFrames:
-    def __init__(self, cluster: Recipients, routing: NodeRouting) -> None:
+    def __init__(self, cluster: Recipients, routing: NodeRouting, streams: Streams) -> None:
         self.cluster = cluster
         self.routing = routing
+        self.streams = streams  # QoS 1/2 messages: duplicates dropped, queued ones answered
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         cluster = self.cluster
         kind = frame[0]
         if kind == PUBLISH:  # a message another node routed here, for subscribers here
+            seq = frame[2] if len(frame) > 2 else None  # QoS 1/2: numbered (streams.py)
+            if seq is not None and not self.streams.fresh(inbound, seq):
+                return  # queued here already
             routing = self.routing
             message = frames.unpack_message(frame[1], cluster.loop.time())
             cluster.forwarding = True  # Forwarders send it on (they ignore local publishes)
@@ -81,6 +88,8 @@ class IncomingFrames:
                 congested = routing.ingress.forwarded(message)
             finally:
                 cluster.forwarding = False
+            if seq is not None:
+                self.streams.queued(inbound, seq)
             if cluster.handover.keeping and not any(
                 route.subscriber.local for route in routing.router.match(message.topic)
             ):
@@ -88,9 +97,13 @@ class IncomingFrames:
             if congested:  # the link waits for these subscribers, as a publisher would
                 routing.flow.hold(inbound, congested)
         elif kind == ENQUEUE:
-            _, ref, client_id, items, share = frame
+            _, ref, client_id, items, share, *numbered = frame
+            if numbered and not self.streams.fresh(inbound, numbered[0]):
+                return  # queued here already
             answer = functools.partial(inbound.reply, ACK, ref) if ref else None
             congested = cluster.handover.enqueue(client_id, items, share, answer)
+            if numbered:
+                self.streams.queued(inbound, numbered[0])
             if congested:
                 self.routing.flow.hold(inbound, congested)
         elif kind == TAKEOVER:
@@ -98,6 +111,8 @@ class IncomingFrames:
             cluster.handover.on_takeover(inbound, ref, client_id, clean)
         elif kind == PING:
             inbound.reply(PONG, frame[1])
+        elif kind == STREAM:
+            self.streams.stream(inbound, frame[1], frame[2])
         elif kind == SWC_WRITE:
             cluster.membership.swc().on_write(inbound.node, frame[1], frame[2], frame[3])
         elif kind in (SWC_CLOCK, SWC_FETCH, SWC_WATERMARK, SWC_KEYS):

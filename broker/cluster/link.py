@@ -39,7 +39,7 @@ import socket
 import ssl
 import weakref
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
@@ -52,6 +52,7 @@ from broker.cluster.frames import (
     PING,
     PONG,
     PROOF,
+    QUEUED,
     REFUSED,
     WELCOME,
     Connecting,
@@ -86,6 +87,10 @@ HANDSHAKE_TIMEOUT = 5.0
 HELLO_MAX_SIZE = 4096
 BEFORE_HELLO = "before HELLO, at most"  # how FrameErrors name HELLO_MAX_SIZE
 REFUSALS_INTERVAL = 10.0  # seconds between lines counting links refused at the cap
+
+
+def _nobody_numbers(node: str, epoch: str, upto: int) -> None:
+    """A link whose node sends no numbered messages (streams.py) ignores QUEUED."""
 
 
 class LinkEnd(Protocol):
@@ -142,9 +147,12 @@ class PeerLink(asyncio.Protocol):
         node: str,
         address: tuple[str, int],
         tls: ChannelTls | None = None,
+        queued: Callable[[str, str, int], None] = _nobody_numbers,
     ) -> None:
         self.cluster = cluster
         self.tls = tls  # [cluster] tls_certfile...: the link's TLS, if on
+        # QUEUED from the peer (node, epoch, upto): streams.py's Streams.acknowledged.
+        self._queued = queued
         self.loop = cluster.loop
         self.node = node
         self.address = address
@@ -203,16 +211,37 @@ class PeerLink(asyncio.Protocol):
 
     def send(self, frame: bytes) -> bool:
         """Queue one frame for the peer; False when the buffer is full (it is dropped)."""
-        if self.closed or self.backlog + len(frame) > self.cluster.settings.outgoing_buffer_size:
+        if not self._room_for(frame):
             self.bytes_dropped += len(frame)
             self.cluster.metrics.cluster_bytes_dropped += len(frame)
             return False
+        self._queue(frame)
+        return True
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue a frame that is kept elsewhere until the peer acknowledges it (streams.py),
+        if the link is up and has room; False, and nothing counted, when it is not taken
+        (it is offered again when the link drains, or comes back)."""
+        if not self.up or not self._room_for(frame):
+            return False
+        self._queue(frame)
+        return True
+
+    def send_first(self, frame: bytes) -> None:
+        """Queue a frame ahead of those waiting: a new link's first (streams.py's STREAM)."""
+        self._pending.insert(0, frame)
+        self._pending_bytes += len(frame)
+
+    def _room_for(self, frame: bytes) -> bool:
+        limit = self.cluster.settings.outgoing_buffer_size
+        return not self.closed and self.backlog + len(frame) <= limit
+
+    def _queue(self, frame: bytes) -> None:
         self._pending.append(frame)
         self._pending_bytes += len(frame)
         if self.up and not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
-        return True
 
     def request(self, *frame: Any) -> asyncio.Future[Any]:
         """Send a frame whose second item is a reference for the peer's ACK (or ANSWER);
@@ -351,6 +380,8 @@ class PeerLink(asyncio.Protocol):
                     future.set_result(frame[2])
             elif kind == PONG:
                 self._last_pong = self.loop.time()
+            elif kind == QUEUED:
+                self._queued(self.node, frame[1], frame[2])
             elif kind == DRAINED:  # (from a peer with no link back to this node)
                 self.cluster.drained(self.node)
             elif kind == CHALLENGE:

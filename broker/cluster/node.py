@@ -7,6 +7,8 @@ links report to. Each part has one job:
   leaving node's, handed here);
 - netsplit.py: whether every member can be reached (swc), and what a netsplit refuses;
 - incoming.py: the frames that arrive from other nodes, each to the part it is for;
+- streams.py: QoS 1/2 messages between nodes at least once (numbered, kept until the
+  other node has queued them, sent again, duplicates dropped);
 - operations.py: admin commands across the cluster; tracing.py: traces across it;
 - membership.py: members joining and leaving; departure.py: this node leaving;
 - status.py: `nautilus cluster status`, /health's problem, the figures;
@@ -30,7 +32,7 @@ from broker.cluster import frames
 from broker.cluster.adoption import Adoption
 from broker.cluster.channel_tls import ChannelTls
 from broker.cluster.departure import Departure
-from broker.cluster.frames import LEAVING, PUBLISH, SWC_WRITE
+from broker.cluster.frames import LEAVING, SWC_WRITE
 from broker.cluster.handover import Handover
 from broker.cluster.incoming import IncomingFrames
 from broker.cluster.link import HANDSHAKE_TIMEOUT, ClusterServerProtocol, PeerLink
@@ -41,6 +43,7 @@ from broker.cluster.netsplit import Netsplit
 from broker.cluster.operations import RemoteOperations
 from broker.cluster.remote import RemoteMember, RemoteNode
 from broker.cluster.status import StatusReport
+from broker.cluster.streams import Streams
 from broker.cluster.swc.backend import SwcBackend
 from broker.cluster.swc.seeds import Seeds
 from broker.cluster.sync import MetadataSync
@@ -87,7 +90,7 @@ class Cluster:
         self.inbound: set[ClusterServerProtocol] = set()
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
-        self._publish_cache: tuple[Message | None, bytes] = (None, b"")
+        self.streams = Streams(self, ports.sessions.store)  # QoS 1/2 at least once
         self.forwarding = False  # a PUBLISH from another node is being routed
         self._draining: dict[str, asyncio.Future[None]] = {}  # stopping: DRAINED awaited
         # The leaderless metadata (metadata = "swc") replicates over this node's links.
@@ -107,7 +110,7 @@ class Cluster:
         self.membership = Membership(self, self.replicated, self.departure)
         self.operations = RemoteOperations(self.node, self.links, self.liveness, ports.admin)
         self.report = StatusReport(self, self.netsplit, self.departure)
-        self.incoming = IncomingFrames(self, ports.routing)
+        self.incoming = IncomingFrames(self, ports.routing, self.streams)
 
     async def bind(self) -> None:
         """Claim the cluster listener's address, not accepting yet (BindError: it cannot
@@ -220,7 +223,7 @@ class Cluster:
         return self.adoption.reaping
 
     def link_to(self, node: str, address: tuple[str, int]) -> None:
-        self.links[node] = PeerLink(self, node, address, self.tls)
+        self.links[node] = PeerLink(self, node, address, self.tls, self.streams.acknowledged)
 
     def after_heartbeat(self) -> None:
         self.netsplit.check()
@@ -241,19 +244,12 @@ class Cluster:
     def _forget_member(self, node: str, client_id: str) -> None:
         self._members.pop((node, client_id), None)
 
-    def publish_frame(self, message: Message) -> bytes:
-        """The PUBLISH frame of `message`, built once however many nodes it goes to."""
-        cached, frame = self._publish_cache
-        if cached is not message:
-            frame = frames.encode(PUBLISH, frames.pack_message(message, self.loop.time()))
-            self._publish_cache = (message, frame)
-        return frame
-
     # -- what the links report (link.py) ---------------------------------------------------
 
     def link_up(self, link: PeerLink, restarted: bool) -> None:
         if restarted:
             log.info("cluster: node %s restarted", link.node)
+        self.streams.link_up(link)
         self.netsplit.check()
         self.tracing.link_up(link.node)
         if self.replicated is not None:  # it learns of this node at once (its record)
@@ -264,6 +260,7 @@ class Cluster:
         self.netsplit.check()
 
     def release_publishers(self, node: str) -> None:
+        self.streams.pump(node)  # (the link has room: what it refused goes first)
         remote = self.remote_nodes.get(node)
         if remote is not None and remote.held:
             self.ports.routing.flow.release(remote)

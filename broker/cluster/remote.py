@@ -13,14 +13,18 @@ high-water mark, publishers feeding them wait.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster import frames
 from broker.cluster.frames import ENQUEUE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.cluster.link import PeerLink
-    from broker.message import Delivery, Message
+    from broker.cluster.streams import Streams
+    from broker.message import Delivery
     from broker.metrics import Metrics
 
 
@@ -32,7 +36,7 @@ class Links(Protocol):
     links: dict[str, PeerLink]  # by node name
     forwarding: bool  # a message another node forwarded is being routed here
 
-    def publish_frame(self, message: Message) -> bytes: ...
+    streams: Streams  # messages' frames; QoS 1/2 ones numbered, kept until acknowledged
 
 
 class _OnAnotherNode:
@@ -63,6 +67,20 @@ class _OnAnotherNode:
             return None
         link.send(frame)
         return self if link.congested and not self.stuck else None
+
+    def _send_kept(self, frame_of: Callable[[int], bytes]) -> _OnAnotherNode | None:
+        """Send a QoS 1/2 message's frame (`frame_of(seq)`), numbered and kept until the
+        node has queued it (streams.py); self when publishers must wait for the link."""
+        self.cluster.streams.send(self.node, frame_of)
+        return self if self.full() else None
+
+    def _enqueue(self, item: list[Any], share: str | None, qos: int) -> _OnAnotherNode | None:
+        """An ENQUEUE of one message for the session (numbered and kept at QoS 1/2)."""
+        if qos:
+            return self._send_kept(
+                lambda seq: frames.encode(ENQUEUE, 0, self.client_id, [item], share, seq)
+            )
+        return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], share))
 
     def takes_run(self, level: int, longest: int) -> bool:
         return False  # forwarded message by message (Routing.publish_run)
@@ -97,7 +115,11 @@ class RemoteNode(_OnAnotherNode):
         metrics = self.cluster.metrics
         metrics.router_matches_local -= 1  # counted as a local match by the broker
         metrics.router_matches_remote += 1
-        return self._send(self.cluster.publish_frame(delivery.message))
+        message = delivery.message
+        body = self.cluster.streams.publish_body(message)
+        if message.qos:
+            return self._send_kept(functools.partial(frames.publish_frame, body))
+        return self._send(frames.publish_frame(body))
 
 
 class RemoteMember(_OnAnotherNode):
@@ -124,7 +146,7 @@ class RemoteMember(_OnAnotherNode):
         ]
         share = f"$share/{group.name}/{group.filter}" if group is not None else None
         cluster.metrics.router_matches_remote += 1
-        return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], share))
+        return self._enqueue(item, share, delivery.qos)
 
 
 class Forwarder(_OnAnotherNode):
@@ -154,4 +176,4 @@ class Forwarder(_OnAnotherNode):
             delivery.retain,
             list(delivery.sub_ids),
         ]
-        return self._send(frames.encode(ENQUEUE, 0, self.client_id, [item], None))
+        return self._enqueue(item, None, delivery.qos)

@@ -135,3 +135,15 @@ class MessageStore:
 
     def load_received(self, client_id: str) -> set[int]:
         return set()
+
+    # -- messages between nodes (broker/cluster/forwarding.py) -------------------------
+
+    def put_cluster(self, key: bytes, value: bytes) -> None:
+        """Keep a record of the cluster's at-least-once forwarding (written with the
+        turn's batch, like the queue entries)."""
+
+    def delete_cluster(self, key: bytes) -> None: ...
+
+    def load_cluster(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
+        """The records whose key starts with `prefix` (the prefix left out), in key order."""
+        return ()

@@ -17,6 +17,9 @@ Layout, one key space with prefixes (client ids cannot contain U+0000 [MQTT-1.5.
     b/<body id:8>                  a message body referenced by several queue entries
     c/<body id:8>                  how many entries reference it (4 bytes)
     B                              body ids given out are below this one (8 bytes)
+    x/...                          the cluster's at-least-once forwarding: messages sent to
+                                   other nodes and not acknowledged, what was queued from
+                                   them (broker/cluster/forwarding.py)
 
 Start-up reads the session records and counters only: a queue is read in chunks when its
 client connects. Writes go into one WriteBatch committed once per event-loop turn, before
@@ -69,6 +72,7 @@ RECEIVED = b"i/"
 BODY = b"b/"
 REFS = b"c/"
 BODY_IDS = b"B"
+CLUSTER = b"x/"  # the cluster's forwarding records (broker/cluster/forwarding.py)
 INLINE_ENTRY = b"\xff" * 8  # the seq of an in-flight record that carries its entry
 SENT = 0  # its state: session.AWAITING_ACK
 BODY_CACHE = 4096  # decoded shared bodies kept, so that sessions reading them share one
@@ -758,3 +762,16 @@ class LevelDBStore(MessageStore):
         if client_id in self._counters and client_id not in self._unknown:
             self._received_ids[client_id] = set(found)
         return found
+
+    # -- messages between nodes --------------------------------------------------------
+
+    def put_cluster(self, key: bytes, value: bytes) -> None:
+        self._writes().put(CLUSTER + key, value)
+
+    def delete_cluster(self, key: bytes) -> None:
+        self._writes().delete(CLUSTER + key)
+
+    def load_cluster(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        start = len(prefix)
+        for key, value in self._db.iterator(prefix=CLUSTER + prefix):
+            yield key[len(CLUSTER) + start :], value

@@ -267,7 +267,7 @@ class Subscriber:
 
 
 class Stream:
-    """QoS 1 publishes of 0, 1, 2, ... to `topic`, one after the other in a thread, as
+    """QoS 1 (or 2) publishes of 0, 1, 2, ... to `topic`, one after the other in a thread, as
     fast as PUBACKs come back; `acked` lists, in order, those acknowledged. (A subscriber
     on another node that falls behind holds the link, then the publisher: flow control
     across nodes, so nothing acknowledged is tail-dropped there.)
@@ -277,9 +277,10 @@ class Stream:
     to happen on a node does not say which publishes that node routed after it.
     `sent_after_now()` does: the first seq whose PUBLISH leaves after the call."""
 
-    def __init__(self, publisher: PahoClient, topic: str, first: int = 0) -> None:
+    def __init__(self, publisher: PahoClient, topic: str, qos: int = 1, first: int = 0) -> None:
         self.publisher = publisher
         self.topic = topic
+        self.qos = qos  # 2: `acked` once PUBCOMP came back
         self.first = first  # the first seq (two streams to one subscriber: apart)
         self.acked: list[int] = []
         self.unacked: list[int] = []
@@ -293,7 +294,7 @@ class Stream:
         seq = self.first
         while not self._stop.is_set():
             self._sending = seq
-            info = client.publish(self.topic, str(seq).encode(), 1)
+            info = client.publish(self.topic, str(seq).encode(), self.qos)
             with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(TIMEOUT)
             (self.acked if info.is_published() else self.unacked).append(seq)
@@ -308,8 +309,8 @@ class Stream:
         self._thread.start()
         return self
 
-    def wait_acked(self, count: int) -> int:
-        eventually(lambda: len(self.acked) >= count, f"{count} publishes acknowledged")
+    def wait_acked(self, count: int, timeout: float = TIMEOUT) -> int:
+        eventually(lambda: len(self.acked) >= count, f"{count} publishes acknowledged", timeout)
         return len(self.acked)
 
     def stop(self) -> None:
@@ -440,21 +441,23 @@ def pid(node: ClusterNode) -> int:
 
 
 def test_kill_9_under_qos1_load(cluster: Cluster) -> None:
-    """VerneMQ 1577/1700/761. What is lost when the subscriber's node is killed: the
-    QoS 1 messages A acknowledged after C processed its last one and before A reaped C's
-    session. A PUBACKs a message once it is in the A->C link's buffer, not once C has it:
-    - bytes in the socket buffers at the kill (A's, the kernel's, C's unread ones) are
-      lost and counted nowhere;
-    - what A routes to C between the kill and C's declared death waits in the link's
-      buffer, and is dropped (cluster_bytes_dropped) when the link closes at the death;
-    - between the death and the reaping, the route to C has no link: dropped, counted.
-    What A routes once it holds the session (it logs "node c forgotten" after taking all
-    of C's) is queued there, and must all arrive: the boundary is the first publish sent
-    after that line was seen, not len(acked) then (a message A routed and acknowledged
-    just before the reaping may be in `acked` only later: see Stream).
-    Everything C had taken before the kill is in its store, and comes back when C
-    restarts under its name and directory (handed to the session's owner now)."""
-    a, b, c = cluster.start("a", "b", "c")
+    """VerneMQ 1577/1700/761. Nothing acknowledged is lost when the subscriber's node is
+    killed: A keeps each QoS 1 message it sends C until C says it has queued it (in its
+    store), broker/cluster/streams.py:
+    - what was in the sockets at the kill, what A routes to C until C's declared death and
+      then until A reaped C's session, waits in A (cluster_messages_dropped counts what
+      would not fit in outgoing_buffer_size: none here), and A hands it to the session it
+      reaped (it logs "node c forgotten", then "N messages kept for c handed to its
+      sessions");
+    - what A routes once it holds the session is queued there;
+    - everything C had queued before the kill is in its store, and comes back when C
+      restarts under its name and directory (handed to the session's owner now).
+    Some arrive twice (what C had queued but not acknowledged yet at the kill): at
+    least once. The queues have no limit here: A's offline queue takes the thousands
+    routed between the kill and the reaping (with the default max_offline_messages, 1000,
+    the rest would be dropped there, counted in queue_message_drop)."""
+    unlimited = "max_offline_messages = -1\nmax_online_messages = -1\n"
+    a, b, c = cluster.start("a", "b", "c", broker_keys=unlimited)
     sub = cluster.subscriber(c, "kill-sub", clean=False)
     sub.subscribe("load/#", 1)
     watch = cluster.subscriber(c, "kill-watch")  # QoS 0: shows how far C has got
@@ -498,8 +501,8 @@ def test_kill_9_under_qos1_load(cluster: Cluster) -> None:
         stream.stop()
     acked = stream.acked
     assert not stream.unacked, "A acknowledged every publish"
-    dropped = a.metrics()["cluster_bytes_dropped"]
-    assert dropped > 0  # the link's buffer at C's death, then the routes to a dead node
+    dropped = a.metrics()["cluster_messages_dropped"]
+    assert dropped == 0  # what A routed to C meanwhile is kept for C's return (streams.py)
     assert a.metrics()["cluster_sessions_reaped"] == 1  # kill-sub (kill-watch was clean)
 
     # -- Reaped by A: what was published since is queued on A for the subscriber.
@@ -526,10 +529,11 @@ def test_kill_9_under_qos1_load(cluster: Cluster) -> None:
     got = set(sub.seqs) | set(resumed.seqs)
     lost = [seq for seq in acked if seq not in got]
     print(
-        f"lost {len(lost)} acknowledged messages ({dropped:.0f} bytes dropped on A):", spans(lost)
+        f"lost {len(lost)} acknowledged messages; A sent C again "
+        f"{a.metrics()['cluster_messages_resent']:.0f} it had not acknowledged:",
+        spans(lost),
     )
-    # Lost only from the window between C's last observed progress and the reaping.
-    assert all(seen < seq < after_reap_from for seq in lost), spans(lost)
+    assert not lost, spans(lost)
 
 
 def test_kill_9_under_qos1_load_with_the_leaderless_metadata(
@@ -682,7 +686,8 @@ def test_link_reset_overflows_a_small_buffer(cluster: Cluster, start_proxy: Star
     padding = b" " * 100
     for seq in range(50):  # ~50 x 150 bytes of frames for a 2000-byte buffer
         pub.publish("small/s", str(seq).encode() + padding, 1)
-    dropped = a.metrics()["cluster_bytes_dropped"]
+    # QoS 1: kept by A until B acknowledges them, within the same bound (streams.py).
+    dropped = a.metrics()["cluster_messages_dropped"]
 
     since = mark(a)
     proxy.pass_through()
@@ -690,10 +695,10 @@ def test_link_reset_overflows_a_small_buffer(cluster: Cluster, start_proxy: Star
     pub.publish("small/s", b"1000", 1)  # after the restore: through at once
     sub.wait_seqs([1000])
     kept = sub.seqs[:-1]
-    print(f"{len(kept)} of 50 frames fitted in the buffer, {dropped:.0f} bytes dropped")
+    print(f"{len(kept)} of 50 messages fitted in the buffer, {dropped:.0f} dropped")
     assert kept == list(range(len(kept)))  # the first ones fitted, the later ones dropped
     assert 1 <= len(kept) < 50
-    assert dropped >= (50 - len(kept)) * len(padding)
+    assert dropped == 50 - len(kept)  # each one counted
 
 
 # --------------------------------------------------------------------------- 3. blackhole
@@ -1263,7 +1268,10 @@ def test_a_stopping_node_waits_for_a_peer_holding_its_frames(cluster: Cluster) -
         sub.acking = False
     stream = Stream(pub, "held/s").start()
     try:
-        stream.wait_acked(3000)
+        # One at a time, each PUBACK after A's store committed (an fsync) the message it
+        # keeps for C until C has queued it (broker/cluster/streams.py): a few hundred a
+        # second on a busy machine.
+        stream.wait_acked(3000, timeout=60.0)
     finally:
         stream.stop()
     acked = stream.acked
