@@ -24,10 +24,16 @@ from typing import Any
 import pytest
 
 from broker.cluster import frames
-from broker.cluster.frames import HELLO, PING, PONG, PUBLISH, QUEUED, STREAM, WELCOME
+from broker.cluster.frames import PING, PONG, PUBLISH, QUEUED, STREAM, WELCOME
 from broker.message import Message
 from tests.broker.helpers import PahoClient
-from tests.cluster.nodes import ClusterNode, cluster_of, read_frames, start_in_process_node
+from tests.cluster.nodes import (
+    ClusterNode,
+    cluster_of,
+    handshake,
+    read_frames,
+    start_in_process_node,
+)
 from tests.cluster.test_failures import (
     DETECT,
     HOST,
@@ -66,8 +72,7 @@ def test_the_receiver_queues_each_number_once_and_answers_once_per_turn(
         return frames.encode(PUBLISH, frames.pack_message(message, now), *seq)
 
     data = (
-        frames.encode(HELLO, frames.PROTOCOL_VERSION, "b", "b-boot", "")
-        + frames.encode(STREAM, "b-epoch", 0)
+        frames.encode(STREAM, "b-epoch", 0)
         + publish(b"one", 1, 1)
         + publish(b"two", 1, 2)
         + publish(b"one", 1, 1)
@@ -76,9 +81,11 @@ def test_the_receiver_queues_each_number_once_and_answers_once_per_turn(
     )
     try:
         with socket.create_connection(address, timeout=TIMEOUT) as sock:
+            welcomed, closed = handshake(sock, "b", "a")
+            assert not closed and welcomed[0][0] == WELCOME, welcomed
             sock.sendall(data)
             got, closed = read_frames(sock, TIMEOUT, lambda got: [QUEUED, "b-epoch", 2] in got)
-            assert not closed and got[0][0] == WELCOME, got
+            assert not closed, got
             assert [PONG, 1] in got
             assert [frame for frame in got if frame[0] == QUEUED] == [[QUEUED, "b-epoch", 2]]
         payloads = sorted(subscriber.expect_message().payload for _ in range(3))
