@@ -238,11 +238,17 @@ def measure_rolling(rate: int) -> dict[str, float]:
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
+        restarts = [0] * len(nodes)  # per node: stops and starts so far
+
         def probe() -> None:
             nonlocal refused
             while not stop.is_set():
                 for index, port in enumerate(ports):
-                    if index not in restarting and not _accepts(port, f"prober-{index}"):
+                    before = restarts[index]
+                    if index in restarting or _accepts(port, f"prober-{index}"):
+                        continue
+                    # Refused by a node that was not restarting at any time during the probe.
+                    if restarts[index] == before and index not in restarting:
                         refused += 1
                 stop.wait(PROBE_INTERVAL)
 
@@ -256,6 +262,7 @@ def measure_rolling(rate: int) -> dict[str, float]:
         started = time.monotonic()
         for index, node in enumerate(nodes):
             restarting.add(index)
+            restarts[index] += 1
             assert node.proc is not None
             node.proc.terminate()
             node.proc.wait(30)
@@ -263,6 +270,7 @@ def measure_rolling(rate: int) -> dict[str, float]:
             _wait_accepting(node, time.monotonic() + READY_TIMEOUT)
             ports[index] = node.port
             restarting.discard(index)
+            restarts[index] += 1
         took = time.monotonic() - started
         time.sleep(2)
         stop.set()
