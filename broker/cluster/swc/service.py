@@ -21,6 +21,7 @@ What a read sees changing (a key set, changed or gone, here or from a peer) is t
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import uuid
@@ -131,6 +132,7 @@ class Replication:
         was, self._all_copied = self._all_copied, all(e.is_set() for e in self._copied)
         if self._all_copied and not was:
             log.info("cluster: every group holds the cluster's whole metadata")
+            gc.freeze()  # a bulk load: out of the collector's passes (broker/collector.py)
 
     async def copied(self, key: Key) -> None:
         """Once the group of `key` holds the cluster's whole state: at once, but on a
