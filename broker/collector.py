@@ -10,7 +10,7 @@ netsplit). So nothing long-lived stays where a collection walks it:
 - **Frozen after every full collection.** What survives a full pass is reachable, so it
   goes into the permanent generation (`gc.freeze()`), which no later pass walks. Full
   passes then walk only what came since the last one, and the thresholds below make
-  them come every ~300,000 objects of growth: tens of milliseconds each, at any size.
+  them come every ~100,000 objects of growth: tens of milliseconds each, at any size.
 - **Frozen after start-up and bulk loads.** The restored store, the metadata loaded from
   disk, a joining node's copy of the cluster's metadata (broker/cluster/swc/service.py).
 - **Garbage among frozen objects.** A frozen object that later ends in a reference cycle
@@ -40,9 +40,9 @@ from broker.metrics import Metrics
 log = logging.getLogger("nautilus")
 
 # Young passes every 10,000 allocations (a pass every 700 walked the hot path's
-# short-lived objects for nothing: reference counting frees them), a middle pass every 10
-# young ones (it walks at most ~100,000 objects), a full pass every 3 middle ones.
-GC_THRESHOLDS = (10_000, 10, 3)
+# short-lived objects for nothing: reference counting frees them), a middle pass every 5
+# young ones, a full pass every 2 middle ones: none walks more than ~100,000 objects.
+GC_THRESHOLDS = (10_000, 5, 1)
 LONG_PAUSE = 1.0  # seconds: a pause this long is logged (another node may take it for dead)
 EPISODE_GAP = 60.0  # seconds without a long pause: the next one starts a new episode
 CHECK_INTERVAL = 60.0  # seconds between looks at the frozen set's growth
@@ -78,7 +78,9 @@ class Collector:
         self._check: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
-        """From now on: the thresholds, the timing, the freezing after full passes."""
+        """From now on: the thresholds, the timing, the freezing after full passes. What
+        is there already (modules, the config) is frozen at once."""
+        gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         if self._timed not in gc.callbacks:
             gc.callbacks.append(self._timed)
