@@ -117,7 +117,7 @@ class Collector:
         self.pause_max = max(self.pause_max, pause)
         if info["generation"] == 2:
             gc.freeze()  # what survived is reachable: out of every later pass
-        if pause >= self.long_pause:
+        if pause >= self.long_pause and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._long_pause, pause, info["generation"])
 
     def _long_pause(self, pause: float, generation: int) -> None:

@@ -5,7 +5,8 @@ channel: broker/cluster/node.py provides it):
 
 - a write (`put`, `delete`) is saved, then broadcast best effort to every linked peer
   (`SWC_WRITE`), unless `enable_broadcast` is off; the writes of one loop turn share one
-  commit (`durable()` waits for it);
+  commit (`durable()` waits for it), and so do those of the turns that come less than
+  COMMIT_WINDOW after the last commit;
 - every `sync_interval` plus a random leeway of up to half of it, each group pulls from
   one random linked peer (`SWC_CLOCK`, `SWC_FETCH` in batches of `exchange_batch_size`
   dots, `SWC_WATERMARK`), one exchange per group at a time;
@@ -206,8 +207,8 @@ class Replication:
             self._outbox.append(write)
 
     async def durable(self) -> None:
-        """Wait until what was written so far is on disk (this turn's one batch: the
-        writes of a turn share one fsync)."""
+        """Wait until what was written so far is on disk (the next commit, which the
+        writes of this turn and maybe of the next ones share: one fsync for all)."""
         if not self._touched:
             return
         waiter = self.loop.create_future()  # (one's cancellation leaves the others waiting)
