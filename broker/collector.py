@@ -10,7 +10,7 @@ netsplit). So nothing long-lived stays where a collection walks it:
 - **Frozen after every full collection.** What survives a full pass is reachable, so it
   goes into the permanent generation (`gc.freeze()`), which no later pass walks. Full
   passes then walk only what came since the last one, and the thresholds below make
-  them come every ~100,000 objects of growth: tens of milliseconds each, at any size.
+  them come every ~100,000 objects of growth: about 0.1 s at most, at any size.
 - **Frozen after start-up and bulk loads.** The restored store, the metadata loaded from
   disk, a joining node's copy of the cluster's metadata (broker/cluster/swc/service.py).
 - **Garbage among frozen objects.** A frozen object that later ends in a reference cycle
