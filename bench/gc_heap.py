@@ -89,7 +89,11 @@ def old_collector() -> None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    directory = tempfile.mkdtemp(prefix="bench-gc-heap-")
+    with tempfile.TemporaryDirectory(prefix="bench-gc-heap-") as directory:
+        return await measure(args, directory)
+
+
+async def measure(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     config = config_from_dict(
         {
             "listeners": [{"address": "127.0.0.1:0"}],
