@@ -74,6 +74,8 @@ class Collector:
         # What the last whole pass left frozen, and what the node held then.
         self._frozen_base = 0
         self._held_base = 0
+        # Counted at each look (counting walks every frozen object: not at each $SYS round).
+        self.frozen = 0
         self._thresholds = gc.get_threshold()
         self._check: asyncio.TimerHandle | None = None
 
@@ -103,7 +105,7 @@ class Collector:
     def figures(self) -> dict[str, float]:
         return {
             "gc_pause_seconds_max": round(self.pause_max, 6),
-            "gc_frozen_objects": gc.get_freeze_count(),
+            "gc_frozen_objects": self.frozen,
         }
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
@@ -125,15 +127,14 @@ class Collector:
         if now - self._last_long > EPISODE_GAP:
             log.warning(
                 "garbage collection (generation %d) paused this node for %.2f s: other "
-                "nodes may take it for dead (gc_pause_seconds_max; %d objects frozen)",
+                "nodes may take it for dead (gc_pause_seconds_max)",
                 generation,
                 pause,
-                gc.get_freeze_count(),
             )
         self._last_long = now
 
     def _rebase(self) -> None:
-        self._frozen_base = gc.get_freeze_count()
+        self._frozen_base = self.frozen = gc.get_freeze_count()
         self._held_base = self.held()
 
     def _tick(self) -> None:
@@ -144,7 +145,7 @@ class Collector:
         """Every CHECK_INTERVAL: a whole pass if the frozen set grew past what the
         node's state explains (garbage among frozen objects, see above). Whether it
         made one."""
-        frozen = gc.get_freeze_count()
+        frozen = self.frozen = gc.get_freeze_count()
         explained = self._frozen_base + OBJECTS_PER_HELD * max(0, self.held() - self._held_base)
         if frozen > GROWTH_LIMIT * explained:
             log.info(

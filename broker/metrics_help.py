@@ -74,7 +74,7 @@ HELP = {
     "router_subscriptions": "subscriptions in the router",
     "retain_messages": "retained messages, counting retained $SYS ones",
     "gc_pause_seconds_max": "the longest pause a garbage collection made since start-up, in seconds",
-    "gc_frozen_objects": "objects frozen out of the garbage collector's passes (what start-up loaded and what survived a full pass)",
+    "gc_frozen_objects": "objects frozen out of the garbage collector's passes (what start-up loaded and what survived a full pass), counted every 60 s",
     "swc_objects": 'metadata = "swc": keys this node holds (members, subscribers, retained messages), over every group',
     "swc_tombstones": "deletes still remembered, until every member has them",
     "swc_dotkeymap_entries": "writes not yet known to every member",
