@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -40,14 +39,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# Garbage collection. The hot path allocates a few short-lived objects per message, all
-# freed by reference counting; at CPython's default (a young-generation pass every 700
-# allocations) floods spent ~12% of the broker's time in passes that found nothing. So:
-# rarer young passes, and what start-up made (modules, config, the restored store) frozen
-# out of every later pass (gc.freeze).
-GC_THRESHOLDS = (10_000, 50, 100)
-
-
 async def serve(config, plugins) -> None:
     from broker.server import Broker
 
@@ -58,7 +49,6 @@ async def serve(config, plugins) -> None:
     loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
     await broker.start()  # a failed start releases what it took
     try:
-        gc.freeze()
         await broker.shutdown_requested.wait()
         log.info("shutting down")
     finally:
@@ -136,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nautilus: {exc}", file=sys.stderr)
         return 2
-    gc.set_threshold(*GC_THRESHOLDS)
     if os.environ.get("NAUTILUS_NO_SPEEDUPS"):  # the pure-Python decoder, as without a compiler
         use_compiled(False)
     try:

@@ -102,7 +102,7 @@ class FigureSource(Protocol):
     @property
     def peers(self) -> ClusterOverview: ...
 
-    def gauges(self) -> dict[str, int]: ...
+    def gauges(self) -> dict[str, float]: ...
 
 
 class PluginSwitchboard(Protocol):
@@ -415,14 +415,14 @@ def delete_expired_retained(keeper: RetainedKeeper) -> dict[str, int]:
     return {"deleted": keeper.retained.delete_expired(keeper.loop.time())}
 
 
-def metrics(figures: FigureSource) -> dict[str, int]:
-    values = figures.metrics.snapshot()
+def metrics(figures: FigureSource) -> dict[str, float]:
+    values: dict[str, float] = {**figures.metrics.snapshot()}
     values.update(figures.gauges())
     values["uptime_seconds"] = int(time.time() - figures.started_at)
     return values
 
 
-def reset_metrics(figures: FigureSource) -> dict[str, int]:
+def reset_metrics(figures: FigureSource) -> dict[str, float]:
     """Counters back to 0 (gauges read the broker's state and stay what they are)."""
     figures.metrics.reset()
     return metrics(figures)

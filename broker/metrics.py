@@ -80,6 +80,7 @@ class Metrics:
     netsplit_detected: int = 0  # a peer was declared dead
     netsplit_resolved: int = 0  # a dead peer came back
     netsplit_refused: int = 0  # CONNECTs, PUBLISHes, (UN)SUBSCRIBEs refused in a netsplit
+    gc_collections: int = 0  # passes of the cyclic garbage collector (broker/collector.py)
 
     def connack_sent(self, return_code: int) -> None:
         """Count a CONNACK; `return_code` is the MQTT 3 one (0..5)."""

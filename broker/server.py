@@ -21,6 +21,7 @@ from broker import admin, deciders, optional
 from broker.binding import BindError, claim, reason
 from broker.client.engine import ConnectTerms
 from broker.client.handlers import HANDLERS
+from broker.collector import Collector
 from broker.config import Config, ConfigError, ListenerSettings
 from broker.connection import Connection, ConnectionPorts
 from broker.connection_cap import ConnectionCap
@@ -64,6 +65,8 @@ class Broker:
         self.settings = config.broker
         self.loop = loop or asyncio.get_running_loop()
         self.metrics = Metrics()
+        # The cyclic garbage collector, kept from pausing the node (broker/collector.py).
+        self.collector = Collector(self.loop, self.metrics, self._held)
         self.flow = FlowControl(self.loop, self.settings.slow_subscriber_timeout, self.metrics)
         self.router = SubscriptionTrie()
         self.store = open_store(config.store, self.loop)
@@ -214,9 +217,11 @@ class Broker:
         served or said to listen. A failed start releases what it took (`stop`)."""
         for warning in deciders.warnings(self.config, self.plugins):
             log.warning("%s", warning)
+        self.collector.start()
         try:
             await self._claim_addresses()
             await self._start_parts()
+            self.collector.started()  # what start-up loaded: out of every later pass
             await self._serve()
         except BaseException:
             await self.stop()
@@ -428,6 +433,7 @@ class Broker:
             await self.graphite.stop()
         self.descriptors.stop()
         self.store.close()
+        self.collector.stop()
 
     def _restore(self) -> None:
         """Load retained messages and persistent sessions a previous run stored."""
@@ -447,7 +453,13 @@ class Broker:
         """Publish a message of the broker's own (the $SYS tree)."""
         self.ingress.publish_own(message)
 
-    def gauges(self) -> dict[str, int]:
+    def _held(self) -> int:
+        """Sessions, connections and metadata keys: what the node's tracked objects are
+        for (the collector compares its frozen set with it)."""
+        keys = self.peers.figures().get("swc_objects", 0)
+        return len(self.registry) + len(self.connections) + keys
+
+    def gauges(self) -> dict[str, float]:
         """Values read from the broker's state, under VerneMQ's names where it has one
         ($SYS, /metrics and the status page show them beside the counters)."""
         sessions = self.registry
@@ -473,6 +485,7 @@ class Broker:
             "sessions_offline": len(sessions) - len(online),
             "router_subscriptions": self.router.subscription_count,
             "retain_messages": len(self.retained),
+            **self.collector.figures(),
             **self.peers.figures(),
         }
 

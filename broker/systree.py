@@ -51,7 +51,7 @@ class ReportedNode(Protocol):
     retained: RetainedMessages  # what an earlier run left under $SYS
     doors: PluginDoors  # the plugins' metrics() go in the tree too
 
-    def gauges(self) -> dict[str, int]: ...
+    def gauges(self) -> dict[str, float]: ...
 
     def publish(self, message: Message) -> object: ...
 
@@ -124,8 +124,8 @@ class SysTree:
         self._due = due if due > loop.time() else loop.time() + self.interval
         self._handle = loop.call_at(self._due, self._tick)
 
-    def values(self) -> dict[str, int]:
-        values = self.broker.metrics.snapshot()
+    def values(self) -> dict[str, float]:
+        values: dict[str, float] = {**self.broker.metrics.snapshot()}
         values.update(self.broker.gauges())
         return values
 
@@ -154,6 +154,7 @@ class SysTree:
         """Publish one round now: every value, through the broker's normal routing."""
         publish, qos, retain = self.broker.publish, self.qos, self.retain
         for name, value in self.values().items():
-            publish(Message(self.topic(name), b"%d" % value, qos, retain))
+            payload = b"%d" % value if isinstance(value, int) else b"%.6f" % value
+            publish(Message(self.topic(name), payload, qos, retain))
         for topic, value in self.plugin_values().items():
             publish(Message(topic, b"%d" % value, qos, retain))

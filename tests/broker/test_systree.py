@@ -30,9 +30,11 @@ GAUGES = [
     "sessions_offline",
     "router_subscriptions",
     "retain_messages",
+    "gc_pause_seconds_max",
+    "gc_frozen_objects",
 ]
 NAMES = [*Metrics().snapshot(), *GAUGES]  # the order of one round
-DECIMAL = re.compile(rb"0|[1-9][0-9]*")
+DECIMAL = re.compile(rb"0|[1-9][0-9]*|[0-9]+\.[0-9]{6}")  # (seconds: gc_pause_seconds_max)
 
 
 def sys_topic(name: str, node: str = "nautilus") -> str:

@@ -196,6 +196,44 @@ def test_concurrent_writes_on_both_sides_of_a_split_heal_to_the_latest(tmp_path,
     run(scenario())
 
 
+class CountingDb:
+    """A node's real LevelDB, counting the write batches (commits) made on it."""
+
+    def __init__(self, db: plyvel.DB) -> None:
+        self.db = db
+        self.batches = 0
+
+    def write_batch(self, **options: Any) -> Any:
+        self.batches += 1
+        return self.db.write_batch(**options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def test_writes_soon_after_a_commit_share_the_next_one(tmp_path, run):
+    """A connect storm's registrations, each in a loop turn of its own, share commits
+    (a LevelDB write costs more than a CONNECT's own work), and each waiter goes on once
+    its write is on disk and on its way."""
+
+    async def scenario() -> None:
+        _, (a, b) = cluster(tmp_path, names="ab")
+        a.replication.put("k0", 0, ts=1)
+        await a.replication.durable()
+        counted = a.replication.db = CountingDb(a.db)
+        for i in range(1, 11):  # each in a turn of its own, as CONNECTs arrive
+            a.replication.put(f"k{i}", i, ts=1)
+            await asyncio.sleep(0)
+        await a.replication.durable()
+        assert counted.batches < 10  # one per write without the window
+        assert all(a.replication.get(f"k{i}") == i for i in range(11))
+        await b.wait_for("k10", 10)
+        a.close()
+        b.close()
+
+    run(scenario())
+
+
 def test_a_restarted_node_keeps_its_replica_id_and_never_makes_a_dot_twice(tmp_path, run):
     async def scenario() -> None:
         net, (a, b) = cluster(tmp_path, names="ab")

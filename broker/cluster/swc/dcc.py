@@ -46,7 +46,10 @@ class Dcc:
     def fill(self, clock: NodeClock) -> None:
         """Raise the context to the clock's bases: what the node has seen, this key has
         seen (or it would hold it)."""
-        _raise(self.context, clock.bases())
+        context = self.context
+        for replica, (base, _) in clock.entries.items():  # (every read: no bases() dict)
+            if base > context.get(replica, 0):
+                context[replica] = base
 
     def strip(self, clock: NodeClock) -> None:
         """Leave out the context the clock's bases imply."""

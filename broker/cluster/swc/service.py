@@ -5,7 +5,8 @@ channel: broker/cluster/node.py provides it):
 
 - a write (`put`, `delete`) is saved, then broadcast best effort to every linked peer
   (`SWC_WRITE`), unless `enable_broadcast` is off; the writes of one loop turn share one
-  commit (`durable()` waits for it);
+  commit (`durable()` waits for it), and so do those of the turns that come less than
+  COMMIT_WINDOW after the last commit;
 - every `sync_interval` plus a random leeway of up to half of it, each group pulls from
   one random linked peer (`SWC_CLOCK`, `SWC_FETCH` in batches of `exchange_batch_size`
   dots, `SWC_WATERMARK`), one exchange per group at a time;
@@ -21,6 +22,7 @@ What a read sees changing (a key set, changed or gone, here or from a peer) is t
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import uuid
@@ -45,6 +47,7 @@ REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchang
 COPY_PAGE_FACTOR = 10  # a full copy's page: this many times exchange_batch_size keys
 COPY_WAIT = 10.0  # seconds a registration on a joining node waits for its group's copy
 COPIES_AT_ONCE = 2  # groups a joining node copies at a time (each from one member)
+COMMIT_WINDOW = 0.001  # seconds: at most one commit this often (writes wait to share it)
 
 
 class Transport(Protocol):
@@ -84,6 +87,7 @@ class Replication:
         self.peers: dict[str, str] = {}  # node -> its replica id, for the linked ones
         self._touched: set[int] = set()  # groups changed since the last commit
         self._commit_due = False
+        self._last_commit = float("-inf")  # (loop time) of the last batch written
         self._tasks: set[asyncio.Task] = set()
         # A group's keys in the order a joining node copies them, and the order's token.
         self._copy_order: dict[int, tuple[str, list[Key]]] = {}
@@ -92,7 +96,7 @@ class Replication:
         # One exchange per group at a time (the periodic one, or one asked for: LEFT).
         self._exchanging = [asyncio.Lock() for _ in range(settings.groups)]
         self._outbox: list[Shipped] = []  # writes to broadcast after the commit
-        self._saved: asyncio.Future[None] | None = None  # the next commit, awaited
+        self._waiting: list[asyncio.Future[None]] = []  # for the next commit, one each
         self.removed_by: set[str] = set()  # peers that say this node was removed
         self.exchanges = 0  # done
         self.exchange_failures = 0
@@ -148,6 +152,7 @@ class Replication:
         was, self._all_copied = self._all_copied, all(e.is_set() for e in self._copied)
         if self._all_copied and not was:
             log.info("cluster: every group holds the cluster's whole metadata")
+            gc.freeze()  # a bulk load: out of the collector's passes (broker/collector.py)
 
     async def copied(self, key: Key) -> None:
         """Once the group of `key` holds the cluster's whole state: at once, but on a
@@ -219,13 +224,13 @@ class Replication:
             self._outbox.append(write)
 
     async def durable(self) -> None:
-        """Wait until what was written so far is on disk (this turn's one batch: the
-        writes of a turn share one fsync)."""
+        """Wait until what was written so far is on disk (the next commit, which the
+        writes of this turn and maybe of the next ones share: one fsync for all)."""
         if not self._touched:
             return
-        if self._saved is None:
-            self._saved = self.loop.create_future()
-        await asyncio.shield(self._saved)
+        waiter = self.loop.create_future()  # (one's cancellation leaves the others waiting)
+        self._waiting.append(waiter)
+        await waiter
 
     # -- frames from peers -------------------------------------------------------------
 
@@ -398,13 +403,21 @@ class Replication:
         self._touched.add(group)
         if not self._commit_due:
             self._commit_due = True
-            self.loop.call_soon(self.commit)
+            # At once (the next loop turn), unless the last commit was less than
+            # COMMIT_WINDOW ago: then at its end, so that a burst of writes (a connect
+            # storm) shares one LevelDB write, which costs more than a CONNECT's own work.
+            wait = self._last_commit + COMMIT_WINDOW - self.loop.time()
+            if wait > 0:
+                self.loop.call_later(wait, self.commit)
+            else:
+                self.loop.call_soon(self.commit)
 
     def commit(self) -> None:
         """Write what changed, in one batch; then the broadcasts of the writes it holds
         go out, and whoever waited for them to be durable goes on."""
         self._commit_due = False
         if self._touched:
+            self._last_commit = self.loop.time()
             with self.db.write_batch(sync=self.settings.sync) as batch:
                 for group in self._touched:
                     storage.save(self.groups.replicas[group], batch, group)
@@ -415,9 +428,10 @@ class Replication:
             packed = wire.pack_object(write.obj)
             for node in linked:
                 self.transport.send(node, SWC_WRITE, write.group, write.key, packed)
-        saved, self._saved = self._saved, None
-        if saved is not None and not saved.done():
-            saved.set_result(None)
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def group_figures(self) -> list[dict[str, float]]:
         """Per group, for /metrics (labelled by group)."""

@@ -17,13 +17,17 @@ from broker.cluster.swc.dcc import Dcc
 from broker.cluster.swc.replica import Fetched
 from broker.cluster.swc.watermark import Watermark
 
+_ATOMS = frozenset((str, bytes, int, float, bool, type(None)))  # frozen as they are
+
 
 def frozen(data: Any) -> Any:
     """Arrays as tuples, all the way down (maps keep their keys, their values frozen)."""
-    if isinstance(data, list | tuple):
-        return tuple(frozen(item) for item in data)
+    if isinstance(data, list | tuple):  # (atoms kept without a call: every write's key)
+        return tuple([item if type(item) in _ATOMS else frozen(item) for item in data])
     if isinstance(data, dict):
-        return {key: frozen(value) for key, value in data.items()}
+        return {
+            key: value if type(value) in _ATOMS else frozen(value) for key, value in data.items()
+        }
     return data
 
 
