@@ -526,14 +526,10 @@ def test_kill_9_under_qos1_load(cluster: Cluster) -> None:
     )
     assert int(moved[1]) >= len(from_c_store)
     resumed.wait_seqs(from_c_store)
-    got = set(sub.seqs) | set(resumed.seqs)
-    lost = [seq for seq in acked if seq not in got]
-    print(
-        f"lost {len(lost)} acknowledged messages; A sent C again "
-        f"{a.metrics()['cluster_messages_resent']:.0f} it had not acknowledged:",
-        spans(lost),
-    )
-    assert not lost, spans(lost)
+    # Every other acknowledged message too (C may have queued some after `seen`: they
+    # come from its store with the others).
+    resumed.wait_seqs(seq for seq in acked if seq not in set(sub.seqs))
+    print(f"lost none; A sent C again {a.metrics()['cluster_messages_resent']:.0f}")
 
 
 def test_kill_9_under_qos1_load_with_the_leaderless_metadata(
