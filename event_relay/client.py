@@ -155,10 +155,10 @@ class RelayClient:
         except ssl.SSLError as exc:
             # TLS 1.3: a client certificate the relay refuses shows here, in its first
             # reply (this side's handshake was done).
-            writer.close()
+            await _close(writer)
             raise RelayError("tls", tls_problem(exc), relay=relay) from None
         except RelayError as exc:
-            writer.close()
+            await _close(writer)
             raise exc.of(relay) from None
         except BaseException:
             writer.close()
@@ -307,6 +307,15 @@ class RelayClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection the handshake failed on, and wait for it: the error it ended
+    with is then taken (not left in its closing future, which a process that exits
+    right after may report as 'Future exception was never retrieved')."""
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
 
 
 async def _first_frames(

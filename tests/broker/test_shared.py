@@ -128,7 +128,7 @@ def test_unsubscribe_leaves_the_group(broker, paho_client, version):
     publish_all(paho_client(broker, version), "t", 1)
     a.expect_no_message()
     b.expect_no_message()
-    assert broker.call(lambda: broker.broker.subscription_trie.group_count) == 0
+    assert broker.call(lambda: broker.broker.router.group_count) == 0
 
 
 @pytest.mark.parametrize("version", VERSIONS)
