@@ -12,6 +12,8 @@ fails keeps the old context (and says why).
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.config import ConfigError
@@ -102,6 +104,25 @@ def why(exc: OSError) -> str:
     if isinstance(exc, ssl.SSLError):  # e.g. KEY_VALUES_MISMATCH, PEM_LIB
         return exc.reason or str(exc)
     return exc.strerror or str(exc)  # e.g. No such file or directory
+
+
+@dataclass(frozen=True)
+class HandshakeWords:
+    """How one side names the failures of a TLS handshake with its peer: the cluster
+    channel speaks of "it", the relay's consumer of "the relay"."""
+
+    untrusted: str  # before the verifier's message, for a certificate not trusted
+    closed: str  # the peer closed the connection during the handshake
+    reasons: Mapping[str, str]  # OpenSSL's reason -> what it means here
+
+
+def handshake_problem(exc: ssl.SSLError, words: HandshakeWords) -> str:
+    """Why a TLS handshake failed, in a few words, from OpenSSL's error."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{words.untrusted} ({exc.verify_message})"
+    if isinstance(exc, ssl.SSLEOFError):
+        return words.closed
+    return words.reasons.get(exc.reason or "", f"TLS failed: {exc.reason or exc}")
 
 
 class TlsListener:

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from broker.tls import why
+from broker.tls import HandshakeWords, handshake_problem, why
 from event_relay import frames
 from event_relay.schema import CODES, decode_event, expand
 
@@ -362,25 +362,25 @@ def tls_context(
     return context
 
 
-# What a failed handshake's OpenSSL reason means, from the consumer's side.
-_TLS_PROBLEMS = {
-    "WRONG_VERSION_NUMBER": "the relay does not speak TLS on this port (is its certfile set?)",
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the relay requires a client certificate",
-    "SSLV3_ALERT_HANDSHAKE_FAILURE": "the relay refused the handshake (does it require a "
-    "client certificate?)",
-    "TLSV1_ALERT_UNKNOWN_CA": "the relay refused this consumer's certificate (unknown CA)",
-    "SSLV3_ALERT_BAD_CERTIFICATE": "the relay refused this consumer's certificate",
-    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the relay refused this consumer's certificate",
-}
+# What a failed handshake means, from the consumer's side.
+_TLS_WORDS = HandshakeWords(
+    untrusted="the relay's certificate is not trusted",
+    closed="the relay closed the connection during the TLS handshake",
+    reasons={
+        "WRONG_VERSION_NUMBER": "the relay does not speak TLS on this port (is its certfile set?)",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the relay requires a client certificate",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE": "the relay refused the handshake (does it require a "
+        "client certificate?)",
+        "TLSV1_ALERT_UNKNOWN_CA": "the relay refused this consumer's certificate (unknown CA)",
+        "SSLV3_ALERT_BAD_CERTIFICATE": "the relay refused this consumer's certificate",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the relay refused this consumer's certificate",
+    },
+)
 
 
 def tls_problem(exc: ssl.SSLError) -> str:
     """Why the TLS handshake with the relay failed, in a few words."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"the relay's certificate is not trusted ({exc.verify_message})"
-    if isinstance(exc, ssl.SSLEOFError):
-        return "the relay closed the connection during the TLS handshake"
-    return _TLS_PROBLEMS.get(exc.reason or "", f"TLS failed: {exc.reason or exc}")
+    return handshake_problem(exc, _TLS_WORDS)
 
 
 def relay_error(body: Any) -> RelayError:

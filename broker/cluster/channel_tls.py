@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.config import ClusterSettings
-from broker.tls import certificate_names, client_context, server_context
+from broker.tls import (
+    HandshakeWords,
+    certificate_names,
+    client_context,
+    handshake_problem,
+    server_context,
+)
 from broker.tls_stream import TlsStream
 
 WHERE, PREFIX = "cluster", "tls_"  # how errors name the keys: cluster.tls_certfile
@@ -115,27 +121,27 @@ CLOSED_IN_HANDSHAKE = (
     "it closed the connection during the TLS handshake "
     "(is its TLS on? does it trust this node's certificate?)"
 )
-# What a failed handshake's OpenSSL reason means, said of the peer ("it"), either side.
+# What a failed handshake means, said of the peer ("it"), either side.
 _NOT_TLS = "it does not speak TLS (are its [cluster] tls_ keys set?)"
-_PROBLEMS = {
-    "WRONG_VERSION_NUMBER": _NOT_TLS,
-    "HTTP_REQUEST": _NOT_TLS,
-    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "it showed no certificate",
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "it requires a certificate, and this node showed none",
-    "TLSV1_ALERT_UNKNOWN_CA": "it does not trust this node's certificate (unknown CA)",
-    "SSLV3_ALERT_BAD_CERTIFICATE": "it refused this node's certificate",
-    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "it refused this node's certificate",
-    "SSLV3_ALERT_HANDSHAKE_FAILURE": "it refused the handshake",
-}
+_WORDS = HandshakeWords(
+    untrusted="its certificate is not trusted",
+    closed=CLOSED_IN_HANDSHAKE,
+    reasons={
+        "WRONG_VERSION_NUMBER": _NOT_TLS,
+        "HTTP_REQUEST": _NOT_TLS,
+        "PEER_DID_NOT_RETURN_A_CERTIFICATE": "it showed no certificate",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED": "it requires a certificate, and this node showed none",
+        "TLSV1_ALERT_UNKNOWN_CA": "it does not trust this node's certificate (unknown CA)",
+        "SSLV3_ALERT_BAD_CERTIFICATE": "it refused this node's certificate",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "it refused this node's certificate",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE": "it refused the handshake",
+    },
+)
 
 
 def tls_problem(exc: ssl.SSLError) -> str:
     """Why a TLS handshake with a peer failed, in a few words."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"its certificate is not trusted ({exc.verify_message})"
-    if isinstance(exc, ssl.SSLEOFError):
-        return CLOSED_IN_HANDSHAKE
-    return _PROBLEMS.get(exc.reason or "", f"TLS failed: {exc.reason or exc}")
+    return handshake_problem(exc, _WORDS)
 
 
 def certificate_problem(transport: asyncio.BaseTransport, node: str) -> str | None:
