@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import secrets
 import shlex
 import signal
@@ -58,9 +57,9 @@ from .cluster_clients import Numbered, NumberedReceiver, Prober, Ticker, connect
 from .cluster_procs import Deployment, NodeConfig, ProcessError, private_redis
 from .cluster_report import FIGURES, Args, figure_text, with_section
 from .loadgen import Backlog, Flood, Paced, Windowed
+from .raw import save_raw
 
 PROG = "python -m bench.cluster"
-RESULTS = compare.RESULTS
 PAGE = "docs/performance.md"
 
 PAYLOAD = 16  # bytes, every figure
@@ -269,10 +268,7 @@ def _versions() -> dict[str, str]:
 def _save_raw(raw: dict[str, list[Result]], meta: dict[str, Any]) -> None:
     if not raw:
         return
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / time.strftime("cluster-%Y%m%d-%H%M%S.json")
-    path.write_text(json.dumps({"meta": meta, "cells": raw}, indent=1, default=str))
-    print(f"raw results: {path}", file=sys.stderr)
+    save_raw("cluster", {"meta": meta, "cells": raw})
 
 
 T = TypeVar("T")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import shlex
 import signal
 import sys
@@ -33,13 +32,13 @@ from .brokers import (
     BROKERS,
     HOST,
     MODES,
-    REPO,
     BrokerError,
     BrokerSpec,
     RunningBroker,
     for_mode,
     raise_fd_limit,
 )
+from .raw import save_raw
 from .scenarios import (
     BY_NAME,
     NOT_MEASURED,
@@ -53,7 +52,6 @@ from .scenarios import (
 )
 
 DEFAULT_BROKERS = "nautilus,mosquitto,amqtt"
-RESULTS = REPO / "bench" / "results"
 COMPILED_MODES = "bounded,flood,paced"  # the default modes with mqttgen
 PYTHON_MODES = "bounded,flood"  # the Python generator cannot pace a throughput load
 QOS1_SETTLE = 0.5  # s without a delivery before QoS 1 `lost` is counted
@@ -489,8 +487,6 @@ def _summary(
 
 
 def _save_raw(raw: Raw, calibration: list[Measurement], headroom: Raw) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / time.strftime("%Y%m%d-%H%M%S.json")
     data: dict[str, Any] = {
         f"{s}/{b}": [dataclasses.asdict(m) for m in ms] for (s, b), ms in raw.items()
     }
@@ -498,8 +494,7 @@ def _save_raw(raw: Raw, calibration: list[Measurement], headroom: Raw) -> None:
     data["headroom"] = {
         f"{s}/{what}": [dataclasses.asdict(m) for m in ms] for (s, what), ms in headroom.items()
     }
-    path.write_text(json.dumps(data, indent=1))
-    print(f"raw results: {path}", file=sys.stderr)
+    save_raw("compare", data)
 
 
 if __name__ == "__main__":

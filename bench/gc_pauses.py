@@ -31,9 +31,10 @@ import re
 import time
 from typing import Any
 
-from . import compare, packets
+from . import packets
 from .brokers import HOST, free_port, raise_fd_limit
 from .client import open_client, subscribe
+from .raw import save_raw
 from .scenarios import rss_kib
 from .swc import SwcNode, make_subscribers, until
 
@@ -196,11 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     result = asyncio.run(run(args))
     result["date"] = time.strftime("%Y-%m-%d %H:%M %Z")
-    path = compare.RESULTS / f"gc-pauses-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    print(f"raw results: {path}")
+    save_raw("gc-pauses", result)
     return 0
 
 

@@ -42,10 +42,10 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from . import compare
 from .brokers import BROKERS, HOST, RunningBroker, free_port, raise_fd_limit
 from .client import MqttClient, open_client, subscribe
 from .cluster_procs import POLL, Node, NodeConfig, ProcessError, _stop
+from .raw import save_raw
 from .scenarios import cpu_seconds
 
 PROG = "python -m bench.swc"
@@ -304,11 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     result = asyncio.run(run(args))
     result["date"] = time.strftime("%Y-%m-%d %H:%M %Z")
-    path = compare.RESULTS / f"swc-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    print(f"raw results: {path}")
+    save_raw("swc", result)
     return 0
 
 

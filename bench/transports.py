@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import shlex
 import shutil
 import signal
@@ -49,6 +48,7 @@ from .brokers import (
     raise_fd_limit,
 )
 from .client_layers import NAMES, Certificates, Transport, make_certificates, transports
+from .raw import save_raw
 from .scenarios import BY_NAME, Measurement, Scenario, Settings, in_modes, measure
 
 PROG = "python -m bench.transports"
@@ -64,7 +64,6 @@ BROKERS = ("nautilus", "mosquitto")
 LABELS = {"nautilus": "Nautilus", "mosquitto": "Mosquitto", "null": "null broker"}
 TRANSPORT_LABELS = {"tcp": "TCP", "tls": "TLS", "ws": "WebSocket", "wss": "WebSocket + TLS"}
 SETTLE = 0.3  # QoS 1: seconds without a delivery before what was lost is counted
-RESULTS = compare.RESULTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,8 +358,6 @@ def _progress(spec: BrokerSpec, scenario: Scenario, transport: Transport, m: Mea
 
 
 def _save_raw(results: Results) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / time.strftime("transports-%Y%m%d-%H%M%S.json")
     data: dict[str, object] = {
         f"{s}/{t}/{b}": [dataclasses.asdict(m) for m in ms] for (s, t, b), ms in results.raw.items()
     }
@@ -368,8 +365,7 @@ def _save_raw(results: Results) -> None:
         t: [dataclasses.asdict(m) for m in ms] for t, ms in results.calibration.items()
     }
     data["ciphers"] = results.ciphers
-    path.write_text(json.dumps(data, indent=1))
-    print(f"raw results: {path}", file=sys.stderr)
+    save_raw("transports", data)
 
 
 # The report
