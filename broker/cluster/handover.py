@@ -271,6 +271,19 @@ class Handover:
             self._migrations[client_id] = task
             task.add_done_callback(lambda _: self._migrations.pop(client_id, None))
 
+    def drop_ended(self, session: Session) -> None:
+        """A session restored here that ended on another node while this one was away:
+        forgotten with its queue and its stored state; nothing is written (the metadata
+        says it is gone already, and a write would bring it back)."""
+        client_id = session.subscriber_id
+        self._moving.add(client_id)
+        try:
+            self._let_go(session, True, "")
+        finally:
+            self._moving.discard(client_id)
+        log.info("cluster: %s ended on another node while this one was away: dropped", client_id)
+        self.sessions.tracer.session_event(client_id, "session ended on another node: dropped")
+
     def _let_go(self, session: Session, clean: bool, node: str) -> Session | None:
         """Disconnect the session's connections and forget it here, without telling the
         metadata (it belongs to another node now). Returns the session if its queue is to

@@ -187,10 +187,14 @@ class MetadataSync:
         session = self.mirrored.registry.get(client_id)
         busy = self.cluster.handover.busy(client_id) or self.mirrored.stopping
         if session is not None and not busy:
-            if record is None:
+            if record is None and session.online:
                 # Deleted by another node (this one was taken for dead and reaped) while
-                # the session is here: it is ours, say so again.
+                # its client is here: it is ours, say so again.
                 self.changed(client_id)
+            elif record is None:
+                # Ended on another node while this one was away (moved there, then ended):
+                # what this node restored of it is stale, and ends here too.
+                self.cluster.handover.drop_ended(session)
             elif record.node != self.node:
                 # Another node registered it while this one was not asked (or did not
                 # answer): release it here, its queue following if that node is reachable.

@@ -483,6 +483,48 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
         assert message.topic == f"probe/{client_id}", message
 
 
+def test_a_session_that_moved_and_ended_while_its_node_was_down_stays_ended(
+    swc_trio: SwcCluster,
+) -> None:
+    """A persistent session of b's moves to a while b is stopped, and ends there (its
+    client comes back clean). b, restarted, restores its own copy from its store, then
+    learns of the end: it drops the copy instead of writing it back (it used to: the
+    session came back to life on b, with its subscriptions routed there)."""
+    a, b = swc_trio.nodes["a"], swc_trio.nodes["b"]
+    client_id = unique_id("moved")
+    sub = PahoClient(HOST, b.port, V311, client_id)
+    swc_trio.clients.append(sub)
+    sub.connect(clean=False)
+    subscribe_with_probe(sub, ("moved/t", 1))
+    wait_routed(swc_trio.client("a"), sub)
+    sub.close()
+    assert b.stop() == 0
+    moved = PahoClient(HOST, a.port, V311, client_id)
+    swc_trio.clients.append(moved)
+    assert moved.connect(clean=False).session_present  # b's session, taken over by a
+    moved.close()
+    ended = PahoClient(HOST, a.port, V311, client_id)
+    swc_trio.clients.append(ended)
+    ended.connect(clean=True)  # ends the session [MQTT-3.1.2-6]
+    ended.close()
+    eventually(lambda: not session_rows(a, client_id), what="the session ended on a")
+    restarted = Node(
+        b.directory,
+        "b",
+        "",
+        metadata="swc",
+        cluster_port=b.cluster_port,
+        seeds=[(HOST, a.cluster_port)],
+    )
+    swc_trio.nodes["b"] = restarted
+    restarted.start()
+    # Restored from b's store at its start, then dropped once b learns of the end.
+    eventually(lambda: not session_rows(restarted, client_id), what="b dropped its copy")
+    back = PahoClient(HOST, restarted.port, V311, client_id)
+    swc_trio.clients.append(back)
+    assert not back.connect(clean=False).session_present
+
+
 def test_a_node_cut_off_refuses_what_the_netsplit_switches_say(
     tmp_path: Path, start_proxy: Any
 ) -> None:
