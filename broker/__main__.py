@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from broker import __version__, logs
 from broker.binding import BindError
 from broker.config import ConfigError, load_config
+from broker.peers import MetadataUnavailable
 from broker.plugins import configured_plugins
 from broker.protocol import use_compiled
 from broker.store import StoreError
@@ -47,7 +48,18 @@ async def serve(config, plugins) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, broker.shutdown_requested.set)
     loop.add_signal_handler(signal.SIGHUP, broker.reload_tls)
-    await broker.start()  # a failed start releases what it took
+    # A start waiting on something that does not answer still stops on a signal.
+    starting = asyncio.ensure_future(broker.start())  # a failed start releases what it took
+    asked = asyncio.ensure_future(broker.shutdown_requested.wait())
+    await asyncio.wait((starting, asked), return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("shutting down before the start completed")
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    asked.cancel()
+    starting.result()
     try:
         await broker.shutdown_requested.wait()
         log.info("shutting down")
@@ -141,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (StoreError, BindError) as exc:  # a store locked, corrupt, ...; a port taken
         print(f"nautilus: {exc}", file=sys.stderr)
+        return 1
+    except MetadataUnavailable as exc:  # the cluster's Redis down, or not answering
+        print(f"nautilus: the cluster's metadata cannot be reached: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # e.g. a store directory that cannot be made
         print(f"nautilus: {exc.strerror or exc}", file=sys.stderr)

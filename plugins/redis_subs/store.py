@@ -108,6 +108,7 @@ class RedisStore:
         dead_after: float = 3.0,
     ) -> None:
         self.prefix = prefix
+        self.timeout = timeout
         self.dead_ms = int(dead_after * 1000)
         self.where = (
             f"Redis Sentinel {sentinel_master} via {sentinels[0][0]}:{sentinels[0][1]}"
@@ -170,7 +171,14 @@ class RedisStore:
     async def open(self, node: str, boot_id: str, address: str) -> None:
         self.node = node
         self._info = f"{address}\n{boot_id}"
-        await self._load_functions()
+        log.info("cluster metadata: Redis at %s", self.where)
+        try:  # a Redis that takes the connection and never answers would hold the start
+            await asyncio.wait_for(self._load_functions(), self.timeout)
+        except TimeoutError:
+            raise MetadataUnavailable(
+                f"{self.where}: no answer within {self.timeout:g} s "
+                "(plugins.redis_subs.connect_timeout)"
+            ) from None
 
     async def close(self) -> None:
         await self.redis.aclose()
