@@ -13,8 +13,9 @@ with the memory store). Nobody is left on the dead node to count them, so:
 - when a node goes without saying so (no LEAVING: killed, or its machine gone), a single
   survivor adds the last figure it heard from it to `cluster_messages_lost_with_node`:
   the live node with the lowest name among the others (`Losses.counts_for`), once the
-  node is declared dead (metadata = "redis") or once it is back with a new boot id
-  (either metadata; a node declared dead is counted then, not again when it is back).
+  node is declared dead (metadata = "redis"; "swc": once it is removed, `nautilus
+  cluster leave`) or once it is back with a new boot id (either metadata; a node
+  declared dead is counted then, not again when it is back).
 
 An estimate: the figure as of the node's last census before its last PONG, so up to one
 census and one `liveness_interval` old at the crash.

@@ -8,7 +8,8 @@ the figure in c's PONGs (`nautilus cluster status`). Then c is killed with -9:
   adds HELD to `cluster_messages_lost_with_node`; b adds nothing;
 - metadata = "swc" (a killed member stays one): once c is back, with a new boot id and
   without having said it stopped, a adds HELD, b nothing. Stopped with SIGTERM and started
-  again before that, c is counted by nobody.
+  again before that, c is counted by nobody. Removed instead (`nautilus cluster leave c`,
+  run on b), c is declared dead `dead_after` later and counted by a.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.cluster.test_failures import (
     wait_log,
     wait_routed,
 )
+from tests.cluster.test_swc_cluster import cluster_command
 
 HELD = 50  # QoS 1 messages c holds for its subscriber (max_inflight is 20 by default)
 LOST = "cluster_messages_lost_with_node"
@@ -72,12 +74,18 @@ def test_a_node_declared_dead_is_counted_by_the_lowest_survivor(
     assert b.metrics()[LOST] == 0
 
 
+def swc_trio(cluster: Cluster) -> tuple[ClusterNode, ClusterNode, ClusterNode]:
+    """a, then b and c joining through a; every link up."""
+    [a] = cluster.start("a", metadata="swc")
+    b, c = cluster.start("b", "c", metadata="swc", seeds=[(HOST, a.cluster_port)])
+    return a, b, c
+
+
 def test_a_killed_member_is_counted_once_back_and_a_stopped_one_never(
     clusters: Callable[[str], Cluster],  # noqa: F811
 ) -> None:
     cluster = clusters("")
-    [a] = cluster.start("a", metadata="swc")
-    b, c = cluster.start("b", "c", metadata="swc", seeds=[(HOST, a.cluster_port)])
+    a, b, c = swc_trio(cluster)
     subscriber = hold_messages(cluster, a, c)
     since = {node: mark(node) for node in (a, b)}
     c.stop()  # SIGTERM: it says so (LEAVING); its client is sent away
@@ -93,5 +101,21 @@ def test_a_killed_member_is_counted_once_back_and_a_stopped_one_never(
     c.start()
     wait_log(a, COUNTED.format(how="restarted"), since[a])
     wait_log(b, link_up("c"), since[b])
+    assert a.metrics()[LOST] == HELD
+    assert b.metrics()[LOST] == 0
+
+
+def test_a_killed_member_removed_is_counted_by_the_lowest_survivor(
+    clusters: Callable[[str], Cluster],  # noqa: F811
+) -> None:
+    cluster = clusters("")
+    a, b, c = swc_trio(cluster)
+    hold_messages(cluster, a, c)
+    since = {node: mark(node) for node in (a, b)}
+    c.kill()
+    result = cluster_command(b, "leave", "c")  # on b: the count is still a's
+    assert result.returncode == 0, result.stderr
+    wait_log(a, COUNTED.format(how="died"), since[a], DETECT)
+    wait_log(b, r"cluster: node c .*: dead", since[b], DETECT)
     assert a.metrics()[LOST] == HELD
     assert b.metrics()[LOST] == 0
