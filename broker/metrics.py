@@ -73,6 +73,9 @@ class Metrics:
     cluster_messages_dropped: int = 0  # QoS 1/2 messages for another node, not kept
     cluster_messages_resent: int = 0  # sent again on a new link, not yet acknowledged
     cluster_messages_duplicate: int = 0  # received again, queued already: dropped
+    # Messages only a node's memory held when it went without stopping (losses.py),
+    # counted on one survivor.
+    cluster_messages_lost_with_node: int = 0
     cluster_sessions_migrated: int = 0  # sessions whose queue moved to another node
     cluster_messages_migrated: int = 0
     cluster_sessions_reaped: int = 0  # persistent sessions taken from dead nodes

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, ValuesView
 from typing import TYPE_CHECKING, Any
 
 from broker.message import Delivery, Message
@@ -124,6 +124,10 @@ class Registry(Mapping[str, Session]):
 
     def get(self, client_id: str, default: Session | None = None) -> Session | None:  # type: ignore[override]
         return self._sessions.get(client_id, default)
+
+    def values(self) -> ValuesView[Session]:
+        """The sessions, from the dict itself (Mapping's would look each one up)."""
+        return self._sessions.values()
 
     # -- connections come and go --------------------------------------------------------
 

@@ -35,7 +35,9 @@ ENQUEUE = 5
 ACK = 6  # [ACK, ref, error or None]
 TAKEOVER = 7  # [TAKEOVER, ref, client id, clean]: release the session; queue follows
 PING = 8  # [PING, n]
-PONG = 9  # [PONG, n]
+# [PONG, n]; [PONG, 0, at risk], sent of its own accord: with the messages the sender holds
+# only in memory (broker/cluster/losses.py)
+PONG = 9
 LEAVING = 10  # [LEAVING]: the sender stops; send it nothing more until it is back
 DRAINED = 11  # [DRAINED]: the answer, last on the answering node's own link
 ANSWER = 12  # [ANSWER, ref, result]: a request's result (ACK says only done or not)

@@ -114,6 +114,11 @@ class LinkingNode(LinkEnd, Protocol):
 
     def link_up(self, link: PeerLink, restarted: bool) -> None: ...
 
+    def crashed(self, node: str, held: int) -> None:
+        """`node` is back with a new boot id without having said it stopped (LEAVING): it
+        was killed; it last said it held `held` messages only in memory (losses.py)."""
+        ...
+
     def link_down(self, link: PeerLink) -> None: ...
 
     def drained(self, node: str) -> None: ...
@@ -125,6 +130,12 @@ class ListeningNode(LinkEnd, Protocol):
     @property
     def stopping(self) -> bool:
         """The node is shutting down: frames left unread are not kept."""
+        ...
+
+    @property
+    def at_risk(self) -> int:
+        """The messages this node holds only in memory (losses.py): in every PONG of its
+        own accord."""
         ...
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None: ...
@@ -157,6 +168,8 @@ class PeerLink(asyncio.Protocol):
         self.node = node
         self.address = address
         self.boot_id = ""  # the peer's, from its WELCOME
+        # The messages the peer holds only in memory, as its last PONG said (losses.py).
+        self.peer_at_risk = 0
         self.transport: asyncio.Transport | None = None
         self.up = False  # handshake done
         self.closed = False
@@ -380,6 +393,8 @@ class PeerLink(asyncio.Protocol):
                     future.set_result(frame[2])
             elif kind == PONG:
                 self._last_pong = self.loop.time()
+                if len(frame) > 2:  # (one of its own accord: its figure too)
+                    self.peer_at_risk = frame[2]
             elif kind == QUEUED:
                 self._queued(self.node, frame[1], frame[2])
             elif kind == DRAINED:  # (from a peer with no link back to this node)
@@ -415,6 +430,9 @@ class PeerLink(asyncio.Protocol):
         self._handshake = None
         self._refusals = 0
         restarted = self.boot_id and boot_id != self.boot_id
+        if restarted and not self._holding:  # it never said it stopped: killed
+            self.cluster.crashed(self.node, self.peer_at_risk)
+        self.peer_at_risk = 0
         self.boot_id = boot_id
         self.up = True
         self._holding = False
@@ -623,7 +641,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.cluster.loop.call_soon(self._process)
 
     def _beat(self) -> None:
-        self.reply(PONG, 0)
+        self.reply(PONG, 0, self.cluster.at_risk)
         self._heartbeat = self.cluster.loop.call_later(
             self.cluster.settings.liveness_interval, self._beat
         )

@@ -4,7 +4,7 @@ Every `liveness_interval` the node refreshes its entry in the metadata and reads
 everyone's; a node silent for `dead_after` is dead (one missing from the entries ages on
 this node's clock). There is a link to every live node; a dead node's link is closed
 (what it held is counted as dropped), and the live node with the lowest name reaps its
-sessions (adoption.py).
+sessions (adoption.py) and counts what only the dead node's memory held (losses.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from broker.cluster.adoption import Adoption
     from broker.cluster.link import PeerLink
+    from broker.cluster.losses import Losses
     from broker.cluster.metadata import MetadataBackend
     from broker.cluster.sync import MetadataSync
     from broker.cluster.tracing import ClusterTracing
@@ -40,6 +41,7 @@ class Neighbourhood(Protocol):
     metrics: Metrics
     backend: MetadataBackend  # the heartbeat
     links: dict[str, PeerLink]  # by node name
+    losses: Losses  # what a dead node held only in memory
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task: ...
 
@@ -140,6 +142,8 @@ class Liveness:
         self.tracing.node_dead(name)
         link = self.cluster.links.pop(name, None)
         if link is not None:
+            if not link.peer_stopped:  # (one that said it stops took its clients away)
+                self.cluster.losses.gone_without_leaving(name, link.peer_at_risk, "died")
             link.close()  # what waited for it is counted as dropped
 
     def _ensure_link(self, info: NodeInfo) -> None:

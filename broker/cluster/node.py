@@ -9,6 +9,7 @@ links report to. Each part has one job:
 - incoming.py: the frames that arrive from other nodes, each to the part it is for;
 - streams.py: QoS 1/2 messages between nodes at least once (numbered, kept until the
   other node has queued them, sent again, duplicates dropped);
+- losses.py: what only memory holds, which a node's crash loses, counted on a survivor;
 - operations.py: admin commands across the cluster; tracing.py: traces across it;
 - membership.py: members joining and leaving; departure.py: this node leaving;
 - status.py: `nautilus cluster status`, /health's problem, the figures;
@@ -37,6 +38,7 @@ from broker.cluster.handover import Handover
 from broker.cluster.incoming import IncomingFrames
 from broker.cluster.link import HANDSHAKE_TIMEOUT, ClusterServerProtocol, PeerLink
 from broker.cluster.liveness import Liveness
+from broker.cluster.losses import Census, Losses
 from broker.cluster.membership import Membership
 from broker.cluster.metadata import MetadataBackend, MetadataUnavailable, Registration
 from broker.cluster.netsplit import Netsplit
@@ -91,6 +93,9 @@ class Cluster:
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
         self.streams = Streams(self, ports.sessions.store)  # QoS 1/2 at least once
+        # What a crash would lose here, and what other nodes' crashes lost.
+        self.census = Census(ports.sessions.registry, settings.liveness_interval)
+        self.losses = Losses(self)
         self.forwarding = False  # a PUBLISH from another node is being routed
         self._draining: dict[str, asyncio.Future[None]] = {}  # stopping: DRAINED awaited
         # The leaderless metadata (metadata = "swc") replicates over this node's links.
@@ -148,6 +153,7 @@ class Cluster:
             self.liveness.others_alive(),
         )
         self.spawn(self.liveness.run(), "cluster heartbeat")
+        self.spawn(self.census.run(), "cluster census of what only memory holds")
         self.spawn(self.sync.follow(snapshot.seq), "cluster change stream")
         self.spawn(self.sync.writer(), "cluster metadata writer")
 
@@ -255,6 +261,9 @@ class Cluster:
         if self.replicated is not None:  # it learns of this node at once (its record)
             link.send(frames.encode(SWC_WRITE, *self.replicated.replicas.introduction()))
 
+    def crashed(self, node: str, held: int) -> None:
+        self.losses.gone_without_leaving(node, held, "restarted")
+
     def link_down(self, link: PeerLink) -> None:
         self.release_publishers(link.node)
         self.netsplit.check()
@@ -274,6 +283,10 @@ class Cluster:
     @property
     def stopping(self) -> bool:
         return self.ports.sessions.stopping
+
+    @property
+    def at_risk(self) -> int:
+        return self.census.figure
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         self.incoming.on_frame(inbound, frame)

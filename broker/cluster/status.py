@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from broker.cluster.departure import Departure
     from broker.cluster.link import PeerLink
     from broker.cluster.liveness import Liveness
+    from broker.cluster.losses import Census
     from broker.cluster.netsplit import Netsplit
     from broker.cluster.swc.backend import SwcBackend
     from broker.cluster.swc.seeds import Seeds
@@ -34,6 +35,7 @@ class Observed(Protocol):
     view: RemoteView  # the other nodes' subscribers
     replicated: SwcBackend | None  # the leaderless metadata, if it is that
     seeds: Seeds | None  # swc: joining (or starting) the cluster at start
+    census: Census  # what only this node's memory holds
 
 
 class StatusReport:
@@ -94,9 +96,16 @@ class StatusReport:
                     "link": None if name == cluster.node else bool(link is not None and link.up),
                     "bytes_sent": link.bytes_sent if link is not None else 0,
                     "bytes_dropped": link.bytes_dropped if link is not None else 0,
+                    "messages_at_risk": self._at_risk(name, link),
                 }
             )
         return nodes
+
+    def _at_risk(self, name: str, link: PeerLink | None) -> int | None:
+        """What the node holds only in memory: this node's census, another's last PONG."""
+        if name == self.cluster.node:
+            return self.cluster.census.figure
+        return link.peer_at_risk if link is not None else None
 
     def _waiting(self) -> str | None:
         """swc: what this node waits for before it holds the cluster's metadata."""
@@ -128,9 +137,11 @@ class StatusReport:
         }
 
     def figures(self) -> dict[str, int]:
-        """Gauges for /metrics and $SYS (the leaderless metadata's)."""
+        """Gauges for /metrics and $SYS: what only memory holds, the leaderless
+        metadata's figures."""
         replicated = self.cluster.replicated
-        return replicated.replicas.figures() if replicated is not None else {}
+        swc = replicated.replicas.figures() if replicated is not None else {}
+        return {"cluster_messages_at_risk": self.cluster.census.figure, **swc}
 
     def group_metrics(self) -> list[Metric]:
         """/metrics' labelled figures (the leaderless metadata's, per group)."""

@@ -3,7 +3,8 @@ started at the same moment, each with the same seed list naming all three (itsel
 included), by IP and by DNS name, form one cluster: each accepts a client within
 READY_WITHIN seconds of the start, a message published on one node reaches a subscriber
 on another, and none logs the refusal of a node holding another cluster's metadata
-(which still refuses a node that does).
+(which still refuses a node that does). One DNS name resolving to the three nodes'
+addresses, as a headless service's, needs an address per node: test_partitions.py.
 """
 
 from __future__ import annotations
@@ -61,28 +62,35 @@ def by_name(host: str, port: int) -> dict[str, str]:
 
 
 class StartedTogether:
-    """Nodes a, b, c, each on a cluster port chosen before any starts, all with the seed
-    list naming the three as `seed_host:port`. With a host name, each listens on every
-    address and advertises `seed_host:port`: its own seed is not its listener's address,
-    and it finds itself among the seeds by the name it answers with."""
+    """Nodes a, b, c (not started yet, each with the same seed list), started at once."""
 
-    def __init__(self, tmp_path: Path, seed_host: str) -> None:
-        ports = {name: port_below_ephemeral() for name in NAMES}
-        seeds = [(seed_host, ports[name]) for name in NAMES]
-        self.nodes = {
-            name: Node(
-                tmp_path / name,
-                name,
-                "",
-                metadata="swc",
-                cluster_port=ports[name],
-                seeds=seeds,
-                **({} if seed_host == HOST else by_name(seed_host, ports[name])),
-            )
-            for name in NAMES
-        }
+    def __init__(self, nodes: dict[str, Node]) -> None:
+        self.nodes = nodes
         self.clients: list[PahoClient] = []
         self.started_at = 0.0
+
+    @classmethod
+    def on_loopback(cls, tmp_path: Path, seed_host: str) -> StartedTogether:
+        """Each on a cluster port chosen before any starts, all with the seed list naming
+        the three as `seed_host:port`. With a host name, each listens on every address and
+        advertises `seed_host:port`: its own seed is not its listener's address, and it
+        finds itself among the seeds by the name it answers with."""
+        ports = {name: port_below_ephemeral() for name in NAMES}
+        seeds = [(seed_host, ports[name]) for name in NAMES]
+        return cls(
+            {
+                name: Node(
+                    tmp_path / name,
+                    name,
+                    "",
+                    metadata="swc",
+                    cluster_port=ports[name],
+                    seeds=seeds,
+                    **({} if seed_host == HOST else by_name(seed_host, ports[name])),
+                )
+                for name in NAMES
+            }
+        )
 
     def start(self) -> None:
         """Every node at once (each thread launches one process and waits until it
@@ -111,7 +119,7 @@ class StartedTogether:
         node = self.nodes[name]
         deadline = self.started_at + READY_WITHIN
         while True:
-            client = PahoClient(HOST, node.port, V311)
+            client = PahoClient(node.host, node.port, V311)
             result = client.connect(expect_code=None)
             if result.reason_code == ACCEPTED:
                 self.clients.append(client)
@@ -132,7 +140,7 @@ class StartedTogether:
 
 @pytest.fixture(params=[HOST, "localhost"], ids=["ip", "dns"])
 def together(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StartedTogether]:
-    cluster = StartedTogether(tmp_path, request.param)
+    cluster = StartedTogether.on_loopback(tmp_path, request.param)
     try:
         cluster.start()
         yield cluster
@@ -143,6 +151,13 @@ def together(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Started
 def test_nodes_started_together_from_one_seed_list_form_one_cluster(
     together: StartedTogether,
 ) -> None:
+    assert_one_cluster(together)
+
+
+def assert_one_cluster(together: StartedTogether) -> None:
+    """Each node accepts a client within READY_WITHIN of the start, a message crosses,
+    each is ready and linked to the two others; one node started the cluster, and no
+    node refused another (or itself) or a link."""
     clients = {name: together.connect(name) for name in NAMES}
     for name, (_, after) in clients.items():
         assert after <= READY_WITHIN, f"{name} accepted its first client {after:.1f}s in"
@@ -195,7 +210,7 @@ def test_a_node_holding_another_clusters_metadata_is_refused_by_the_set(
 def test_a_node_started_first_says_what_it_waits_for_and_the_others_come_in_any_order(
     tmp_path: Path,
 ) -> None:
-    cluster = StartedTogether(tmp_path, HOST)
+    cluster = StartedTogether.on_loopback(tmp_path, HOST)
     try:
         b = cluster.nodes["b"].start(complete=False)
         cluster.started_at = time.monotonic()

@@ -15,13 +15,20 @@ from silence (`dead_after`), and TCP's retransmissions and back-off are in play.
   unreachable (a TCP connection needs both ways), c stays ready, and all converge.
 - 20% loss each way between a and b: QoS 1 messages from a to b all arrive, and the
   cluster ends ready with every link up.
+- one DNS name for the three, as a headless service's: in each namespace SET_NAME
+  resolves to the three nodes' addresses (a hosts file that `ip netns exec` mounts over
+  /etc/hosts), every node's seeds are `SET_NAME:SET_PORT`, and the three started at once
+  form one cluster within test_cluster_start.py's READY_WITHIN.
 
 They need root and iproute2 (`ip`, `tc`); without them they are skipped, saying why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +51,7 @@ from tests.cluster.test_cluster import (
     take,
     wait_routed,
 )
+from tests.cluster.test_cluster_start import StartedTogether, assert_one_cluster
 from tests.cluster.test_swc_cluster import SwcCluster
 
 NAMES = ("a", "b", "c")
@@ -57,6 +65,11 @@ SWITCHES_ON = "".join(
     for what in ("register", "publish", "subscribe", "unsubscribe")
 )
 CONNECTION_REFUSED_SERVER_UNAVAILABLE = 3  # MQTT 3's CONNACK code for 0x88
+SET_NAME = "nautilus-set"  # the three nodes' one name (a headless service's)
+# Every node's cluster port, at its own address: a namespace is new, nothing else listens
+# in it, and the port is below the ephemeral range its MQTT and HTTP ports come from.
+SET_PORT = 18830
+NETNS_FILES = Path("/etc/netns")  # `ip netns exec NS` mounts NETNS_FILES/NS/hosts on /etc/hosts
 
 
 @pytest.fixture
@@ -67,6 +80,27 @@ def network() -> Iterator[Network]:
         yield net.create()
     finally:
         net.remove()
+
+
+@pytest.fixture
+def named_set(network: Network) -> Iterator[str]:
+    """SET_NAME resolving to a's, b's and c's addresses in each of their namespaces (a
+    hosts file of /etc/hosts' lines and those, removed after)."""
+    lines = "".join(f"{network.address(name)} {SET_NAME}\n" for name in NAMES)
+    hosts = Path("/etc/hosts").read_text(encoding="utf-8") + lines
+    made = [NETNS_FILES / network.namespace(name) for name in NAMES]
+    had_netns_files = NETNS_FILES.exists()
+    try:
+        for directory in made:
+            directory.mkdir(parents=True)
+            (directory / "hosts").write_text(hosts, encoding="utf-8")
+        yield SET_NAME
+    finally:
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
+        if not had_netns_files:
+            with contextlib.suppress(OSError):  # (another run's files are in it)
+                NETNS_FILES.rmdir()
 
 
 class NamespacedTrio(SwcCluster):
@@ -315,3 +349,39 @@ def test_qos_1_messages_cross_a_lossy_link(trio: NamespacedTrio, network: Networ
             HEAL_TIMEOUT,
             what=f"{name} ready",
         )
+
+
+def test_three_nodes_started_together_find_each_other_by_one_dns_name(
+    tmp_path: Path, network: Network, named_set: str
+) -> None:
+    """Every node's seeds: one name, resolving to the three addresses (itself among
+    them); started at the same moment, they form one cluster."""
+    nodes = {
+        name: Node(
+            tmp_path / name,
+            name,
+            "",
+            metadata="swc",
+            cluster_port=SET_PORT,
+            seeds=[(named_set, SET_PORT)],
+            host=network.address(name),
+            prefix=network.prefix(name),
+        )
+        for name in NAMES
+    }
+    for name in NAMES:  # the name resolves, in each namespace, to the three
+        resolved = subprocess.run(
+            [*network.prefix(name), "getent", "ahostsv4", named_set],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert {line.split()[0] for line in resolved.splitlines()} == {
+            network.address(node) for node in NAMES
+        }
+    together = StartedTogether(nodes)
+    try:
+        together.start()
+        assert_one_cluster(together)
+    finally:
+        together.close()
