@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hooks import FOREVER, Error, Next, Ok, PublishContext, Result
+from plugins.acl import AclPlugin
 
 
 class Gate:
@@ -32,3 +35,10 @@ class Asked:
     def auth_on_publish(self, ctx: PublishContext) -> Result:
         self.asked += 1
         return Next(cache_for=FOREVER)
+
+
+class UnkeptAcl(AclPlugin):
+    """The acl plugin, its publish answers without their promise: asked every time."""
+
+    def auth_on_publish(self, ctx: PublishContext) -> Result:
+        return dataclasses.replace(super().auth_on_publish(ctx), cache_for=None)
