@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.broker.helpers import V5, VERSIONS
-from tests.http.conftest import keyed_broker, keys_file
+from tests.http.conftest import api, keyed_broker, keys_file
 from tests.http.test_commands import admin
 from tests.plugins.acl.helpers import write_acl
 
@@ -101,6 +101,19 @@ def test_admin_auth_invalidate_forgets_kept_answers(keyed_broker, paho_client, t
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["table"] == [{"plugin": "broker", "clients": 1}]  # the publisher
     assert not delivered(sub, pub, "open")
+
+
+def test_disabling_a_plugin_forgets_the_kept_answers(keyed_broker, paho_client):
+    asked = {"asked": {"enabled": True, "module": "tests.broker.kept_plugins:Asked"}}
+    server, key = keyed_broker(plugins={**asked, **GATE})
+    sub = subscriber(paho_client, server)
+    pub = paho_client(server, V5)
+    assert delivered(sub, pub, "open")  # kept: asked says next, the gate allows
+    api(server, "plugin/disable", key, method="POST", name="gate")
+    pub.publish("open", b"while disabled", qos=1)  # asked alone: nobody allows it
+    api(server, "plugin/enable", key, method="POST", name="gate")
+    pub.publish("sentinel", b"end", qos=1)
+    assert [m.payload for m in sub.collect_until(b"end")] == [b"end"]
 
 
 def acl_broker(start_broker: Any, path: Any, **plugins: Any) -> Any:
