@@ -194,6 +194,13 @@ class Ingress:
 
     # -- recorder, on_publish, route, drop accounting ----------------------------------
 
+    def tells(self, v5: bool) -> bool:
+        """Whether a client's publish is told to anyone (the recorder, on_publish, or
+        on_message_drop), who must see it as authorization left it (`publish`'s
+        context)."""
+        chains = self.chains
+        return bool(chains.recorder is not None or chains.on_publish[v5] or chains.on_message_drop)
+
     def publish(
         self,
         message: Message,

@@ -31,7 +31,7 @@ from broker.protocol import (
     encode_pubrec,
 )
 from broker.topics import valid_topic_name
-from hooks import Ok, PublishContext, Result
+from hooks import MatchedAcl, Ok, PublishContext, Result
 from hooks.decisions import GENERATION
 
 if TYPE_CHECKING:
@@ -132,15 +132,19 @@ def _decided(
 
 def _kept_publish(engine: ClientEngine, packet: Publish, kept: Result) -> None:
     """A PUBLISH decided by the chain's kept answer: carried out as if the chain had just
-    given it; a run of QoS 0 ones it allows unchanged (naming an ACL rule at most) takes
-    the fast path, as with no plugin."""
+    given it. One it allows unchanged (naming an ACL rule at most) goes as with no plugin:
+    a run of QoS 0 ones takes the fast path, and no context is made for it unless an event
+    needs one."""
     client = engine.client
-    if type(kept) is Ok and not (packet.qos or packet.properties or client.max_message_rate):
+    if type(kept) is Ok:
         modifiers = kept.modifiers
         if not modifiers or (len(modifiers) == 1 and "matched_acl" in modifiers):
-            run = engine.decoder.take_like(packet, RUN_BYTES)
-            if run:
-                return _route_run(engine, [packet, *run], kept)
+            if not (packet.qos or packet.properties or client.max_message_rate):
+                run = engine.decoder.take_like(packet, RUN_BYTES)
+                if run:
+                    return _route_run(engine, [packet, *run], kept)
+            if not engine.host.ingress.tells(client.protocol_level == MQTT5):
+                return _route(engine, packet, None, False, modifiers.get("matched_acl"))
     return _authorized_publish(engine, packet, context_of(client, packet), kept)
 
 
@@ -213,10 +217,15 @@ def _authorized_publish(
 
 
 def _route(
-    engine: ClientEngine, packet: Publish, context: PublishContext | None, changed: bool
+    engine: ClientEngine,
+    packet: Publish,
+    context: PublishContext | None,
+    changed: bool,
+    matched: MatchedAcl | None = None,
 ) -> None:
     """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it.
-    `context`: the auth_on_publish chain's, if one ran (on_publish sees it as it was left)."""
+    `context`: the auth_on_publish chain's, if one ran (on_publish sees it as it was left);
+    `matched`: the ACL rule a kept answer names, when no event needs a context."""
     session = engine.session
     assert session is not None
     if packet.qos == 2:
@@ -237,6 +246,8 @@ def _route(
             client.protocol_level,
             now=engine.clock() if properties else None,  # for an expiry interval only
         )
+        if matched is not None:
+            message.acl_name = matched.name  # deliveries report the publisher's rule
     else:
         assert context is not None
         if context.topic.startswith("$SYS"):
