@@ -7,6 +7,10 @@ empty, so a hook nobody implements costs one dict lookup and a truth test. A cha
 implementations are all synchronous runs without awaiting (`run_sync`), so a sync ACL
 plugin adds no task or coroutine to the publish path.
 
+A deciding chain's answer says how long it holds (`cache_for`, hooks/decisions.py) only
+when every plugin it asked said so of its own answer, for the shortest of their times; a
+plugin that said nothing (plain NEXT, None) makes the chain's answer say nothing.
+
 A plugin that raises is logged and counted; in an auth chain that is a denial, never an
 allow. A deciding hook that returns None (a plain `return`, or falling off the end) has no
 opinion, as if it returned NEXT.
