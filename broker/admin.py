@@ -33,6 +33,7 @@ from broker.mountpoints import inside, outside, subscriber_id
 from broker.mountpoints import problem as mountpoint_problem
 from broker.protocol import ReasonCode
 from broker.topics import valid_topic_filter
+from hooks import forget_decisions
 
 log = logging.getLogger("nautilus.admin")
 
@@ -469,11 +470,18 @@ def set_plugin_enabled(
 
 
 async def invalidate_auth(
-    switchboard: PluginSwitchboard, client_id: str | None, username: str | None
+    switchboard: PluginSwitchboard,
+    directory: SessionDirectory,
+    client_id: str | None,
+    username: str | None,
 ) -> list[dict[str, Any]]:
-    """Each enabled plugin that keeps auth decisions re-reads them for these connected
-    clients (both None: all of them, on this node): a row per plugin, with how many."""
-    done = []
+    """The publish decisions this node's connections keep (hooks/decisions.py) are
+    forgotten, all of them (the first row: how many connections kept some), and each
+    enabled plugin that keeps auth decisions re-reads them for these connected clients
+    (both None: all of them, on this node): a row per plugin, with how many."""
+    keeping = sum(1 for c in directory.connections if c.client.decisions)
+    forget_decisions()
+    done: list[dict[str, Any]] = [{"plugin": "broker", "clients": keeping}]
     for name, invalidate in switchboard.doors.invalidate:  # the enabled plugins'
         try:
             count = invalidate(client_id, username)
@@ -483,8 +491,6 @@ async def invalidate_auth(
             done.append({"plugin": name, "clients": 0, "error": str(exc) or type(exc).__name__})
             continue
         done.append({"plugin": name, "clients": count})
-    if not done:
-        raise NotFound("no enabled plugin keeps auth decisions to invalidate (auth_db does)")
     return done
 
 

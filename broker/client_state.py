@@ -21,6 +21,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from broker.ingress import DecisionKey, KeptDecision
     from broker.message import Message, TopicAliases
     from broker.protocol import Connect
 
@@ -48,6 +49,7 @@ class ClientState:
         "attributes",
         "certificate",
         "client_id",
+        "decisions",
         "disconnect_reason",
         "identity",
         "keepalive",
@@ -98,6 +100,9 @@ class ClientState:
         # The will, published when the connection ends without a normal DISCONNECT.
         self.will: Message | None = None
         self.will_delay = 0
+        # auth_on_publish answers kept while they hold (broker/ingress.py, `recall`): made
+        # at the first one, dropped when the client authenticates again.
+        self.decisions: dict[DecisionKey, KeptDecision] | None = None
         # (CONNECT, assigned client id) while an enhanced authentication runs.
         self.pending_connect: tuple[Connect, str | None] | None = None
 

@@ -23,7 +23,12 @@ UTF-8 flag, QoS 2 duplicates, the run of QoS 0 PUBLISHes one read brought) stay 
 client; what they route comes here.
 
 An authorization is data (`Decision`): a caller may keep it and reuse it for a run of
-messages it holds for.
+messages it holds for. The chain's answer itself is kept per connection when every plugin
+it asked said how long its answer holds (`cache_for`, hooks/decisions.py): `recall` gives
+it back for the next message to the same (topic, QoS, retain) until then, or until a
+plugin or an operator calls `forget_decisions()` (a reload, `admin auth invalidate`), so
+the chain is not asked again (`remember` keeps it). A kept denial is handled as a fresh
+one: refused, logged, counted, told.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from broker.authorization import apply_publish_modifiers
 from broker.message import Message
 from broker.mountpoints import inside
 from broker.protocol import MQTT5, Publish, Will
-from hooks import Chain, Ok, PublishContext, Result
+from hooks import Chain, MatchedAcl, Ok, PublishContext, Result
+from hooks.decisions import GENERATION
 from hooks.spec import new_publish_context
 
 if TYPE_CHECKING:
@@ -54,6 +60,10 @@ NETSPLIT = "a netsplit (allow_publish_during_netsplit is off)"
 UNSTORABLE = "the broker cannot store messages now"
 NO_SUBSCRIBERS = "no_matching_subscribers"  # on_message_drop's reason (Courier's)
 _NOBODY: list[Subscriber] = []  # shared, never appended to: nobody to wait for
+DECISIONS_KEPT = 64  # auth_on_publish answers kept per connection; the oldest goes first
+
+DecisionKey = tuple[str, int, bool]  # the client's topic, QoS, retain
+KeptDecision = tuple[Result, float, int]  # the answer, held until (clock), its generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,39 @@ class Ingress:
         return self.chains.auth_on_publish[v5] or None
 
     @staticmethod
+    def recall(client: ClientState, packet: Publish, now: float) -> Result | None:
+        """The chain's kept answer for a message like `packet` from `client` while it
+        holds (`now`: the broker's clock); None: the chain must be asked."""
+        decisions = client.decisions
+        if decisions is None:
+            return None
+        key = (packet.topic, packet.qos, packet.retain)
+        kept = decisions.get(key)
+        if kept is None:
+            return None
+        result, until, generation = kept
+        if now < until and generation == GENERATION.value:
+            return result
+        del decisions[key]
+        return None
+
+    @staticmethod
+    def remember(
+        client: ClientState, packet: Publish, result: Result, now: float, generation: int
+    ) -> None:
+        """Keep the chain's answer for `packet` if it says how long it holds and nothing
+        was forgotten since the chain was asked (`generation`: GENERATION.value then)."""
+        cache_for = result.cache_for
+        if cache_for is None or cache_for <= 0 or generation != GENERATION.value:
+            return
+        decisions = client.decisions
+        if decisions is None:
+            decisions = client.decisions = {}
+        elif len(decisions) >= DECISIONS_KEPT:
+            del decisions[next(iter(decisions))]  # the oldest
+        decisions[(packet.topic, packet.qos, packet.retain)] = (result, now + cache_for, generation)
+
+    @staticmethod
     def decided(context: PublishContext, result: Result) -> Decision:
         """The chain's result as a decision, its modifiers applied to `context`."""
         if type(result) is not Ok:
@@ -151,6 +194,13 @@ class Ingress:
 
     # -- recorder, on_publish, route, drop accounting ----------------------------------
 
+    def tells(self, v5: bool) -> bool:
+        """Whether a client's publish is told to anyone (the recorder, on_publish, or
+        on_message_drop), who must see it as authorization left it (`publish`'s
+        context)."""
+        chains = self.chains
+        return bool(chains.recorder is not None or chains.on_publish[v5] or chains.on_message_drop)
+
     def publish(
         self,
         message: Message,
@@ -187,14 +237,21 @@ class Ingress:
             chains.notify(chains.on_message_drop, dropped)
         return full
 
-    def publish_run(self, publisher: ClientState, packets: Sequence[Publish]) -> bool:
+    def publish_run(
+        self,
+        publisher: ClientState,
+        packets: Sequence[Publish],
+        matched: MatchedAcl | None = None,
+    ) -> bool:
         """The fast path of QoS 0 floods: a run of PUBLISHes to one topic, unretained,
-        without properties, that no plugin authorizes or changes, as the client sent them
+        without properties, that no plugin authorizes or changes (or whose kept answer
+        allows them unchanged: `matched`, the ACL rule it names), as the client sent them
         (their bytes), written in one piece to each matching session that takes them as
         they are (Routing.publish_run) and told to the recorder in one call. False when
         they must be published one at a time (`publish`): an on_publish hook, a subscriber
         that is full or would not take them as they are, a message nobody subscribed to
-        while on_message_drop is watched. Then nothing of them was routed."""
+        while on_message_drop is watched, an ACL rule the recorder must be told of. Then
+        nothing of them was routed."""
         chains = self.chains
         client_topic = packets[0].topic
         topic = inside(publisher.mountpoint, client_topic)
@@ -202,6 +259,7 @@ class Ingress:
             self.waits_for(topic)
             or chains.on_publish[publisher.protocol_level == MQTT5]
             or topic.startswith("$SYS")
+            or (matched is not None and chains.recorder is not None)
         ):
             return False
         raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]

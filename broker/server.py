@@ -44,7 +44,7 @@ from broker.subscription_trie import SubscriptionTrie
 from broker.systree import SysTree
 from broker.tls import TlsListener
 from broker.trace.tracer import Tracer
-from hooks import HOOKS, Hooks, Lifecycle, plugin_doors
+from hooks import HOOKS, Hooks, Lifecycle, forget_decisions, plugin_doors
 
 if TYPE_CHECKING:  # imported when a config needs them (broker/optional.py)
     from broker.cluster.node import Cluster
@@ -374,6 +374,7 @@ class Broker:
         plugins = [(n, p) for n, p in self.plugins if n not in self.disabled_plugins]
         self.hooks = Hooks(plugins, self.tasks)
         self.chains.load(self.hooks)
+        forget_decisions()  # kept publish decisions were the old chain's answers
         self.doors = plugin_doors(self.plugins, self.disabled_plugins)
         self.ingress.before_ack = self.doors.before_ack
         log.info("plugin %s %s", name, "enabled" if enabled else "disabled")

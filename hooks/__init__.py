@@ -11,7 +11,9 @@ A plugin is a class built from its config section; a hook is a method named afte
             return NEXT
 
 A deciding hook answers Ok (allow, maybe with modifiers), Error (deny) or NEXT (no
-opinion: ask the next plugin); returning None also means NEXT. A plugin whose methods
+opinion: ask the next plugin); returning None also means NEXT. An auth_on_publish answer
+may say how long it holds (`cache_for`; `forget_decisions()` ends every such promise):
+hooks/decisions.py. A plugin whose methods
 break the contract (a misspelt hook name, a hook that does not take one context) stops
 start-up with PluginError. Besides hooks, a plugin may have side doors, declared in
 SIDE_DOORS and checked the same way: `start`/`stop`, `before_ack`, `metrics`,
@@ -23,6 +25,7 @@ and for the side doors.
 """
 
 from hooks.bridges import BridgeControl
+from hooks.decisions import FOREVER, forget_decisions
 from hooks.dispatch import Chain, Hooks, PluginError, check_plugin
 from hooks.recorder import MessageRecorder, RecordedClient, RecordedDelivery, RecordedMessage
 from hooks.results import NEXT, Error, Next, Ok, Result
@@ -44,6 +47,7 @@ from hooks.spec import (
 )
 
 __all__ = [
+    "FOREVER",
     "HOOKS",
     "NEXT",
     "SIDE_DOORS",
@@ -74,6 +78,7 @@ __all__ = [
     "TopicRequest",
     "UnsubscribeContext",
     "check_plugin",
+    "forget_decisions",
     "plugin_doors",
     "side_doors",
 ]

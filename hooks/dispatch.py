@@ -7,6 +7,10 @@ empty, so a hook nobody implements costs one dict lookup and a truth test. A cha
 implementations are all synchronous runs without awaiting (`run_sync`), so a sync ACL
 plugin adds no task or coroutine to the publish path.
 
+A deciding chain's answer says how long it holds (`cache_for`, hooks/decisions.py) only
+when every plugin it asked said so of its own answer, for the shortest of their times; a
+plugin that said nothing (plain NEXT, None) makes the chain's answer say nothing.
+
 A plugin that raises is logged and counted; in an auth chain that is a denial, never an
 allow. A deciding hook that returns None (a plain `return`, or falling off the end) has no
 opinion, as if it returned NEXT.
@@ -26,12 +30,14 @@ picks its chain by protocol version with an index instead of building the name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import inspect
 import logging
 from collections.abc import Iterable
 from typing import Any
 
+from hooks.decisions import FOREVER
 from hooks.recorder import MessageRecorder
 from hooks.results import CHAIN_EXHAUSTED, NEXT, Error, Next, Ok, Result
 from hooks.side_doors import bare, side_door_problem, side_doors
@@ -64,18 +70,22 @@ class Chain:
 
     def run_sync(self, context: Any) -> Result:
         """all_till_ok for a chain with no async implementation."""
+        holds: float | None = FOREVER if self.impls else None  # none: nobody promised
         for plugin, method, _ in self.impls:
             try:
                 result = method(context)
             except Exception:
                 return self._crashed(plugin)
             verdict = self._judge(plugin, result)
+            if holds is not None:
+                holds = _holds(holds, result, verdict)
             if verdict is not NEXT:
-                return verdict
-        return CHAIN_EXHAUSTED
+                return _lasting(verdict, holds)
+        return _lasting(CHAIN_EXHAUSTED, holds)
 
     async def run(self, context: Any) -> Result:
         """all_till_ok: the first Ok or Error decides; all Next (or none) denies."""
+        holds: float | None = FOREVER if self.impls else None  # none: nobody promised
         for plugin, method, is_async in self.impls:
             try:
                 result = method(context)
@@ -84,9 +94,11 @@ class Chain:
             except Exception:
                 return self._crashed(plugin)
             verdict = self._judge(plugin, result)
+            if holds is not None:
+                holds = _holds(holds, result, verdict)
             if verdict is not NEXT:
-                return verdict
-        return CHAIN_EXHAUSTED
+                return _lasting(verdict, holds)
+        return _lasting(CHAIN_EXHAUSTED, holds)
 
     def _judge(self, plugin: str, result: Any) -> Result:
         if type(result) is Ok:
@@ -133,6 +145,26 @@ class Chain:
                 log.error("plugin %s crashed in %s", plugin, self.name, exc_info=task.exception())
 
         return done
+
+
+def _holds(holds: float, result: Any, verdict: Result) -> float | None:
+    """How long the chain's answer holds once `result` (judged `verdict`) is heard: the
+    shortest promise so far (hooks/decisions.py); None once a plugin made none, or its
+    answer was not taken as given (an invalid result, invalid modifiers)."""
+    if verdict is not result and (verdict is not NEXT or result is None):
+        return None
+    cache_for = result.cache_for
+    if cache_for is None:
+        return None
+    return cache_for if cache_for < holds else holds
+
+
+def _lasting(verdict: Result, holds: float | None) -> Result:
+    """`verdict` saying how long the whole chain's answer holds (a copy only when that is
+    not what it says already: one plugin's promise is the chain's)."""
+    if verdict.cache_for == holds:
+        return verdict
+    return dataclasses.replace(verdict, cache_for=holds)
 
 
 class PluginError(Exception):

@@ -10,6 +10,11 @@ These follow VerneMQ's result rules (vmq_plugin_helper:all_till_ok):
 | NEXT, None        | ask the next plugin                      |
 | anything else     | treated as Error (and logged)            |
 | chain exhausted   | deny                                     |
+
+Any of them may say how long the answer holds (`cache_for`, seconds; `FOREVER`: until
+`forget_decisions()`, hooks/decisions.py), and the broker then reuses the chain's answer
+for the connection's next messages to the same topic, QoS and retain flag without asking
+(auth_on_publish(_m5) only). Without `cache_for` the hook is asked every time.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ class Ok:
     """Allow. `modifiers` change what is allowed (each hook has its own allow-list)."""
 
     modifiers: Mapping[str, Any] = field(default_factory=dict)
+    cache_for: float | None = None  # seconds this answer holds (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
 class Next:
-    """No opinion: let the next plugin in the chain decide."""
+    """No opinion: let the next plugin in the chain decide (NEXT: asked every time)."""
+
+    cache_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,7 @@ class Error:
     reason: str = "not_authorized"
     reason_code: int | None = None
     properties: Mapping[int, Any] = field(default_factory=dict, hash=False)
+    cache_for: float | None = None
 
 
 NEXT = Next()

@@ -458,6 +458,7 @@ async def _auth_step(engine: ClientEngine, data: bytes | None) -> None:
         return engine.outlet.send(Auth(CONTINUE, step.properties))
     if connecting:
         return _authenticate(engine, *connecting, step.properties)
+    engine.client.decisions = None  # the plugins may see this client anew: asked again
     return engine.outlet.send(Auth(SUCCESS, step.properties))  # re-authenticated
 
 

@@ -31,7 +31,8 @@ from broker.protocol import (
     encode_pubrec,
 )
 from broker.topics import valid_topic_name
-from hooks import PublishContext, Result
+from hooks import MatchedAcl, Ok, PublishContext, Result
+from hooks.decisions import GENERATION
 
 if TYPE_CHECKING:
     from broker.client.engine import ClientEngine
@@ -104,10 +105,47 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
             if run:
                 return _route_run(engine, [packet, *run])
         return _route(engine, packet, None, False)
+    if client.decisions is not None:  # the chain said how long some answers hold
+        kept = ingress.recall(client, packet, engine.clock())
+        if kept is not None:
+            return _kept_publish(engine, packet, kept)
     context = context_of(client, packet)
+    generation = GENERATION.value  # an answer is kept only if nothing is forgotten meanwhile
     if chain.synchronous:  # every plugin decides at once: inline, the hot path
-        return _authorized_publish(engine, packet, context, chain.run_sync(context))
-    engine.decide_later(chain, context, _authorized_publish, engine, packet, context)
+        return _decided(engine, packet, context, generation, chain.run_sync(context))
+    engine.decide_later(chain, context, _decided, engine, packet, context, generation)
+
+
+def _decided(
+    engine: ClientEngine,
+    packet: Publish,
+    context: PublishContext,
+    generation: int,
+    result: Result,
+) -> None:
+    """The chain's answer: kept for the next messages like this one if every plugin said
+    how long it holds (Ingress.remember), then carried out."""
+    if result.cache_for is not None:
+        engine.host.ingress.remember(engine.client, packet, result, engine.clock(), generation)
+    _authorized_publish(engine, packet, context, result)
+
+
+def _kept_publish(engine: ClientEngine, packet: Publish, kept: Result) -> None:
+    """A PUBLISH decided by the chain's kept answer: carried out as if the chain had just
+    given it. One it allows unchanged (naming an ACL rule at most) goes as with no plugin:
+    a run of QoS 0 ones takes the fast path, and no context is made for it unless an event
+    needs one."""
+    client = engine.client
+    if type(kept) is Ok:
+        modifiers = kept.modifiers
+        if not modifiers or (len(modifiers) == 1 and "matched_acl" in modifiers):
+            if not (packet.qos or packet.properties or client.max_message_rate):
+                run = engine.decoder.take_like(packet, RUN_BYTES)
+                if run:
+                    return _route_run(engine, [packet, *run], kept)
+            if not engine.host.ingress.tells(client.protocol_level == MQTT5):
+                return _route(engine, packet, None, False, modifiers.get("matched_acl"))
+    return _authorized_publish(engine, packet, context_of(client, packet), kept)
 
 
 def _protocol_error(
@@ -179,10 +217,15 @@ def _authorized_publish(
 
 
 def _route(
-    engine: ClientEngine, packet: Publish, context: PublishContext | None, changed: bool
+    engine: ClientEngine,
+    packet: Publish,
+    context: PublishContext | None,
+    changed: bool,
+    matched: MatchedAcl | None = None,
 ) -> None:
     """Route an allowed PUBLISH (as the plugins changed it, if they did) and ack it.
-    `context`: the auth_on_publish chain's, if one ran (on_publish sees it as it was left)."""
+    `context`: the auth_on_publish chain's, if one ran (on_publish sees it as it was left);
+    `matched`: the ACL rule a kept answer names, when no event needs a context."""
     session = engine.session
     assert session is not None
     if packet.qos == 2:
@@ -203,6 +246,8 @@ def _route(
             client.protocol_level,
             now=engine.clock() if properties else None,  # for an expiry interval only
         )
+        if matched is not None:
+            message.acl_name = matched.name  # deliveries report the publisher's rule
     else:
         assert context is not None
         if context.topic.startswith("$SYS"):
@@ -211,19 +256,24 @@ def _route(
     route_held(engine, packet, message, context)
 
 
-def _route_run(engine: ClientEngine, packets: list[Publish]) -> None:
+def _route_run(engine: ClientEngine, packets: list[Publish], kept: Ok | None = None) -> None:
     """Route a run of QoS 0 PUBLISHes to one topic, unretained and without properties,
-    that no plugin authorizes or changes: in one piece where the ingress can
-    (Ingress.publish_run), else one at a time, as always. Either way, what each
-    subscriber receives and in which order, and what is recorded, is the same."""
+    that no plugin authorizes or changes (or that the chain's `kept` answer allows
+    unchanged): in one piece where the ingress can (Ingress.publish_run), else one at a
+    time, as always. Either way, what each subscriber receives and in which order, and
+    what is recorded, is the same."""
     host = engine.host
-    if host.ingress.publish_run(engine.client, packets):
+    matched = kept.modifiers.get("matched_acl") if kept is not None else None
+    if host.ingress.publish_run(engine.client, packets, matched):
         host.metrics.mqtt_publish_received += len(packets) - 1  # the first is counted
         return None
     for i, packet in enumerate(packets):
         if i:
             host.metrics.mqtt_publish_received += 1
-        _route(engine, packet, None, False)
+        if kept is None:
+            _route(engine, packet, None, False)
+        else:
+            _authorized_publish(engine, packet, context_of(engine.client, packet), kept)
         if engine.closing or engine.gate.closed:
             # Held by flow control (or closed): the rest waits in the decoder, unread.
             return engine.decoder.give_back(packets[i + 1 :])

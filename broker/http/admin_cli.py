@@ -89,7 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     commands.add_parser("plugins", help="plugins and whether their hooks are called")
     commands.add_parser("plugin-enable").add_argument("name")
     commands.add_parser("plugin-disable").add_argument("name")
-    auth = commands.add_parser("auth", help="auth decisions plugins keep (auth_db's ACLs)")
+    auth = commands.add_parser(
+        "auth", help="auth decisions kept (publish decisions, auth_db's ACLs)"
+    )
     auth.add_argument("action", choices=["invalidate"], help="re-read them now")
     whose = auth.add_mutually_exclusive_group(required=True)
     whose.add_argument("--client-id", help="the connected client with this id")

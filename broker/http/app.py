@@ -301,7 +301,7 @@ class HttpServer:
             "plugin/disable": lambda a: admin.set_plugin_enabled(
                 plugins, a.required("name"), False
             ),
-            "auth/invalidate": lambda a: admin.invalidate_auth(plugins, *_whose(a)),
+            "auth/invalidate": lambda a: admin.invalidate_auth(plugins, node, *_whose(a)),
             "bridge/show": lambda a: admin.bridges(plugins),
             "bridge/start": lambda a: admin.run_bridge(plugins, a.required("name"), True),
             "bridge/stop": lambda a: admin.run_bridge(plugins, a.required("name"), False),

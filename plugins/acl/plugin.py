@@ -12,24 +12,33 @@ rule is noted on its TopicRequest.
 Per message the work is a dict lookup: each connection keeps its rules with the
 substitutions resolved (in ctx.attributes, rebuilt when the rules change), and decisions
 are cached per (client, topic) in bounded dicts cleared on every reload.
+
+A publish decision holds until the rules change (`cache_for=FOREVER`, hooks/decisions.py),
+or until the client's token expires (the `exp` of its claims), so the broker keeps it per
+connection and stops asking; every reload calls `forget_decisions()`. A decision under a
+label's rate limit is not kept: each message must be counted here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from time import monotonic
+from time import monotonic, time
 
 from broker.config import ConfigError
 from broker.protocol import ReasonCode
 from hooks import (
+    FOREVER,
     NEXT,
     Error,
     MatchedAcl,
     Metric,
+    Next,
     Ok,
     PublishContext,
     Result,
     SubscribeContext,
+    forget_decisions,
 )
 from plugins.acl.reloader import Reloader, describe, load
 from plugins.acl.rules import ClientView, RuleSet
@@ -43,6 +52,7 @@ CLAIMS = "jwt_claims"  # where auth_jwt leaves the token's claims
 REFUSED = int(ReasonCode.NOT_AUTHORIZED)
 RATE_LIMITED = Error("rate_limit_exceeded", int(ReasonCode.QUOTA_EXCEEDED))
 _OK = Ok()
+NO_RULE = Next(cache_for=FOREVER)  # no rule allows it: so until the rules change
 
 
 class AclPlugin:
@@ -80,6 +90,7 @@ class AclPlugin:
         """Use these rules from now on (the reloader calls this on the loop)."""
         self.rules = rules
         self._reads, self._writes = {}, {}
+        forget_decisions()  # the broker's kept publish decisions were made by the old rules
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -89,9 +100,12 @@ class AclPlugin:
         if verdict is None:
             verdict = self._decide_write(view, ctx.topic)
         result, limited = verdict
-        if limited is not None and not self._admit(limited):
-            return RATE_LIMITED
-        return result
+        if limited is not None:  # counted per message: never kept by the broker
+            return result if self._admit(limited) else RATE_LIMITED
+        expires = _expiry(ctx.attributes.get(CLAIMS))
+        if expires is None:
+            return result
+        return dataclasses.replace(result, cache_for=max(expires - time(), 0.0))
 
     def auth_on_subscribe(self, ctx: SubscribeContext) -> Result:
         view = self._view(ctx)
@@ -132,11 +146,13 @@ class AclPlugin:
         None); cached."""
         rule = view.check("write", topic)
         if rule is None:
-            verdict: tuple[Result, str | None] = (NEXT, None)
+            verdict: tuple[Result, str | None] = (NO_RULE, None)
         else:
             matched = MatchedAcl(rule.label or "", view.pattern(rule))
-            limited = rule.label if rule.label in self._limits else None
-            verdict = (Ok({"matched_acl": matched}), limited)
+            if rule.label in self._limits:
+                verdict = (Ok({"matched_acl": matched}), rule.label)
+            else:
+                verdict = (Ok({"matched_acl": matched}, cache_for=FOREVER), None)
         _remember(self._writes, (view.key, topic), verdict)
         return verdict
 
@@ -168,6 +184,17 @@ class AclPlugin:
             self.rate_limited += 1
             return False
         return True
+
+
+def _expiry(claims: object) -> float | None:
+    """When the client's token expires (its `exp`, seconds since the epoch), if it has
+    one: no decision is kept past it."""
+    if not isinstance(claims, dict):
+        return None
+    exp = claims.get("exp")
+    if isinstance(exp, int | float) and not isinstance(exp, bool):
+        return float(exp)
+    return None
 
 
 def _remember(cache: dict, key: tuple[str, str], verdict: object) -> None:

@@ -14,6 +14,10 @@ database: VerneMQ's vmq_diversity auth scripts, without Lua.
 - The cache entry goes with the session (on_client_offline, on_client_gone,
   on_session_expired); `invalidate()` re-reads connected clients' ACLs at once, and with
   cache_ttl they are re-read in the background when older than that.
+- A PUBLISH decision holds (`cache_for`, hooks/decisions.py) until the client's ACLs are
+  due to be re-read (cache_ttl; for ever without one), and ACLs re-read different call
+  `forget_decisions()`. A client with a `max_payload_size` ACL is decided per message
+  (the answer depends on the payload).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, TypeVar
 
 from broker.protocol import ReasonCode
 from hooks import (
+    FOREVER,
     NEXT,
     ClientContext,
     Error,
@@ -37,8 +42,9 @@ from hooks import (
     RegisterContext,
     Result,
     SubscribeContext,
+    forget_decisions,
 )
-from plugins.auth_db.acl import AclError, Acls, parse_acls
+from plugins.auth_db.acl import NO_LIMIT, AclError, Acls, parse_acls
 from plugins.auth_db.backends import Backend, DatabaseError, Row, chosen
 from plugins.auth_db.cache import AclCache, Entry, Key
 from plugins.auth_db.config import AuthDbConfig
@@ -145,9 +151,24 @@ class AuthDbPlugin:
             return NEXT
         self.counts["cache_hits"] += 1
         acl = entry.acls.for_publish(ctx.topic, ctx.qos, len(ctx.payload), ctx.retain)
+        holds = self._holds(entry)
+        if holds is None:
+            if acl is None:
+                return NOT_AUTHORIZED
+            return Ok(acl.modifiers) if acl.modifiers else _OK
         if acl is None:
-            return NOT_AUTHORIZED
-        return Ok(acl.modifiers) if acl.modifiers else _OK
+            return Error("not_authorized", cache_for=holds)
+        return Ok(acl.modifiers, cache_for=holds)
+
+    def _holds(self, entry: Entry) -> float | None:
+        """How long a publish decision from `entry` holds: until its ACLs are due to be
+        re-read; None when it depends on the payload (a max_payload_size)."""
+        if any(acl.max_payload_size != NO_LIMIT for acl in entry.acls.publish):
+            return None
+        ttl = float(self.config.cache_ttl)
+        if not ttl:
+            return FOREVER
+        return max(entry.loaded_at + ttl - time.monotonic(), 0.0)
 
     auth_on_publish_m5 = auth_on_publish
 
@@ -203,6 +224,8 @@ class AuthDbPlugin:
             acls = Acls()
         current = self.cache.get(key)
         if current is entry:  # still that connection's (not replaced meanwhile)
+            if acls != entry.acls:
+                forget_decisions()  # the broker's kept publish decisions used the old ones
             entry.acls, entry.loaded_at = acls, time.monotonic()
 
     async def _query(self, call: Coroutine[Any, Any, T]) -> T:

@@ -36,13 +36,14 @@ class ResultCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: str) -> Mapping[str, Any] | None:
-        """The cached modifiers of a live entry, else None."""
+    def get(self, key: str) -> tuple[Mapping[str, Any], float] | None:
+        """The cached modifiers of a live entry and the seconds it has left, else None."""
         entry = self._entries.get(key)
         if entry is not None:
-            if entry[0] > self.clock():
+            left = entry[0] - self.clock()
+            if left > 0:
                 self.hits += 1
-                return entry[1]
+                return entry[1], left
             del self._entries[key]
         self.misses += 1
         return None

@@ -20,6 +20,7 @@ those serve MQTT 5 clients too, with v4 bodies (VerneMQ's compatibility layer).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import logging
 import types
@@ -144,7 +145,8 @@ class WebhooksPlugin:
             key = request_key(endpoint.url, hook, body)
             cached = self.cache.get(key)
             if cached is not None:
-                return Ok(cached)
+                modifiers, left = cached
+                return Ok(modifiers, cache_for=left)  # the broker may keep it as long
         self.counters.requests += 1
         try:
             status, data, cache_control = await endpoint.post(payloads.encode_body(body))
@@ -167,6 +169,8 @@ class WebhooksPlugin:
                 if key is None:
                     key = request_key(endpoint.url, hook, body)
                 self.cache.put(key, result.modifiers, seconds)
+                if "payload" not in result.modifiers:  # a payload is this message's only
+                    return Ok(result.modifiers, cache_for=seconds)
         return result
 
     def _failed(self, endpoint: Endpoint, reason: str, detail: str) -> Error:
@@ -207,10 +211,11 @@ class WebhooksPlugin:
 
 def _deciding_method(hook: str, endpoints: tuple[Endpoint, ...]):
     async def method(self: WebhooksPlugin, context: Any) -> Result:
-        for endpoint in endpoints:
+        for i, endpoint in enumerate(endpoints):
             result = await self.call(endpoint, context)
             if result is not NEXT:
-                return result
+                # An endpoint asked before said next, which is never kept: nor is this.
+                return result if i == 0 else dataclasses.replace(result, cache_for=None)
         return NEXT
 
     method.__name__ = method.__qualname__ = hook

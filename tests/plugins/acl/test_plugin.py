@@ -10,8 +10,18 @@ import pytest
 import plugins.acl.plugin as acl_plugin
 from broker.config import ConfigError, build_section
 from broker.plugins import load_plugins
-from hooks import NEXT, Error, MatchedAcl, Ok, PublishContext, SubscribeContext, TopicRequest
+from hooks import (
+    FOREVER,
+    NEXT,
+    Error,
+    MatchedAcl,
+    Ok,
+    PublishContext,
+    SubscribeContext,
+    TopicRequest,
+)
 from plugins.acl import PLUGIN, AclPlugin, RuleSet
+from plugins.acl.plugin import NO_RULE
 from plugins.acl.reloader import Reloader, load
 from plugins.acl.schema import Config
 
@@ -107,21 +117,22 @@ def test_bad_keys_are_named(tmp_path, keys, message):
 # -- hooks -------------------------------------------------------------------------------
 
 
-def allowed_by(name: str, pattern: str) -> Ok:
-    """Ok naming the rule that allowed a publish (Courier's matched_acl modifier)."""
-    return Ok({"matched_acl": MatchedAcl(name, pattern)})
+def allowed_by(name: str, pattern: str, cache_for: float | None = FOREVER) -> Ok:
+    """Ok naming the rule that allowed a publish (Courier's matched_acl modifier), kept
+    by the broker until the rules change (unless a rate limit counts each message)."""
+    return Ok({"matched_acl": MatchedAcl(name, pattern)}, cache_for=cache_for)
 
 
 def test_publish_is_ok_naming_the_rule_or_next(tmp_path):
     plugin = make(tmp_path)
     assert publish(plugin, "in/x") == allowed_by("metered", "in/+")
     assert publish(plugin, "alice/x", username="alice") == allowed_by("", "alice/#")
-    assert publish(plugin, "alice/x", username="bob") is NEXT
-    assert publish(plugin, "public/x") is NEXT  # read only
+    assert publish(plugin, "alice/x", username="bob") == NO_RULE
+    assert publish(plugin, "public/x") == NO_RULE  # read only
     # A pattern's substitutions are made in the reported pattern.
     room_7 = {"jwt_claims": {"room": 7}}
     assert publish(plugin, "rooms/7", attributes=room_7) == allowed_by("", "rooms/7")
-    assert publish(plugin, "rooms/7", attributes={"jwt_claims": {"room": 8}}) is NEXT
+    assert publish(plugin, "rooms/7", attributes={"jwt_claims": {"room": 8}}) == NO_RULE
 
 
 def test_subscribe_notes_the_allowing_rule_on_each_request(tmp_path):
@@ -195,19 +206,19 @@ def test_new_claims_or_new_rules_make_a_new_view(tmp_path):
     attributes: dict = {"jwt_claims": {"room": 1}}
     assert type(publish(plugin, "rooms/1", attributes=attributes)) is Ok
     attributes["jwt_claims"] = {"room": 2}
-    assert publish(plugin, "rooms/1", attributes=attributes) is NEXT
+    assert publish(plugin, "rooms/1", attributes=attributes) == NO_RULE
     assert type(publish(plugin, "rooms/2", attributes=attributes)) is Ok
     plugin.swap(RuleSet.from_text("topic write rooms/1\n"))
     assert type(publish(plugin, "rooms/1", attributes=attributes)) is Ok
-    assert publish(plugin, "rooms/2", attributes=attributes) is NEXT
+    assert publish(plugin, "rooms/2", attributes=attributes) == NO_RULE
 
 
 def test_a_swap_clears_the_decisions(tmp_path):
     plugin = make(tmp_path)
-    assert publish(plugin, "new/x") is NEXT
+    assert publish(plugin, "new/x") == NO_RULE
     plugin.swap(RuleSet.from_text("topic new/#\n"))
     assert type(publish(plugin, "new/x")) is Ok
-    assert publish(plugin, "in/x") is NEXT
+    assert publish(plugin, "in/x") == NO_RULE
     assert len(plugin._writes) == 2  # only what was decided since the swap
 
 
@@ -228,7 +239,7 @@ def test_rate_limit_per_label_per_second(tmp_path, monkeypatch):
     rules = "topic write free/# label unmetered\n" + RULES  # before `user alice`: for all
     plugin = make(tmp_path, rules, publish_rate_limits={"metered": 3})
     results = [publish(plugin, f"in/{i}", client_id=f"c{i}") for i in range(5)]
-    assert results[:3] == [allowed_by("metered", "in/+")] * 3
+    assert results[:3] == [allowed_by("metered", "in/+", None)] * 3
     assert results[3:] == [Error("rate_limit_exceeded", 0x97)] * 2
     assert plugin.rate_limited == 2
     assert all(type(publish(plugin, "free/x")) is Ok for _ in range(10))  # no limit on its label
@@ -236,9 +247,9 @@ def test_rate_limit_per_label_per_second(tmp_path, monkeypatch):
     clock.now += 0.99
     assert publish(plugin, "in/x") == Error("rate_limit_exceeded", 0x97)
     clock.now += 0.02  # a new second: counting starts again
-    assert [publish(plugin, "in/x") for _ in range(4)] == [allowed_by("metered", "in/+")] * 3 + [
-        Error("rate_limit_exceeded", 0x97)
-    ]
+    assert [publish(plugin, "in/x") for _ in range(4)] == [
+        allowed_by("metered", "in/+", None)
+    ] * 3 + [Error("rate_limit_exceeded", 0x97)]
 
 
 # -- reloading ---------------------------------------------------------------------------

@@ -178,6 +178,20 @@ def test_cache_ttl_rereads_the_acls(start_broker, postgres, login):
     assert client.subscribe("b/#", 1) == [1]
 
 
+def test_re_read_acls_apply_to_the_next_publish(start_broker, postgres, login):
+    """A publish decision is kept by the broker (cache_for) until the ACLs are re-read
+    (here by cache_ttl): the next PUBLISH after that is decided by the new ones."""
+    wider = json.dumps([{"pattern": "a/#"}, {"pattern": "b/#"}, {"pattern": "c/#"}])
+    pg_row(postgres, "dev-1", "ann", "secret", wider, wider)
+    server = broker_with(start_broker, backend="postgres", url=postgres.url, cache_ttl=1)
+    client = login(server, V5, "dev-1", "ann", "secret")
+    assert allowed(client, "b/1") and allowed(client, "b/1", subscribe=False)  # kept
+    plugin = plugin_of(server)
+    pg_set_acls(postgres, "dev-1", "ann", ACL, wider)
+    server.wait_for(lambda: len(plugin.cache.get(("", "dev-1")).acls.publish) == 2)
+    assert not allowed(client, "b/1", subscribe=False)
+
+
 @pytest.mark.parametrize("version", [V311, V5])
 def test_postgres_down_keeps_connected_clients_and_refuses_new_ones_clearly(
     start_broker, own_postgres, login, version

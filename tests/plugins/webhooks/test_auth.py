@@ -397,6 +397,40 @@ def test_cached_publish_ignores_payload(hook_server, webhooks_broker, paho_clien
     assert hook_server.count("/pub") == 2
 
 
+def test_the_broker_keeps_a_publish_answer_for_its_max_age(
+    hook_server, webhooks_broker, paho_client
+):
+    """auth_on_publish with max-age: the broker keeps the answer for the connection
+    (hooks/decisions.py), so not even the plugin's cache is asked until it expires."""
+    cached = Answer({"result": "ok"}, headers={"Cache-Control": "max-age=60"})
+    url = hook_server.answer("/pub", cached)
+    server = webhooks_broker({"hook": "auth_on_publish", "url": url}, anonymous=True)
+    plugin = plugin_of(server)
+    client = paho_client(server)
+    for payload in (b"one", b"two", b"three"):
+        client.publish("t/1", payload, qos=1)
+    assert hook_server.count("/pub") == 1 and plugin.cache.hits == 0
+    server.advance(61)  # the broker's answer has expired (the plugin's clock has not)
+    client.publish("t/1", b"four", qos=1)
+    assert hook_server.count("/pub") == 1 and plugin.cache.hits == 1
+
+
+def test_a_payload_modifier_is_the_first_messages_only(hook_server, webhooks_broker, paho_client):
+    changed = Answer(
+        {"result": "ok", "modifiers": {"payload": b64(b"new")}},
+        headers={"Cache-Control": "max-age=60"},
+    )
+    url = hook_server.answer("/pub", changed)
+    server = webhooks_broker({"hook": "auth_on_publish", "url": url}, anonymous=True)
+    plugin = plugin_of(server)
+    client = paho_client(server)
+    for payload in (b"one", b"two", b"three"):
+        client.publish("t/1", payload, qos=1)
+    # The payload modifier is the first message's only: VerneMQ's cache keeps the answer
+    # without it (asked for the second), and the broker keeps that (the third).
+    assert hook_server.count("/pub") == 1 and plugin.cache.hits == 1
+
+
 # -- on_auth_m5 (MQTT 5 enhanced authentication) ------------------------------------------
 
 

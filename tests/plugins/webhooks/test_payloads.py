@@ -447,14 +447,15 @@ def test_cache_expiry_bound_and_payload_modifier():
     now = [1000.0]
     cache = ResultCache(2, clock=lambda: now[0])
     cache.put("a", {"topic": "t", "payload": b"x"}, 10)
-    assert cache.get("a") == {"topic": "t"}  # the payload modifier is not kept
+    assert cache.get("a") == ({"topic": "t"}, 10.0)  # the payload modifier is not kept
     now[0] += 10
     assert cache.get("a") is None and len(cache) == 0  # expired: removed on lookup
     cache.put("a", {}, 10)
     cache.put("b", {}, 10)
     cache.put("c", {}, 10)
     assert len(cache) == 2 and cache.get("a") is None and cache.evictions == 1
-    assert cache.get("c") == {}
+    now[0] += 4
+    assert cache.get("c") == ({}, 6.0)  # with the seconds it has left
     assert (cache.hits, cache.misses) == (2, 2)
     disabled = ResultCache(0)
     disabled.put("a", {}, 10)
