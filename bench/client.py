@@ -228,6 +228,7 @@ async def open_client(
     latencies: list[int] | None = None,
     timeout: float = 10.0,
     clean_session: bool = True,
+    keepalive: int = 0,
     transport: Transport | None = None,
 ) -> MqttClient:
     """Connect, send CONNECT and wait for a successful CONNACK. `transport`: TLS or
@@ -240,7 +241,7 @@ async def open_client(
     else:
         client = MqttClient(uniform, latencies)
         await asyncio.wait_for(transport.connect(client, host, port), timeout)
-    client.transport.write(packets.connect(client_id, clean_session=clean_session))
+    client.transport.write(packets.connect(client_id, keepalive, clean_session))
     try:
         code = await asyncio.wait_for(client.connack, timeout)
     except BaseException:

@@ -6,8 +6,10 @@ here needs the event loop: the transport (bytes in to the engine; reading paused
 resumed for it; the graceful close), the timers (connect timeout, keepalive, the engine's
 calls later), the hook flows run as tasks, and the listener's admission.
 
-Timers are `loop.call_later` handles: a connect timeout until CONNECT arrives, then one
-keepalive timer that re-arms itself for the time left instead of being reset per packet.
+Timers: a `loop.call_later` handle for the connect timeout until CONNECT arrives (and for
+the linger of a close); then the keepalive, watched by the broker's one KeepaliveWatch
+(broker/keepalive.py), which checks the time left when it is due instead of being reset
+per packet.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.client.engine import ClientEngine, Listener
 from broker.client_state import CLOSING, ClientState
+from broker.keepalive import Bucket, KeepaliveWatch
 from broker.protocol import ReasonCode
 from broker.tls import common_name
 from broker.writer import Writer
@@ -63,39 +66,65 @@ class Listeners(Protocol):
 class ConnectionPorts:
     """The broker as each part of a connection sees it: the listeners (the connection
     itself), what its engine is served by, what its writer needs. Made once by the
-    Broker (which is all three) and shared by every connection."""
+    Broker (which is all three) and shared by every connection, with what would cost an
+    idle connection memory if each made its own: the loop's clock (a bound method), the
+    keepalive watch (one timer, broker/keepalive.py), and each listener as its clients
+    came in through it."""
 
     listeners: Listeners
     client: ClientServices
     writing: WriteSupport
+    clock: Callable[[], float] = field(init=False)
+    keepalive: KeepaliveWatch = field(init=False)
+    _came_in: dict[int, Listener] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clock", self.listeners.loop.time)
+        object.__setattr__(self, "keepalive", KeepaliveWatch(self.listeners.loop))
+
+    def came_in(self, index: int) -> Listener:
+        """Listener `index` as its clients see it (one object for all of them)."""
+        host = self.listeners
+        settings, address = host.config.listeners[index], host.listening[index]
+        known = self._came_in.get(index)
+        if known is None or known.settings is not settings or known.address != address:
+            known = self._came_in[index] = Listener(index, settings, address)  # (restarted)
+        return known
 
 
 class Connection(asyncio.Protocol):
     __slots__ = (
+        "_keepalive",
         "_reading",
         "_timer",
         "connected_at",
         "engine",
-        "host",
         "last_seen",
         "listener",
         "loop",
+        "ports",
         "transport",
         "writer",
     )
 
     def __init__(self, ports: ConnectionPorts, listener: int = 0) -> None:
-        self.host = host = ports.listeners
+        self.ports = ports
+        host = ports.listeners
         self.listener = listener  # index into the broker's listeners
         self.loop = host.loop
-        self.writer = Writer(ports.writing, ClientState(), self._take_over)
-        came_in = Listener(listener, host.config.listeners[listener], host.listening[listener])
-        self.engine = ClientEngine(ports.client, self, self.writer, self.loop.time, came_in)
+        self.writer = Writer(ports.writing, ClientState(), self)
+        came_in = ports.came_in(listener)
+        self.engine = ClientEngine(ports.client, self, self.writer, ports.clock, came_in)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.last_seen = 0.0
         self.connected_at = int(time.time())  # unix seconds: session show's session_started_at
         self._reading = True  # the transport is read (not paused for the engine)
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # connect timeout, linger
+        self._keepalive: Bucket | None = None  # where the keepalive watch has it
+
+    @property
+    def host(self) -> Listeners:
+        return self.ports.listeners
 
     # What the rest of the broker (admin, $SYS, shutdown) sees of the client.
 
@@ -111,7 +140,9 @@ class Connection(asyncio.Protocol):
         """Close the client's connection (MQTT 5 clients are told `reason_code`)."""
         self.engine.close(reason_code)
 
-    def _take_over(self) -> None:
+    def take_over(self) -> None:
+        """Another connection claimed this client id (the writer is asked: the registry
+        sees the session's outlet)."""
         self.engine.take_over()
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -150,6 +181,7 @@ class Connection(asyncio.Protocol):
             return  # refused at connection_made
         if self._timer is not None:
             self._timer.cancel()
+        self._unwatch()
         self.host.connections.discard(self)
         self.host.closed(self)
         self.host.metrics.socket_close += 1
@@ -199,7 +231,12 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if seconds:
             self.last_seen = self.loop.time()
-            self._timer = self.loop.call_later(seconds * 1.5, self._check_keepalive)
+            self._keepalive = self.ports.keepalive.watch(self, self.last_seen + seconds * 1.5)
+
+    def _unwatch(self) -> None:
+        if self._keepalive is not None:
+            self.ports.keepalive.forget(self, self._keepalive)
+            self._keepalive = None
 
     def close_transport(self) -> None:
         """Close gracefully: write what is written, then stop writing (FIN), but keep
@@ -213,6 +250,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if self._timer is not None:
             self._timer.cancel()
+        self._unwatch()
         if transport.is_closing() or not transport.can_write_eof():
             transport.close()
             return
@@ -235,15 +273,16 @@ class Connection(asyncio.Protocol):
         )
         self.engine.close()
 
-    def _check_keepalive(self) -> None:
+    def keepalive_due(self) -> None:
         # The client must send something every keepalive seconds; we allow 1.5x [MQTT-3.1.2-22].
         keepalive = self.engine.client.keepalive
         if not self._reading:  # we stopped reading it: its silence is ours
             self.last_seen = self.loop.time()
-        remaining = self.last_seen + keepalive * 1.5 - self.loop.time()
-        if remaining > 0:
-            self._timer = self.loop.call_later(remaining, self._check_keepalive)
+        deadline = self.last_seen + keepalive * 1.5
+        if deadline > self.loop.time():
+            self._keepalive = self.ports.keepalive.watch(self, deadline)
             return
+        self._keepalive = None
         self.host.metrics.client_keepalive_expired += 1
         log.info("%s: keepalive expired", self.engine.client.name())
         self.engine.close(ReasonCode.KEEP_ALIVE_TIMEOUT)

@@ -102,7 +102,7 @@ class DeliveryHooks(SessionState):
             chains.recorder.completed(self, delivery)
         self._event(chains.on_delivery_complete, delivery)
 
-    def _dropped(self, delivery: Delivery, reason: str) -> None:
+    def message_dropped(self, delivery: Delivery, reason: str) -> None:
         """The queue let a message go (full, or its expiry passed): on_message_drop."""
         self._event(self.chains.on_message_drop, delivery, reason)
 

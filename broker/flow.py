@@ -40,6 +40,7 @@ This module knows nothing of sockets or sessions' internals: a publisher is a `R
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -53,6 +54,7 @@ log = logging.getLogger("nautilus.flow")
 FLOW_HIGH_WATER = 1024  # queued messages that hold publishers back (at most)
 
 
+@functools.cache  # the same few limits for every session: their ints are shared too
 def water_marks(queue_limit: int) -> tuple[int, int]:
     """(high, low) water marks for a queue of `queue_limit` messages (-1: no limit): half
     the limit, at most FLOW_HIGH_WATER, so publishers stop long before the queue is full.

@@ -21,7 +21,7 @@ transport).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 HELD = 1
 HOOKS = 2
@@ -30,17 +30,26 @@ YIELDED = 8
 WRITING = 16
 
 
-class ReadGate:
-    __slots__ = ("_read", "closed")
+class Gated(Protocol):
+    """What a gate opens and closes (the client's engine, broker/client/engine.py)."""
 
-    def __init__(self, read: Callable[[bool], None]) -> None:
-        self._read = read  # called with the new answer, only when it changes
+    def gate_turned(self, reading: bool) -> None:
+        """The gate's answer changed: read from the client (`reading`), or stop."""
+
+
+class ReadGate:
+    __slots__ = ("_gated", "closed")
+
+    def __init__(self, gated: Gated) -> None:
+        # Told the new answer, only when it changes. (The object, not a bound method of
+        # it: that would be one more object per connection.)
+        self._gated = gated
         self.closed = 0  # the reasons holding it, one bit each; 0: open
 
     def close(self, reason: int) -> None:
         if not self.closed:
             self.closed = reason
-            self._read(False)
+            self._gated.gate_turned(False)
         else:
             self.closed |= reason
 
@@ -51,7 +60,7 @@ class ReadGate:
         self.closed &= ~reason
         if self.closed:
             return False
-        self._read(True)
+        self._gated.gate_turned(True)
         return True
 
     def holds(self, reason: int) -> bool:

@@ -76,7 +76,7 @@ class SessionState:
     )
 
     # DeliveryHooks's (broker/delivery_hooks.py): the queue tells it what it lets go.
-    _dropped: Callable[[Delivery, str], None]
+    message_dropped: Callable[[Delivery, str], None]
 
     def __init__(
         self,
@@ -111,9 +111,7 @@ class SessionState:
         self.subscriptions: dict[str, SubOptions] = {}
         # What waits to be sent (broker/session_queue.py), and what was sent and is not
         # acknowledged yet (broker/inflight.py).
-        self.queue = SessionQueue(
-            subscriber_id, store, metrics, clock, self._dropped, lifo, find_group
-        )
+        self.queue = SessionQueue(subscriber_id, store, metrics, clock, self, lifo, find_group)
         self.window = InflightWindow(max_inflight)
         # The configured settings, which every CONNECT starts from (see apply_limits).
         configured = (max_inflight, max_online, max_offline, lifo, retry_interval)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from broker.protocol import Packet, Property, encode
@@ -35,6 +34,12 @@ _NOTHING: list[bytes] = []
 _PROBLEM_INFO = frozenset({Property.REASON_STRING, Property.USER_PROPERTY})
 
 
+class TakesOver(Protocol):
+    """The connection a writer writes for, which a takeover closes (broker/connection.py)."""
+
+    def take_over(self) -> None: ...
+
+
 class WriteSupport(Protocol):
     """What a writer uses of the broker."""
 
@@ -50,8 +55,8 @@ class Writer:
         "_out",
         "_out_bytes",
         "_paused",
-        "_take_over",
         "client",
+        "connection",
         "host",
         "session",
         "shut",
@@ -60,12 +65,10 @@ class Writer:
         "writable",
     )
 
-    def __init__(
-        self, host: WriteSupport, client: ClientState, take_over: Callable[[], None]
-    ) -> None:
+    def __init__(self, host: WriteSupport, client: ClientState, connection: TakesOver) -> None:
         self.host = host
         self.client = client  # Outlet: the wire profile packets are encoded for
-        self._take_over = take_over
+        self.connection = connection  # (itself, not a bound method: one object less)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.tls = False  # the transport encrypts (see flush)
         self.session: Session | None = None  # drained when there is room again
@@ -102,7 +105,7 @@ class Writer:
         self.write(data)
 
     def take_over(self) -> None:
-        self._take_over()
+        self.connection.take_over()
 
     def _without_problem_info(self, packet: Packet, data: bytes) -> bytes:
         """A packet over the client's Maximum Packet Size loses its Reason String and User

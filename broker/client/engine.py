@@ -215,7 +215,7 @@ class ClientEngine:
         self.auth_exchange: AuthExchange | None = None  # MQTT 5 enhanced authentication
         # Whether the client is read now: flow control, hook flows, the rate limit, the
         # turn's budget and its writes each close it for their reason (broker/read_gate.py).
-        self.gate = ReadGate(self._read)
+        self.gate = ReadGate(self)
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
         self.writes_blocked = False  # the transport's buffer is full: see writing()
         self.tap: Tap | None = None  # while the client is traced
@@ -402,11 +402,11 @@ class ClientEngine:
         if taken and self.gate.open(WRITING) and not self.closing:
             self.shell.call_soon(self.process)  # packets that arrived before
 
-    def _read(self, wanted: bool) -> None:
+    def gate_turned(self, reading: bool) -> None:
         """The gate's answer changed: tell the shell (not once the connection closes: it
         reads and discards then, broker/connection.py)."""
         if not self.closing:
-            self.shell.read(wanted)
+            self.shell.read(reading)
 
     def _yield_turn(self) -> None:
         """This turn's budget is spent (TURN_BUDGET): go on in the next one."""

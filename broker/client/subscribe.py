@@ -12,7 +12,7 @@ from broker.authorization import ack_properties, granted_topics, refusal_propert
 from broker.mountpoints import inside
 from broker.protocol import MQTT5, Property, ReasonCode, Subscribe, UnsubAck, Unsubscribe
 from broker.protocol import SubAck as SubAckPacket
-from broker.subscription_trie import SHARE_PREFIX, SubOptions, parse_shared
+from broker.subscription_trie import SHARE_PREFIX, parse_shared, shared_options
 from broker.topics import valid_topic_filter
 from hooks import Error, Ok, Result, SubscribeContext, TopicRequest, UnsubscribeContext
 
@@ -132,7 +132,7 @@ def _subscribe(
         request, codes[i] = next(decisions)
         if codes[i] > 2:
             continue
-        options = SubOptions(
+        options = shared_options(
             codes[i],
             request.no_local,
             request.retain_as_published,

@@ -15,6 +15,7 @@
 # _compiled.py) this module does it all; the tests run both.
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from ._compiled import hot
@@ -30,6 +31,7 @@ RUN = 64  # packets decoded per call of the compiled decoder
 _NO_PACKETS: list[Packet] = []
 
 
+@functools.cache  # one int per table, shared by every decoder rather than made by each
 def _mask(types: frozenset[int]) -> int:
     mask = 0
     for packet_type in types:

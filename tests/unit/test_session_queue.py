@@ -37,17 +37,20 @@ def dropped() -> list[tuple[bytes, str]]:
     return []
 
 
+class Dropped:
+    """What the queue tells its session of a message it lets go: (payload, why) kept."""
+
+    def __init__(self, kept: list[tuple[bytes, str]]) -> None:
+        self.kept = kept
+
+    def message_dropped(self, delivery: Delivery, reason: str) -> None:
+        self.kept.append((delivery.message.payload, reason))
+
+
 @pytest.fixture
 def make(clock, dropped):
     def make(store=None, lifo: bool = False) -> SessionQueue:
-        return SessionQueue(
-            "c",
-            store or MemoryStore(),
-            Metrics(),
-            clock,
-            lambda d, why: dropped.append((d.message.payload, why)),
-            lifo,
-        )
+        return SessionQueue("c", store or MemoryStore(), Metrics(), clock, Dropped(dropped), lifo)
 
     return make
 
