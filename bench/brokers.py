@@ -180,9 +180,8 @@ def _nautilus_relay(
         )
         if deployed:
             store = f'backend = "leveldb"\npath = "{workdir / "store"}"\nsync = true'
-            base = nautilus_toml(mode, store, anonymous=False) + deployed_config.nautilus_plugins(
-                workdir
-            )
+            base = nautilus_toml(mode, store, anonymous=False)
+            base += deployed_config.nautilus_plugins(workdir)
         else:
             base = nautilus_toml(mode)
         config.write_text(
@@ -214,6 +213,7 @@ def _mosquitto(
                 f"persistence true\npersistence_location {workdir}/\n"
                 f"user {pwd.getpwuid(os.getuid()).pw_name}"
             )
+        # Its files are readable by this user only: the `user` line above keeps it so.
         security = deployed_config.mosquitto_security(workdir) if deployed else None
         config.write_text(mosquitto_conf(mode, persistence, security).format(host=HOST, port=port))
         return [mosquitto_path(), "-c", str(config)]

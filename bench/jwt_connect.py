@@ -235,9 +235,22 @@ def _mosquitto(workdir: Path, port: int, passwords: Path | None) -> list[str]:
 async def one_round(
     host: str, port: int, connects: list[bytes], concurrency: int, timeout: float
 ) -> float:
-    """Open a connection per pre-encoded CONNECT; CONNACKs per second."""
-    rate, _ = await timed_round(host, port, connects, concurrency, timeout)
-    return rate
+    """Open a connection per pre-encoded CONNECT; CONNACKs per second. Raises
+    ConnectionError when one of them fails."""
+    storm = await timed_round(host, port, connects, concurrency, timeout)
+    if storm.failed:
+        raise ConnectionError(storm.failed[0])
+    return storm.rate
+
+
+@dataclass(frozen=True, slots=True)
+class Storm:
+    """One round: CONNACKs received per second, the broker's CPU seconds over it (None:
+    not known) and why each CONNECT that got no successful CONNACK failed."""
+
+    rate: float
+    cpu: float | None
+    failed: list[str]
 
 
 async def timed_round(
@@ -247,21 +260,30 @@ async def timed_round(
     concurrency: int,
     timeout: float,
     pid: int | None = None,
-) -> tuple[float, float | None]:
+) -> Storm:
     """As `one_round`, and the CPU seconds process `pid` (the broker) used from the first
-    CONNECT to the last CONNACK (None: not known)."""
+    CONNECT to the last CONNACK. A CONNECT that fails (refused, or closed by a broker
+    that did not read it within its connect timeout, as in a storm) is counted, not
+    raised."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(concurrency)
     clients: list[MqttClient] = []
+    failed: list[str] = []
 
     async def connect(packet: bytes) -> None:
         async with gate:
-            _, client = await loop.create_connection(MqttClient, host, port)
+            try:
+                _, client = await loop.create_connection(MqttClient, host, port)
+            except OSError as exc:
+                failed.append(f"connect: {exc}")
+                return
             clients.append(client)
             client.transport.write(packet)
             code = await client.connack
-            if code != 0:
-                raise ConnectionError(f"CONNACK {code}")
+            if code is None:
+                failed.append("connection closed before CONNACK")
+            elif code != 0:
+                failed.append(f"CONNACK {code}")
 
     cpu0 = cpu_seconds(pid)
     started = time.perf_counter()
@@ -270,7 +292,7 @@ async def timed_round(
         elapsed = time.perf_counter() - started
         cpu1 = cpu_seconds(pid)
         cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-        return len(connects) / elapsed, cpu
+        return Storm((len(connects) - len(failed)) / elapsed, cpu, failed)
     finally:
         for client in clients:
             if client.transport is not None:
@@ -281,7 +303,8 @@ async def timed_round(
 @dataclass(frozen=True, slots=True)
 class Round:
     rate: float  # CONNACKs per second
-    cpu_us: float | None  # the broker's CPU time per CONNECT, in microseconds
+    cpu_us: float | None  # the broker's CPU time per successful CONNECT, in microseconds
+    failed: list[str]  # why each CONNECT without a successful CONNACK failed
 
 
 async def measure(mode: Mode | PasswordFileMode, args: argparse.Namespace) -> list[Round]:
@@ -303,11 +326,13 @@ async def measure(mode: Mode | PasswordFileMode, args: argparse.Namespace) -> li
                 )
                 for i, (user, token) in enumerate(tokens)
             ]
-            rate, cpu = await timed_round(
+            storm = await timed_round(
                 target.host, target.port, connects, args.concurrency, args.timeout, target.pid
             )
+            connected = len(connects) - len(storm.failed)
             if repeat >= 0:
-                rounds.append(Round(rate, None if cpu is None else cpu / len(connects) * 1e6))
+                cpu = None if storm.cpu is None or not connected else storm.cpu / connected
+                rounds.append(Round(storm.rate, None if cpu is None else cpu * 1e6, storm.failed))
             if broker.exit_code() is not None:
                 raise RuntimeError(f"broker died:\n{broker.log_tail()}")
     return rounds
@@ -347,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         cpus = [r.cpu_us for r in rounds if r.cpu_us is not None]
         cpu = f"{statistics.median(cpus):6.0f} us CPU/connect" if cpus else "CPU n/a"
         each = ", ".join(f"{r.rate:.0f}" for r in rounds)
+        failures = [reason for r in rounds for reason in r.failed]
+        if failures:
+            common = max(set(failures), key=failures.count)
+            each += f"; {len(failures)} CONNECTs failed ({failures.count(common)}: {common})"
         load = os.getloadavg()[0]
         cost = mode.hash_cost()
         print(

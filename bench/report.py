@@ -65,6 +65,16 @@ _BROKERS = """\
   rows: both with {fi} in flight and the default queue length users run them with, {fq}
   messages per client, and their $SYS tree published every second.
 """
+_DEPLOYED = """\
+- Deployed variants (`bench/deployed.py`), as the design card's users run the brokers:
+  no anonymous clients, every client logs in and every PUBLISH and SUBSCRIBE is checked
+  against a per-user ACL pattern (`%u/#`; the load's clients are the user `bench`, whose
+  tree holds the scenarios' topics, the drop counter's client a user that may read $SYS
+  only). Nautilus: `auth_jwt` (HS256), the `acl` plugin, LevelDB (`sync = true`), the
+  event relay with one consumer process reading every event (its CPU not counted).
+  Mosquitto: `password_file` (PBKDF2-SHA512, as `mosquitto_passwd` writes it),
+  `acl_file`, `persistence true`.
+"""
 _MQTTGEN = """\
 - Load generator: mqttgen (`bench/mqttgen.c`, driven by `bench/cgen.py`), compiled C,
   one process with one epoll event-loop thread (the broker has the other core of a
@@ -236,7 +246,10 @@ def _method(run: Run) -> str:
         assert value is not None
         figures[f"{key}i"], figures[f"{key}q"] = f"{value.inflight:,}", f"{value.queued:,}"
     compiled = run.generator == "c"
-    parts = [_BROKERS.format(**figures), _MQTTGEN if compiled else _PYTHON, _THROUGHPUT]
+    parts = [_BROKERS.format(**figures)]
+    if any(b.name in DEPLOYED for b in run.brokers):
+        parts.append(_DEPLOYED)
+    parts += [_MQTTGEN if compiled else _PYTHON, _THROUGHPUT]
     if compiled:
         settle = f"{run.settle:g} s" if run.settle else "a moment"
         parts.append(_PACED.format(settle=settle))
