@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from . import deployed as deployed_config
 from .drops import SysCounter
-from .scenarios import Target
+from .scenarios import Credentials, Target
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -69,10 +70,11 @@ MODES = {
 }
 
 
-def nautilus_toml(mode: Mode, store: str = 'backend = "memory"') -> str:
+def nautilus_toml(mode: Mode, store: str = 'backend = "memory"', anonymous: bool = True) -> str:
     """The Nautilus config of `mode`, with {host} and {port} left to fill in; `store`: the
-    body of its [store] table (the memory store unless a store is being measured)."""
-    lines = ["[broker]", "allow_anonymous = true"]
+    body of its [store] table (the memory store unless a store is being measured);
+    `anonymous`: whether clients without credentials are let in."""
+    lines = ["[broker]", f"allow_anonymous = {str(anonymous).lower()}"]
     lines += [
         f"max_inflight_messages = {mode.limits.inflight}",
         f"max_online_messages = {mode.limits.queued}",
@@ -84,10 +86,17 @@ def nautilus_toml(mode: Mode, store: str = 'backend = "memory"') -> str:
     return "\n".join(lines) + "\n"
 
 
-def mosquitto_conf(mode: Mode, persistence: str = "persistence false") -> str:
+def mosquitto_conf(
+    mode: Mode, persistence: str = "persistence false", security: str | None = None
+) -> str:
     """Mosquitto with the limits of `mode`. TCP_NODELAY is on because asyncio (and so
-    Nautilus and amqtt) sets it on every socket; Mosquitto's default adds Nagle delays."""
-    lines = ["listener {port} {host}", "allow_anonymous true", persistence]
+    Nautilus and amqtt) sets it on every socket; Mosquitto's default adds Nagle delays.
+    `security`: lines that check clients (a password file, an ACL file), which then
+    must log in; None: anonymous clients are let in."""
+    anonymous = "allow_anonymous true" if security is None else "allow_anonymous false"
+    lines = ["listener {port} {host}", anonymous, persistence]
+    if security is not None:
+        lines.append(security.rstrip("\n"))
     lines += [
         f"max_inflight_messages {mode.limits.inflight}",
         f"max_queued_messages {mode.limits.queued}",
@@ -120,6 +129,11 @@ class BrokerSpec:
     # Why the broker cannot run on this machine, in one line (None: it can); compare
     # skips such a broker and measures the others.
     missing: Callable[[], str | None] | None = None
+    # What clients log in with (the deployed variants refuse anonymous clients).
+    credentials: Credentials | None = None
+    # The command is a wrapper (bench/relay/broker.py, the relay's consumer) whose one
+    # child is the broker: its CPU time and memory are read from that child.
+    wrapped: bool = False
 
 
 def _nautilus(mode: Mode, store: str | None = None) -> Callable[[Path, int], list[str]]:
@@ -148,11 +162,13 @@ RELAY_TALLIES = "BENCH_RELAY_TALLIES"
 
 
 def _nautilus_relay(
-    mode: Mode, consumer: bool, durability: str = "none"
+    mode: Mode, consumer: bool, durability: str = "none", deployed: bool = False
 ) -> Callable[[Path, int], list[str]]:
     """Nautilus with the relay on; `consumer`: with one consumer reading every event, in
     a process of its own (bench/relay/broker.py runs the broker and the consumer);
-    `durability` other than none: with a spool in the broker's working directory."""
+    `durability` other than none: with a spool in the broker's working directory;
+    `deployed`: as the design card's users run it (bench/deployed.py): no anonymous
+    clients, auth_jwt, the acl plugin, LevelDB at its default `sync = true`."""
 
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "nautilus.toml"
@@ -162,10 +178,14 @@ def _nautilus_relay(
             if durability != "none"
             else ""
         )
+        if deployed:
+            store = f'backend = "leveldb"\npath = "{workdir / "store"}"\nsync = true'
+            base = nautilus_toml(mode, store, anonymous=False)
+            base += deployed_config.nautilus_plugins(workdir)
+        else:
+            base = nautilus_toml(mode)
         config.write_text(
-            nautilus_toml(mode).format(host=HOST, port=port)
-            + RELAY_TOML.format(host=HOST, port=relay)
-            + spool
+            base.format(host=HOST, port=port) + RELAY_TOML.format(host=HOST, port=relay) + spool
         )
         broker = [sys.executable, "-m", "broker", "--config", str(config)]
         if not consumer:
@@ -177,7 +197,12 @@ def _nautilus_relay(
     return command
 
 
-def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[str]]:
+def _mosquitto(
+    mode: Mode, persist: bool = False, deployed: bool = False
+) -> Callable[[Path, int], list[str]]:
+    """`persist`: persistence on, in the working directory; `deployed`: also a password
+    file and an ACL file (bench/deployed.py), no anonymous clients."""
+
     def command(workdir: Path, port: int) -> list[str]:
         config = workdir / "mosquitto.conf"
         persistence = "persistence false"
@@ -188,7 +213,9 @@ def _mosquitto(mode: Mode, persist: bool = False) -> Callable[[Path, int], list[
                 f"persistence true\npersistence_location {workdir}/\n"
                 f"user {pwd.getpwuid(os.getuid()).pw_name}"
             )
-        config.write_text(mosquitto_conf(mode, persistence).format(host=HOST, port=port))
+        # Its files are readable by this user only: the `user` line above keeps it so.
+        security = deployed_config.mosquitto_security(workdir) if deployed else None
+        config.write_text(mosquitto_conf(mode, persistence, security).format(host=HOST, port=port))
         return [mosquitto_path(), "-c", str(config)]
 
     return command
@@ -279,7 +306,13 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
     """Every broker, configured for `mode`."""
     limits = mode.limits
 
-    def nautilus(name: str, label: str, command: Callable[[Path, int], list[str]]) -> BrokerSpec:
+    def nautilus(
+        name: str,
+        label: str,
+        command: Callable[[Path, int], list[str]],
+        credentials: Credentials | None = None,
+        wrapped: bool = False,
+    ) -> BrokerSpec:
         return BrokerSpec(
             name,
             label,
@@ -287,9 +320,16 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             _nautilus_version,
             inflight=limits.inflight,
             drops=_nautilus_drops(mode),
+            credentials=credentials,
+            wrapped=wrapped,
         )
 
-    def mosquitto(name: str, label: str, command: Callable[[Path, int], list[str]]) -> BrokerSpec:
+    def mosquitto(
+        name: str,
+        label: str,
+        command: Callable[[Path, int], list[str]],
+        credentials: Credentials | None = None,
+    ) -> BrokerSpec:
         return BrokerSpec(
             name,
             label,
@@ -297,6 +337,7 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             _mosquitto_version,
             inflight=limits.inflight,
             drops=_mosquitto_drops(mode),
+            credentials=credentials,
         )
 
     return {
@@ -317,7 +358,10 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "nautilus-relay-log", "Nautilus, relay on, no consumer", _nautilus_relay(mode, False)
         ),
         "nautilus-relay": nautilus(
-            "nautilus-relay", "Nautilus, relay on, one consumer", _nautilus_relay(mode, True)
+            "nautilus-relay",
+            "Nautilus, relay on, one consumer",
+            _nautilus_relay(mode, True),
+            wrapped=True,
         ),
         # The relay's spool, for its cost (bench/relay/spool.py).
         "nautilus-relay-spool": nautilus(
@@ -329,6 +373,23 @@ def for_mode(mode: Mode) -> dict[str, BrokerSpec]:
             "nautilus-relay-acked",
             "Nautilus, relay with acknowledged durability",
             _nautilus_relay(mode, False, "acknowledged"),
+        ),
+        # As the design card's users run them (bench/deployed.py): every client logs in
+        # and is checked by a per-user ACL; Nautilus with auth_jwt (HS256), the acl
+        # plugin, LevelDB and the relay read by one consumer; Mosquitto with a password
+        # file, an ACL file and persistence.
+        "nautilus-deployed": nautilus(
+            "nautilus-deployed",
+            "Nautilus, deployed",
+            _nautilus_relay(mode, True, deployed=True),
+            deployed_config.nautilus_credentials(),
+            wrapped=True,
+        ),
+        "mosquitto-deployed": mosquitto(
+            "mosquitto-deployed",
+            "Mosquitto, deployed",
+            _mosquitto(mode, persist=True, deployed=True),
+            deployed_config.mosquitto_credentials(),
         ),
         # No queue limits to set, no drop counter: the same in every mode.
         "amqtt": BrokerSpec(
@@ -368,6 +429,14 @@ def child_env() -> dict[str, str]:
     # No HTTP server: benchmarks measure MQTT, and brokers run side by side (port 8888).
     env.setdefault("NAUTILUS_HTTP__ENABLED", "false")
     return env
+
+
+def _only_child(pid: int) -> int:
+    """The one child of process `pid` (a wrapper's broker, listening by now)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        raise BrokerError(f"process {pid} has {len(children)} children, not the broker alone")
+    return int(children[0])
 
 
 class RunningBroker:
@@ -419,7 +488,10 @@ class RunningBroker:
                 preexec_fn=raise_fd_limit,
             )
         self._wait_ready(port)
-        self._target = Target(HOST, port, self._proc.pid, self.spec.inflight, self.spec.drops)
+        pid = _only_child(self._proc.pid) if self.spec.wrapped else self._proc.pid
+        self._target = Target(
+            HOST, port, pid, self.spec.inflight, self.spec.drops, credentials=self.spec.credentials
+        )
 
     @property
     def target(self) -> Target:

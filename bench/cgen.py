@@ -24,6 +24,7 @@ from typing import Any
 
 from . import packets
 from .brokers import REPO
+from .client import Login
 from .drops import DropMonitor, open_monitor
 from .scenarios import Measurement, Scenario, Settings, Target, cpu_seconds
 
@@ -196,14 +197,19 @@ async def sink() -> AsyncIterator[int]:
 
 
 def load_of(
-    scenario: Scenario, settings: Settings, threads: int = 1, inflight: int | None = None
+    scenario: Scenario,
+    settings: Settings,
+    threads: int = 1,
+    inflight: int | None = None,
+    login: Login | None = None,
 ) -> Load:
     """The load of a throughput scenario in any mode (bounded: a flood with the
     `settings.backlog` bound; paced: at `scenario.rate`, reading in bulk as a flood does,
     so the paced and flood rows differ only by how the publishers send) or of a latency
     scenario (paced at its rate, every packet read at once); `inflight`: QoS 1 deliveries
     the broker sends a subscriber before it waits for acks, when known (the subscribers'
-    read mark stays below it)."""
+    read mark stays below it); `login`: every client's username and password (None:
+    anonymous)."""
     mode = "paced" if scenario.kind == "latency" else scenario.mode
     if scenario.kind not in ("throughput", "latency") or mode not in MODES:
         raise ValueError(f"mqttgen runs throughput and latency loads only, not {scenario.name}")
@@ -227,6 +233,8 @@ def load_of(
         id_prefix=scenario.base,
         read_low_water=_read_low_water(scenario, mode, inflight, settings.backlog),
         bulk_reads=scenario.kind == "throughput" and mode == "paced",
+        username=None if login is None else login.username,
+        password=None if login is None else login.password,
     )
 
 
@@ -256,10 +264,16 @@ async def measure(
     `settings.settle` is set, as there."""
     if target.transport is not None:
         raise ValueError("mqttgen speaks MQTT over plain TCP only")
-    load = load_of(scenario, settings, threads, target.inflight)
+    load = load_of(scenario, settings, threads, target.inflight, target.login)
     monitor: DropMonitor | None = None
     if target.drops is not None:
-        monitor = await open_monitor(target.host, target.port, f"{scenario.base}-sys", target.drops)
+        monitor = await open_monitor(
+            target.host,
+            target.port,
+            f"{scenario.base}-sys",
+            target.drops,
+            login=target.sys_login,
+        )
     marks: dict[str, tuple[float, float | None]] = {}
     counted = True
 

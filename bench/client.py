@@ -219,6 +219,14 @@ def _fixed_header(buf: bytearray, pos: int, end: int) -> tuple[int, int] | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Login:
+    """A username and password for a broker that refuses anonymous clients."""
+
+    username: str
+    password: str
+
+
 async def open_client(
     host: str,
     port: int,
@@ -230,9 +238,11 @@ async def open_client(
     clean_session: bool = True,
     keepalive: int = 0,
     transport: Transport | None = None,
+    login: Login | None = None,
 ) -> MqttClient:
     """Connect, send CONNECT and wait for a successful CONNACK. `transport`: TLS or
-    WebSockets (bench/client_layers.py) instead of plain TCP."""
+    WebSockets (bench/client_layers.py) instead of plain TCP; `login`: the CONNECT's
+    username and password (None: anonymous)."""
     if transport is None:
         loop = asyncio.get_running_loop()
         _, client = await asyncio.wait_for(
@@ -241,7 +251,12 @@ async def open_client(
     else:
         client = MqttClient(uniform, latencies)
         await asyncio.wait_for(transport.connect(client, host, port), timeout)
-    client.transport.write(packets.connect(client_id, keepalive, clean_session))
+    username, password = (None, None) if login is None else (login.username, login.password)
+    client.transport.write(
+        packets.connect(
+            client_id, keepalive, clean_session=clean_session, username=username, password=password
+        )
+    )
     try:
         code = await asyncio.wait_for(client.connack, timeout)
     except BaseException:

@@ -182,7 +182,7 @@ def estimate(
     total = sum(cell(b.name, s) for s in scenarios for b in brokers if _measures(b, s))
     for scenario in _headroom_scenarios(args, scenarios):
         total += cell(report.SINK, scenario)
-        if any(b.name == "mosquitto" for b in brokers):
+        if _headroom_mosquitto(brokers) is not None:
             total += cell("mosquitto", scenario)
     return total * args.repeats
 
@@ -248,7 +248,7 @@ def _run_all(
             calibration.append(_measure_on(BROKERS["null"], BY_NAME["qos0-1to1"], args))
     configured = {name: for_mode(mode) for name, mode in MODES.items()}
     with_headroom = {s.name for s in _headroom_scenarios(args, scenarios)}
-    mosquitto = any(b.name == "mosquitto" for b in brokers)
+    mosquitto = _headroom_mosquitto(brokers)
     for scenario in scenarios:
         for _ in range(args.repeats):
             for broker in brokers:
@@ -258,11 +258,19 @@ def _run_all(
                 raw[scenario.name, broker.name].append(_measure_on(spec, scenario, args))
             if scenario.name in with_headroom:
                 headroom[scenario.name, report.SINK].append(_measure_sink(scenario, args))
-                if mosquitto:
-                    spec = configured[scenario.mode]["mosquitto"]
+                if mosquitto is not None:
+                    spec = configured[scenario.mode][mosquitto]
                     m = _measure_on(spec, scenario, args, threads=2, label="mosquitto-2threads")
                     headroom[scenario.name, report.MOSQUITTO_2T].append(m)
     return raw, calibration, headroom
+
+
+def _headroom_mosquitto(brokers: list[BrokerSpec]) -> str | None:
+    """The Mosquitto measured again with a second generator thread, if the run has it:
+    the plain one, or the deployed one in a run without it (report.headroom_pair)."""
+    names = {b.name for b in brokers}
+    _, mosquitto = report.headroom_pair(names)
+    return mosquitto if mosquitto in names else None
 
 
 def _headroom_scenarios(args: argparse.Namespace, scenarios: list[Scenario]) -> list[Scenario]:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .client import MqttClient, open_client, subscribe
+from .client import Login, MqttClient, open_client, subscribe
 
 if TYPE_CHECKING:
     from .client_layers import Transport
@@ -105,10 +105,16 @@ class DropMonitor:
 
 
 async def open_monitor(
-    host: str, port: int, client_id: str, counter: SysCounter, transport: Transport | None = None
+    host: str,
+    port: int,
+    client_id: str,
+    counter: SysCounter,
+    transport: Transport | None = None,
+    login: Login | None = None,
 ) -> DropMonitor:
-    """Connect and subscribe to the counter (and to its round topic, if it has one)."""
-    client = await open_client(host, port, client_id, transport=transport)
+    """Connect and subscribe to the counter (and to its round topic, if it has one);
+    `login`: a user that may read $SYS, on a broker that refuses anonymous clients."""
+    client = await open_client(host, port, client_id, transport=transport, login=login)
     monitor = DropMonitor(client, counter)
     try:
         await subscribe(client, counter.topic, 0)

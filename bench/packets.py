@@ -16,10 +16,23 @@ MAX_PACKET_ID = 0xFFFF
 PUBACK_HEAD = encode(PubAck(1), MQTT_311)[:2]
 
 
-def connect(client_id: str, keepalive: int = 0, clean_session: bool = True) -> bytes:
+def connect(
+    client_id: str,
+    keepalive: int = 0,
+    clean_session: bool = True,
+    username: str | None = None,
+    password: str | None = None,
+) -> bytes:
     """CONNECT (a clean session unless told otherwise); keepalive 0 so idle benchmark
     clients need no PINGREQ."""
-    packet = Connect(client_id, MQTT_311, clean_start=clean_session, keepalive=keepalive)
+    packet = Connect(
+        client_id,
+        MQTT_311,
+        clean_start=clean_session,
+        keepalive=keepalive,
+        username=username,
+        password=None if password is None else password.encode(),
+    )
     return encode(packet, MQTT_311)
 
 

@@ -11,7 +11,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from .brokers import MODES, BrokerSpec
@@ -32,6 +32,27 @@ THREADS_MOVE = 0.10
 # The sink and Mosquitto with a second generator thread, in Run.headroom.
 SINK, MOSQUITTO_2T = "sink", "mosquitto-2threads"
 
+# The (Nautilus, Mosquitto) pairs the targets compare: as measured without plugins
+# (issue 25's targets), and both as the design card's users run them (bench/deployed.py,
+# issue 42's: the same, and QoS 0 floods delivering 100 % where Mosquitto does).
+PLAIN, DEPLOYED = ("nautilus", "mosquitto"), ("nautilus-deployed", "mosquitto-deployed")
+QOS0_SHARE = 0.995  # "100 % delivered" (shown as 99.5 % and up), QoS 0 floods, deployed
+
+
+def pairs_of(names: Iterable[str]) -> list[tuple[str, str]]:
+    """The pairs whose brokers are both among `names`, the plain one first."""
+    present = set(names)
+    return [pair for pair in (PLAIN, DEPLOYED) if set(pair) <= present]
+
+
+def headroom_pair(names: Iterable[str]) -> tuple[str, str]:
+    """The Nautilus and Mosquitto of the generator headroom (Mosquitto is measured again
+    with a second generator thread): the plain ones, or the deployed ones in a run
+    without the plain Mosquitto."""
+    present = set(names)
+    return DEPLOYED if "mosquitto" not in present and DEPLOYED[1] in present else PLAIN
+
+
 _BROKERS = """\
 - One broker at a time on 127.0.0.1, a fresh process for every measurement (configs in
   `bench/brokers.py`). Nautilus: memory store (the LevelDB variants: an empty store in
@@ -43,6 +64,16 @@ _BROKERS = """\
   messages in flight and {bq} queued per client, as in every earlier run. Flood and paced
   rows: both with {fi} in flight and the default queue length users run them with, {fq}
   messages per client, and their $SYS tree published every second.
+"""
+_DEPLOYED = """\
+- Deployed variants (`bench/deployed.py`), as the design card's users run the brokers:
+  no anonymous clients, every client logs in and every PUBLISH and SUBSCRIBE is checked
+  against a per-user ACL pattern (`%u/#`; the load's clients are the user `bench`, whose
+  tree holds the scenarios' topics, the drop counter's client a user that may read $SYS
+  only). Nautilus: `auth_jwt` (HS256), the `acl` plugin, LevelDB (`sync = true`), the
+  event relay with one consumer process reading every event (its CPU not counted).
+  Mosquitto: `password_file` (PBKDF2-SHA512, as `mosquitto_passwd` writes it),
+  `acl_file`, `persistence true`.
 """
 _MQTTGEN = """\
 - Load generator: mqttgen (`bench/mqttgen.c`, driven by `bench/cgen.py`), compiled C,
@@ -188,9 +219,13 @@ def render(run: Run) -> str:
         parts += ["## Latency (publishers paced)\n", _latency(run)]
     if "idle" in kinds:
         parts += ["## Idle connections\n", _idle(run)]
-    targets = _targets(run)
-    if targets:
-        parts += ["## Targets: Nautilus against Mosquitto\n", targets]
+    for pair in pairs_of(b.name for b in run.brokers):
+        targets = _targets(run, pair)
+        if targets:
+            heading = "Targets: Nautilus against Mosquitto"
+            if pair == DEPLOYED:
+                heading += ", both as deployed"
+            parts += [f"## {heading}\n", targets]
     if run.headroom:
         parts += ["## Generator headroom\n", _headroom(run)]
     elif run.calibration is not None:
@@ -211,7 +246,10 @@ def _method(run: Run) -> str:
         assert value is not None
         figures[f"{key}i"], figures[f"{key}q"] = f"{value.inflight:,}", f"{value.queued:,}"
     compiled = run.generator == "c"
-    parts = [_BROKERS.format(**figures), _MQTTGEN if compiled else _PYTHON, _THROUGHPUT]
+    parts = [_BROKERS.format(**figures)]
+    if any(b.name in DEPLOYED for b in run.brokers):
+        parts.append(_DEPLOYED)
+    parts += [_MQTTGEN if compiled else _PYTHON, _THROUGHPUT]
     if compiled:
         settle = f"{run.settle:g} s" if run.settle else "a moment"
         parts.append(_PACED.format(settle=settle))
@@ -222,11 +260,7 @@ def _method(run: Run) -> str:
 def _throughput(run: Run) -> str:
     names = [b.name for b in run.brokers]
     header = ["Scenario", *(b.label for b in run.brokers)]
-    ratios = [
-        (a, b)
-        for a, b in (("nautilus", "amqtt"), ("nautilus", "mosquitto"))
-        if {a, b} <= set(names)
-    ]
+    ratios = [(a, b) for a, b in (("nautilus", "amqtt"), PLAIN, DEPLOYED) if {a, b} <= set(names)]
     header += [f"{_label(run, a)} / {_label(run, b)}" for a, b in ratios]
     rows = []
     for scenario in _bounded(run):
@@ -334,11 +368,9 @@ def _cpu(m: Measurement) -> str:
 Check = tuple[bool | None, str, str]
 
 
-def _targets(run: Run) -> str:
-    """Issue 25's targets for Nautilus against Mosquitto, one row per check."""
-    names = {b.name for b in run.brokers}
-    if not {"nautilus", "mosquitto"} <= names:
-        return ""
+def _targets(run: Run, pair: tuple[str, str]) -> str:
+    """The targets for Nautilus against Mosquitto (`pair`: their broker names), one row
+    per check: issue 25's, and for the deployed pair issue 42's."""
     rows: list[list[str]] = []
     missed: list[str] = []
 
@@ -353,48 +385,61 @@ def _targets(run: Run) -> str:
     for scenario in throughput:
         row = f"{scenario.title}, {scenario.mode}"
         if not scenario.bounded:
-            add(row, f"delivered >= {OVER_MOSQUITTO:g}x Mosquitto", _over_mosquitto(run, scenario))
+            target = f"delivered >= {OVER_MOSQUITTO:g}x Mosquitto"
+            add(row, target, _over_mosquitto(run, scenario, pair))
         if scenario.qos:
             target = f"QoS 1: >= {QOS1_SHARE:.1%} of acked delivered, no queue drops"
-            add(row, target, _qos1_complete(run, scenario))
+            add(row, target, _qos1_complete(run, scenario, pair))
+        elif pair == DEPLOYED and scenario.mode == "flood":
+            target = "QoS 0: 100 % delivered where Mosquitto delivers 100 %"
+            add(row, target, _qos0_complete(run, scenario, pair))
         if scenario.mode == "flood":
-            reference = _flood_reference(run, scenario)
+            reference = _flood_reference(run, scenario, pair)
             if reference is not None:
                 target, check = reference
                 add(row, target, check)
     for scenario in (s for s in run.scenarios if s.kind == "latency"):
-        add(scenario.title, f"p99 <= {P99_OF_MOSQUITTO:g}x Mosquitto's", _p99(run, scenario))
+        add(scenario.title, f"p99 <= {P99_OF_MOSQUITTO:g}x Mosquitto's", _p99(run, scenario, pair))
     for scenario in (s for s in run.scenarios if s.kind == "idle"):
         add(
             scenario.title,
             f"memory <= {IDLE_KIB:g} KiB per connection",
-            _idle_memory(run, scenario),
+            _idle_memory(run, scenario, pair),
         )
     if not rows:
         return ""
     checked = sum(1 for r in rows if r[-1] != _MISSING)
     verdict = "all met" if not missed else f"{checked - len(missed)} of {checked} met"
+    issue = "Issue 42 (both as deployed)" if pair == DEPLOYED else "Issue 25"
     intro = (
-        f"Issue 25, medians on this machine: {verdict}"
+        f"{issue}, medians on this machine: {verdict}"
         + (f"; not met: {'; '.join(missed)}" if missed else "")
         + ". n/a: not measured in this run.\n\n"
     )
     return intro + _table(["Row", "Target", "Nautilus", "Mosquitto", "Met"], rows)
 
 
-def _over_mosquitto(run: Run, scenario: Scenario) -> Check:
-    ours, theirs = (_get(run, scenario, n).delivered for n in ("nautilus", "mosquitto"))
+def _over_mosquitto(run: Run, scenario: Scenario, pair: tuple[str, str]) -> Check:
+    ours, theirs = (_get(run, scenario, n).delivered for n in pair)
     if ours is None or theirs is None:
         return None, _rate(ours), _rate(theirs)
     held = ours >= OVER_MOSQUITTO * theirs
     return held, f"{_rate(ours)} ({_ratio(ours, theirs, 2)})", _rate(theirs)
 
 
-def _qos1_complete(run: Run, scenario: Scenario) -> Check:
-    ours, theirs = (
-        _completeness(scenario, _get(run, scenario, n)) for n in ("nautilus", "mosquitto")
-    )
+def _qos1_complete(run: Run, scenario: Scenario, pair: tuple[str, str]) -> Check:
+    ours, theirs = (_completeness(scenario, _get(run, scenario, n)) for n in pair)
     return ours[0], ours[1], theirs[1]
+
+
+def _qos0_complete(run: Run, scenario: Scenario, pair: tuple[str, str]) -> Check:
+    """A QoS 0 flood delivers all it accepted, checked where Mosquitto does (n/a where
+    it does not: a row where dropping is what both brokers are expected to do)."""
+    ours, theirs = (_delivered_share(scenario, _get(run, scenario, n)) for n in pair)
+    figures = _percent(ours), _percent(theirs)
+    if ours is None or theirs is None or theirs < QOS0_SHARE:
+        return None, *figures
+    return ours >= QOS0_SHARE, *figures
 
 
 def _completeness(scenario: Scenario, m: Measurement) -> tuple[bool | None, str]:
@@ -415,7 +460,7 @@ def _completeness(scenario: Scenario, m: Measurement) -> tuple[bool | None, str]
     return complete and drops == 0, f"{figure}, {drops:,} drops"
 
 
-def _flood_reference(run: Run, flood: Scenario) -> tuple[str, Check] | None:
+def _flood_reference(run: Run, flood: Scenario, pair: tuple[str, str]) -> tuple[str, Check] | None:
     """Nautilus flooded against the same broker paced (a paced row offers more than it
     delivers, so against what it delivered there, or the offered rate if lower); without
     a paced row, against its bounded row."""
@@ -423,10 +468,11 @@ def _flood_reference(run: Run, flood: Scenario) -> tuple[str, Check] | None:
     reference = paced or _mode_of(run, flood, "bounded")
     if reference is None:
         return None
-    ours = _get(run, flood, "nautilus").delivered
-    before = _get(run, reference, "nautilus").delivered
-    theirs = _get(run, flood, "mosquitto").delivered
-    theirs_before = _get(run, reference, "mosquitto").delivered
+    nautilus, mosquitto = pair
+    ours = _get(run, flood, nautilus).delivered
+    before = _get(run, reference, nautilus).delivered
+    theirs = _get(run, flood, mosquitto).delivered
+    theirs_before = _get(run, reference, mosquitto).delivered
     if paced is not None:
         offered = paced.rate * paced.fanout
         target = f"flood >= {FLOOD_OF_PACED:g}x min(paced delivered, offered)"
@@ -435,11 +481,11 @@ def _flood_reference(run: Run, flood: Scenario) -> tuple[str, Check] | None:
     else:
         target = f"flood >= {FLOOD_OF_PACED:g}x bounded (no paced row)"
         base, theirs_base = before, theirs_before
-    mosquitto = f"{_rate(theirs)} / {_rate(theirs_base)} ({_ratio(theirs, theirs_base, 2)})"
+    figure = f"{_rate(theirs)} / {_rate(theirs_base)} ({_ratio(theirs, theirs_base, 2)})"
     if ours is None or not base:
-        return target, (None, f"{_rate(ours)} / {_rate(base)}", mosquitto)
+        return target, (None, f"{_rate(ours)} / {_rate(base)}", figure)
     held = ours >= FLOOD_OF_PACED * base
-    return target, (held, f"{_rate(ours)} / {_rate(base)} ({ours / base:.2f}x)", mosquitto)
+    return target, (held, f"{_rate(ours)} / {_rate(base)} ({ours / base:.2f}x)", figure)
 
 
 def _mode_of(run: Run, scenario: Scenario, mode: str) -> Scenario | None:
@@ -453,8 +499,8 @@ def _mode_of(run: Run, scenario: Scenario, mode: str) -> Scenario | None:
     )
 
 
-def _p99(run: Run, scenario: Scenario) -> Check:
-    ours, theirs = (_get(run, scenario, n) for n in ("nautilus", "mosquitto"))
+def _p99(run: Run, scenario: Scenario, pair: tuple[str, str]) -> Check:
+    ours, theirs = (_get(run, scenario, n) for n in pair)
     figures = (_latency_figure(ours), _latency_figure(theirs))
     if ours.p99_ms is None or not theirs.p99_ms:
         return None, figures[0], figures[1]
@@ -466,8 +512,8 @@ def _latency_figure(m: Measurement) -> str:
     return _MISSING if m.p99_ms is None else f"{m.p99_ms:.2f} ms at {_rate(m.delivered)} msg/s"
 
 
-def _idle_memory(run: Run, scenario: Scenario) -> Check:
-    ours, theirs = (_get(run, scenario, n).kib_per_connection for n in ("nautilus", "mosquitto"))
+def _idle_memory(run: Run, scenario: Scenario, pair: tuple[str, str]) -> Check:
+    ours, theirs = (_get(run, scenario, n).kib_per_connection for n in pair)
     figures = [_MISSING if v is None else f"{v:.1f} KiB" for v in (ours, theirs)]
     return None if ours is None else ours <= IDLE_KIB, figures[0], figures[1]
 
@@ -577,11 +623,12 @@ def _headroom(run: Run) -> str:
     threads, and the generator's CPU in the Mosquitto and Nautilus cells."""
     rows = []
     unsure = []
+    nautilus, mosquitto = headroom_pair(b.name for b in run.brokers)
     for scenario in _floods(run):
         sink = run.headroom.get((scenario.name, SINK)) or Measurement()
         two = run.headroom.get((scenario.name, MOSQUITTO_2T)) or Measurement()
-        one = _get(run, scenario, "mosquitto")
-        ours = _get(run, scenario, "nautilus")
+        one = _get(run, scenario, mosquitto)
+        ours = _get(run, scenario, nautilus)
         moved = None
         if one.delivered and two.delivered:
             moved = two.delivered / one.delivered

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import packets
-from .client import MqttClient, Uniform, open_client, subscribe
+from .client import Login, MqttClient, Uniform, open_client, subscribe
 from .drops import DropMonitor, SysCounter, open_monitor
 from .loadgen import Backlog, Flood, Paced, Windowed
 
@@ -177,6 +177,15 @@ def in_modes(scenarios: Iterable[Scenario], modes: Iterable[str]) -> list[Scenar
 
 
 @dataclass(frozen=True, slots=True)
+class Credentials:
+    """What the generator logs in with: every load client as `load`, the drop counter's
+    client as `sys`, a user of its own that may read $SYS (the load's user may not)."""
+
+    load: Login
+    sys: Login
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
     """Where the broker listens, and what a measurement needs to know of it."""
 
@@ -188,6 +197,17 @@ class Target:
     inflight: int | None = None
     drops: SysCounter | None = None  # its queue drop counter, if it has one
     transport: Transport | None = None  # TLS or WebSockets (bench/client_layers.py); None: TCP
+    credentials: Credentials | None = None  # None: clients connect anonymously
+
+    @property
+    def login(self) -> Login | None:
+        """The load clients' username and password (None: anonymous)."""
+        return None if self.credentials is None else self.credentials.load
+
+    @property
+    def sys_login(self) -> Login | None:
+        """The drop counter client's username and password (None: anonymous)."""
+        return None if self.credentials is None else self.credentials.sys
 
 
 NOT_MEASURED = "not measured"  # the error of a scenario a broker cannot serve
@@ -283,6 +303,7 @@ async def _subscribers(
             uniform=uniform,
             clean_session=not scenario.persistent,
             transport=target.transport,
+            login=target.login,
         )
         await subscribe(client, _filter(scenario, topic), scenario.qos)
         client.read_in_bulk(low_water)
@@ -323,6 +344,7 @@ async def _publishers(scenario: Scenario, target: Target) -> list[MqttClient]:
                 f"{scenario.base}-pub{i}",
                 uniform=uniform,
                 transport=target.transport,
+                login=target.login,
             )
             for i in range(scenario.publishers)
         )
@@ -385,7 +407,12 @@ async def _drop_monitor(scenario: Scenario, target: Target) -> DropMonitor | Non
     if scenario.bounded or target.drops is None:
         return None
     return await open_monitor(
-        target.host, target.port, f"{scenario.base}-sys", target.drops, target.transport
+        target.host,
+        target.port,
+        f"{scenario.base}-sys",
+        target.drops,
+        target.transport,
+        target.sys_login,
     )
 
 
@@ -414,10 +441,14 @@ async def _latency(scenario: Scenario, target: Target, settings: Settings) -> Me
     clients = []
     try:
         # No uniform run here: every delivery goes through the parser to read its stamp.
-        sub = await open_client(target.host, target.port, "latency-sub", latencies=latencies)
+        sub = await open_client(
+            target.host, target.port, "latency-sub", latencies=latencies, login=target.login
+        )
         clients.append(sub)
         await subscribe(sub, filters[0], scenario.qos)
-        pub = await open_client(target.host, target.port, "latency-pub", uniform=Uniform.puback())
+        pub = await open_client(
+            target.host, target.port, "latency-pub", uniform=Uniform.puback(), login=target.login
+        )
         clients.append(pub)
         pump = Paced(pub, topics[0], scenario.payload, scenario.rate, scenario.window)
         pump.start()
@@ -449,7 +480,10 @@ async def _idle(target: Target, count: int, timeout: float) -> Measurement:
         nonlocal last
         async with gate:
             try:
-                clients.append(await open_client(target.host, target.port, f"idle-{i}"))
+                client = await open_client(
+                    target.host, target.port, f"idle-{i}", login=target.login
+                )
+                clients.append(client)
                 last = time.perf_counter()
             except OSError as exc:  # refused, reset, timed out or CONNACK refused
                 failures.append(exc)
