@@ -21,9 +21,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.ingress import DecisionKey, KeptDecision
     from broker.message import Message, TopicAliases
     from broker.protocol import Connect
+    from hooks.decisions import DecisionKey, KeptDecision
 
 AWAITING_CONNECT = 0
 AUTHENTICATING = 1

@@ -62,9 +62,6 @@ NO_SUBSCRIBERS = "no_matching_subscribers"  # on_message_drop's reason (Courier'
 _NOBODY: list[Subscriber] = []  # shared, never appended to: nobody to wait for
 DECISIONS_KEPT = 64  # auth_on_publish answers kept per connection; the oldest goes first
 
-DecisionKey = tuple[str, int, bool]  # the client's topic, QoS, retain
-KeptDecision = tuple[Result, float, int]  # the answer, held until (clock), its generation
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:

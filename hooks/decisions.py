@@ -19,8 +19,15 @@ enough to call on every reload.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hooks.results import Result
 
 FOREVER = math.inf  # cache_for: until forget_decisions()
+
+DecisionKey = tuple[str, int, bool]  # a connection's message: its topic, QoS, retain
+KeptDecision = tuple["Result", float, int]  # the answer, held until (clock), its generation
 
 
 class Generation:

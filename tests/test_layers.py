@@ -64,6 +64,7 @@ LAYERS = {
     "broker.topics": 1,
     "broker.mountpoints": 1,  # the names of a topic tree's topics and sessions
     "broker.clock": 1,
+    "broker.keepalive": 1,  # one timer for every connection's keepalive
     "broker.metrics": 1,
     "broker.config": 1,
     "broker.subscription_trie": 1,

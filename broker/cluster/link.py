@@ -66,6 +66,7 @@ from broker.episodes import Episode
 
 if TYPE_CHECKING:
     from broker.cluster.channel_tls import ChannelTls
+    from broker.cluster.losses import Census
     from broker.metrics import Metrics
 
 log = logging.getLogger("nautilus.cluster")
@@ -112,11 +113,10 @@ class LinkingNode(LinkEnd, Protocol):
         """The link to `node` has room again (or is gone): who waited for it goes on."""
         ...
 
-    def link_up(self, link: PeerLink, restarted: bool) -> None: ...
-
-    def crashed(self, node: str, held: int) -> None:
-        """`node` is back with a new boot id without having said it stopped (LEAVING): it
-        was killed; it last said it held `held` messages only in memory (losses.py)."""
+    def link_up(self, link: PeerLink, restarted: bool, lost: int | None) -> None:
+        """The link is up; `restarted`: the peer has a new boot id; `lost`: it came back
+        without having said it stopped (LEAVING), killed, and last said it held that many
+        messages only in memory (losses.py)."""
         ...
 
     def link_down(self, link: PeerLink) -> None: ...
@@ -130,12 +130,6 @@ class ListeningNode(LinkEnd, Protocol):
     @property
     def stopping(self) -> bool:
         """The node is shutting down: frames left unread are not kept."""
-        ...
-
-    @property
-    def at_risk(self) -> int:
-        """The messages this node holds only in memory (losses.py): in every PONG of its
-        own accord."""
         ...
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None: ...
@@ -429,9 +423,9 @@ class PeerLink(asyncio.Protocol):
             return self._refuse(str(exc))
         self._handshake = None
         self._refusals = 0
-        restarted = self.boot_id and boot_id != self.boot_id
-        if restarted and not self._holding:  # it never said it stopped: killed
-            self.cluster.crashed(self.node, self.peer_at_risk)
+        restarted = bool(self.boot_id and boot_id != self.boot_id)
+        # Back without having said it stopped: killed, with what only its memory held.
+        lost = self.peer_at_risk if restarted and not self._holding else None
         self.peer_at_risk = 0
         self.boot_id = boot_id
         self.up = True
@@ -440,7 +434,7 @@ class PeerLink(asyncio.Protocol):
         log.info("cluster link to %s (%s:%s) up", self.node, *self.address)
         if self._welcomed is not None and not self._welcomed.done():
             self._welcomed.set_result(None)
-        self.cluster.link_up(self, bool(restarted))
+        self.cluster.link_up(self, restarted, lost)
         if self._pending:
             self._flush()
 
@@ -519,8 +513,9 @@ class ClusterServerProtocol(asyncio.Protocol):
     dead_after (blackholed, hung) is given up on.
     """
 
-    def __init__(self, cluster: ListeningNode) -> None:
+    def __init__(self, cluster: ListeningNode, census: Census) -> None:
         self.cluster = cluster
+        self.census = census  # what this node holds only in memory: in each PONG
         self.node = ""  # the peer's name, once its handshake is done
         self._hello: Hello | None = None  # what it said in HELLO
         self._challenge = frames.new_nonce()  # this node's nonce, in CHALLENGE
@@ -641,7 +636,7 @@ class ClusterServerProtocol(asyncio.Protocol):
         self.cluster.loop.call_soon(self._process)
 
     def _beat(self) -> None:
-        self.reply(PONG, 0, self.cluster.at_risk)
+        self.reply(PONG, 0, self.census.figure)
         self._heartbeat = self.cluster.loop.call_later(
             self.cluster.settings.liveness_interval, self._beat
         )

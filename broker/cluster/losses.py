@@ -29,7 +29,6 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from broker.cluster.liveness import Liveness
     from broker.metrics import Metrics
     from broker.registry import Registry
     from broker.session import Session
@@ -76,12 +75,18 @@ class Census:
         return cost
 
 
+class Living(Protocol):
+    def alive(self) -> list[str]:
+        """This node and the members not declared dead, sorted (liveness.py)."""
+        ...
+
+
 class Survivors(Protocol):
     """The Cluster (node.py), as a node's loss is counted on it."""
 
     node: str  # this node's name
     metrics: Metrics
-    liveness: Liveness  # who is alive
+    liveness: Living  # who is alive
 
 
 class Losses:

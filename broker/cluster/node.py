@@ -114,14 +114,14 @@ class Cluster:
             self.departure = Departure(self, self.replicated, ports.exit)
         self.membership = Membership(self, self.replicated, self.departure)
         self.operations = RemoteOperations(self.node, self.links, self.liveness, ports.admin)
-        self.report = StatusReport(self, self.netsplit, self.departure)
+        self.report = StatusReport(self, self.netsplit, self.departure, self.census)
         self.incoming = IncomingFrames(self, ports.routing, self.streams)
 
     async def bind(self) -> None:
         """Claim the cluster listener's address, not accepting yet (BindError: it cannot
         be had): start-up binds every address before it starts anything."""
         host, port = host_port(self.settings.address)
-        link = functools.partial(ClusterServerProtocol, self)
+        link = functools.partial(ClusterServerProtocol, self, self.census)
         factory: Callable[[], asyncio.Protocol] = link
         if self.tls is not None:  # TLS first, then the link
             factory = functools.partial(self.tls.accepting, link, self.loop, HANDSHAKE_TIMEOUT)
@@ -252,17 +252,16 @@ class Cluster:
 
     # -- what the links report (link.py) ---------------------------------------------------
 
-    def link_up(self, link: PeerLink, restarted: bool) -> None:
+    def link_up(self, link: PeerLink, restarted: bool, lost: int | None) -> None:
         if restarted:
             log.info("cluster: node %s restarted", link.node)
+        if lost is not None:
+            self.losses.gone_without_leaving(link.node, lost, "restarted")
         self.streams.link_up(link)
         self.netsplit.check()
         self.tracing.link_up(link.node)
         if self.replicated is not None:  # it learns of this node at once (its record)
             link.send(frames.encode(SWC_WRITE, *self.replicated.replicas.introduction()))
-
-    def crashed(self, node: str, held: int) -> None:
-        self.losses.gone_without_leaving(node, held, "restarted")
 
     def link_down(self, link: PeerLink) -> None:
         self.release_publishers(link.node)
@@ -283,10 +282,6 @@ class Cluster:
     @property
     def stopping(self) -> bool:
         return self.ports.sessions.stopping
-
-    @property
-    def at_risk(self) -> int:
-        return self.census.figure
 
     def on_frame(self, inbound: ClusterServerProtocol, frame: list[Any]) -> None:
         self.incoming.on_frame(inbound, frame)

@@ -35,12 +35,14 @@ class Observed(Protocol):
     view: RemoteView  # the other nodes' subscribers
     replicated: SwcBackend | None  # the leaderless metadata, if it is that
     seeds: Seeds | None  # swc: joining (or starting) the cluster at start
-    census: Census  # what only this node's memory holds
 
 
 class StatusReport:
-    def __init__(self, cluster: Observed, netsplit: Netsplit, departure: Departure | None) -> None:
+    def __init__(
+        self, cluster: Observed, netsplit: Netsplit, departure: Departure | None, census: Census
+    ) -> None:
         self.cluster = cluster
+        self.census = census  # what only this node's memory holds
         self.netsplit = netsplit  # the members that cannot be reached
         self.departure = departure  # this node's, with swc
 
@@ -104,7 +106,7 @@ class StatusReport:
     def _at_risk(self, name: str, link: PeerLink | None) -> int | None:
         """What the node holds only in memory: this node's census, another's last PONG."""
         if name == self.cluster.node:
-            return self.cluster.census.figure
+            return self.census.figure
         return link.peer_at_risk if link is not None else None
 
     def _waiting(self) -> str | None:
@@ -141,7 +143,7 @@ class StatusReport:
         metadata's figures."""
         replicated = self.cluster.replicated
         swc = replicated.replicas.figures() if replicated is not None else {}
-        return {"cluster_messages_at_risk": self.cluster.census.figure, **swc}
+        return {"cluster_messages_at_risk": self.census.figure, **swc}
 
     def group_metrics(self) -> list[Metric]:
         """/metrics' labelled figures (the leaderless metadata's, per group)."""
