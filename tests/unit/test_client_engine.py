@@ -60,6 +60,17 @@ LISTENER = Listener(0, ListenerSettings(), ("127.0.0.1", 1883))
 TERMS = ConnectTerms(MAX_PACKET_SIZE, {Property.RECEIVE_MAXIMUM: 65535})
 
 
+class FakeFlow:
+    """broker.client.engine.Flow: remembers whether the engine cancelled it."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
 class FakeShell:
     """broker.client.engine.Shell that records what the engine asks for."""
 
@@ -74,8 +85,9 @@ class FakeShell:
     def read(self, wanted: bool) -> None:
         self.reading = wanted
 
-    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> FakeFlow:
         self.flows.append(flow)
+        return FakeFlow()
 
     def call_at(self, when: float, callback: Callable[[], None]) -> None:
         self.later.append((when, callback))
