@@ -207,10 +207,11 @@ class Connection(asyncio.Protocol):
             else:
                 self.transport.pause_reading()
 
-    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(flow)
         self.host.tasks.add(task)
         task.add_done_callback(self._flow_done)
+        return task
 
     def _flow_done(self, task: asyncio.Task[None]) -> None:
         self.host.tasks.discard(task)

@@ -108,7 +108,8 @@ def on_connect(engine: ClientEngine, packet: Connect) -> None:
             return refuse(engine, ReasonCode.BAD_AUTHENTICATION_METHOD)
         engine.auth_exchange = AuthExchange(chain, method)
         engine.client.pending_connect = (packet, assigned)
-        return engine.spawn(_auth_step(engine, packet.properties.get(Property.AUTHENTICATION_DATA)))
+        engine.spawn(_auth_step(engine, packet.properties.get(Property.AUTHENTICATION_DATA)))
+        return
     _authenticate(engine, packet, assigned, {})
 
 
@@ -282,7 +283,7 @@ def _accept(
     # In a cluster the client id is registered cluster-wide first (broker/peers.py).
     registering = engine.host.peers.register(client.subscriber_id, expiry == 0)
     if registering is not None:
-        return engine.spawn(
+        engine.spawn(
             _register_in_cluster(
                 engine,
                 registering,
@@ -294,6 +295,7 @@ def _accept(
                 server_keepalive,
             )
         )
+        return
     _attach(engine, packet, assigned, modifiers, auth_props, expiry, server_keepalive, None)
 
 

@@ -137,14 +137,21 @@ class ClientOutlet(Outlet, Protocol):
         """Write a PUBACK / PUBREC: a promise, kept back until the message is stored."""
 
 
+class Flow(Protocol):
+    """A hook flow under way (an asyncio.Task in broker/connection.py)."""
+
+    def cancel(self) -> bool:
+        """Stop it at its next await (False if it has ended)."""
+
+
 class Shell(Protocol):
     """What an engine asks of the I/O around it (broker/connection.py)."""
 
     def read(self, wanted: bool) -> None:
         """Read from the client, or stop reading (flow control, hook flows, throttling)."""
 
-    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
-        """Run a hook flow; call the engine's `flow_done` when it ends."""
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> Flow:
+        """Run a hook flow; call the engine's `flow_done` when it ends (cancelled too)."""
 
     def call_at(self, when: float, callback: Callable[[], None]) -> None:
         """Call back at the clock's time `when`."""
@@ -184,6 +191,7 @@ class ClientEngine:
         "awaiting_hooks",
         "client",
         "clock",
+        "deciding",
         "decoder",
         "gate",
         "host",
@@ -217,6 +225,7 @@ class ClientEngine:
         # turn's budget and its writes each close it for their reason (broker/read_gate.py).
         self.gate = ReadGate(self)
         self.awaiting_hooks = 0  # hook decisions (e.g. a webhook's) holding further packets
+        self.deciding: Flow | None = None  # the decide_later flow under way: see close()
         self.writes_blocked = False  # the transport's buffer is full: see writing()
         self.tap: Tap | None = None  # while the client is traced
         self._rate_count = 0
@@ -356,6 +365,7 @@ class ClientEngine:
             self.outlet.send(Disconnect(reason_code, props))
         self.shell.close_transport()  # what is written goes first
         client.advance(CLOSING)
+        self._stop_deciding()
         self._leave()
 
     def lost(self) -> None:
@@ -364,9 +374,19 @@ class ClientEngine:
             self.client.advance(CLOSING)
         if not self.client.disconnect_reason:
             self.client.disconnect_reason = "tcp_closed"  # gone without a word
+        self._stop_deciding()
         self._leave()
         if self.tap is not None:
             self.tap.lost()
+
+    def _stop_deciding(self) -> None:
+        """Cancel the decision under way: its verdict would be dropped (the client is
+        gone), and work it has not started yet is then never done. A connect storm needs
+        this: a password hash queued for a client that the connect timeout closed is
+        skipped, not computed (the passwd plugin's pool, plugins/passwd/plugin.py)."""
+        if self.deciding is not None:
+            self.deciding.cancel()
+            self.deciding = None
 
     def _leave(self) -> None:
         """This client is done: it waits for no subscriber, and its session goes back to
@@ -427,21 +447,24 @@ class ClientEngine:
         """Run a deciding chain that awaits (some implementation is a coroutine) as a hook
         flow, then `then(*args, verdict)`. (A synchronous chain is run inline by the
         caller: `chain.run_sync`, the hot path.)"""
-        self.spawn(self._decided(chain, context, then, args))
+        self.deciding = self.spawn(self._decided(chain, context, then, args))
 
     async def _decided(
         self, chain: Chain, context: Any, then: Callable[..., None], args: tuple[Any, ...]
     ) -> None:
-        verdict = await chain.run(context)
+        try:
+            verdict = await chain.run(context)
+        finally:
+            self.deciding = None  # nothing left to cancel; `then` may start the next one
         if not self.closing:
             then(*args, verdict)
 
-    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> Flow:
         """Run an awaiting hook flow; no further packet is handled until it is done, so
         this client's packets keep their order. (A flow may start the next one.)"""
         self.awaiting_hooks += 1
         self.gate.close(HOOKS)
-        self.shell.spawn(flow)
+        return self.shell.spawn(flow)
 
     def flow_done(self, error: BaseException | None, cancelled: bool = False) -> None:
         """A hook flow ended (`error`: what it raised)."""

@@ -60,12 +60,24 @@ LISTENER = Listener(0, ListenerSettings(), ("127.0.0.1", 1883))
 TERMS = ConnectTerms(MAX_PACKET_SIZE, {Property.RECEIVE_MAXIMUM: 65535})
 
 
+class FakeFlow:
+    """broker.client.engine.Flow: remembers whether the engine cancelled it."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
 class FakeShell:
     """broker.client.engine.Shell that records what the engine asks for."""
 
     def __init__(self) -> None:
         self.reading = True
         self.flows: list[Coroutine[Any, Any, None]] = []
+        self.handles: list[FakeFlow] = []  # one per flow, the engine's handle on it
         self.later: list[tuple[float, Callable[[], None]]] = []
         self.soon: list[Callable[[], None]] = []
         self.keepalive: int | None = None
@@ -74,8 +86,10 @@ class FakeShell:
     def read(self, wanted: bool) -> None:
         self.reading = wanted
 
-    def spawn(self, flow: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, flow: Coroutine[Any, Any, None]) -> FakeFlow:
         self.flows.append(flow)
+        self.handles.append(FakeFlow())
+        return self.handles[-1]
 
     def call_at(self, when: float, callback: Callable[[], None]) -> None:
         self.later.append((when, callback))
@@ -291,6 +305,26 @@ def test_an_awaiting_plugin_holds_the_next_packets_until_its_flow_ends():
     assert client.shell.reading
     # The second PUBLISH is decided by a flow of its own, after the first's answer.
     assert client.received() == [PubAck(1), PingResp()]
+
+
+def test_a_lost_connection_cancels_the_decision_it_awaits():
+    # Its verdict would be dropped; cancelled, work the plugin queued is never done.
+    client = connected(make_broker([("verdicts", Verdicts(awaits=True))]), "five", V5)
+    client.send(Publish("a", b"", 1, packet_id=1))
+    (handle,) = client.shell.handles
+    client.engine.lost()
+    assert handle.cancelled
+    client.shell.flows.pop().close()  # as the cancelled task would
+
+
+def test_a_decision_that_has_ended_is_not_cancelled_by_a_later_close():
+    client = connected(make_broker([("verdicts", Verdicts(awaits=True))]), "five", V5)
+    client.send(Publish("a", b"", 1, packet_id=1))
+    (flow,), (handle,) = client.shell.flows, client.shell.handles
+    run(flow)
+    client.engine.flow_done(None)
+    client.engine.close()
+    assert not handle.cancelled and client.shell.closed
 
 
 def test_a_failing_hook_flow_closes_the_client_as_an_internal_error():
