@@ -6,16 +6,17 @@ tombstone left once everyone has seen everything."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 from typing import Any
 
 import msgpack
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from broker.cluster.swc import wire
 from broker.cluster.swc.clock import NodeClock
-from broker.cluster.swc.dcc import Dcc
+from broker.cluster.swc.dcc import DELETED, Dcc
 from broker.cluster.swc.exchange import pull
 from broker.cluster.swc.replica import Replica
 
@@ -125,9 +126,10 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(3, 5), operations)
-def test_replicas_converge_whatever_the_order_and_deletes_stay_deleted(size, ops):
+def played(size: int, ops: list[tuple[str, Any, Any]]) -> tuple[list[Replica], dict[str, bool]]:
+    """`size` replicas after `ops` (writes, deletes, broadcasts delivered or lost in any
+    order, exchanges, GC), and per key whether its last op was a delete that saw every
+    write of it."""
     ids = [f"r{i}" for i in range(size)]
     replicas = [Replica(i, ids) for i in ids]
     in_flight: list[tuple[int, str, Dcc]] = []  # broadcasts: (to, key, object)
@@ -154,6 +156,13 @@ def test_replicas_converge_whatever_the_order_and_deletes_stay_deleted(size, ops
             exchange(replicas[x % size], replicas[y % size], batch=2)
         elif op == "gc":
             replicas[x % size].gc()
+    return replicas, final_delete
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(3, 5), operations)
+def test_replicas_converge_whatever_the_order_and_deletes_stay_deleted(size, ops):
+    replicas, final_delete = played(size, ops)
     converge(replicas)
     first = state(replicas[0])
     for replica in replicas:
@@ -165,6 +174,39 @@ def test_replicas_converge_whatever_the_order_and_deletes_stay_deleted(size, ops
     for key, deleted in final_delete.items():
         if deleted:
             assert all(replica.get(key) == [] for replica in replicas), key
+
+
+def whole(replica: Replica) -> dict[str, Any]:
+    """Everything a replica holds, to compare two."""
+    return {name: getattr(replica, name) for name in Replica.__slots__ if name != "watermark"} | {
+        "watermark": replica.watermark.rows
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(3, 5), operations, st.integers(0, 4), st.sampled_from(KEYS), st.booleans())
+def test_a_write_superseding_a_settled_key_is_what_the_general_write_makes(
+    size, ops, writer, key, delete
+):
+    replicas, _ = played(size, ops)
+    replica = replicas[writer % size]
+    stored = replica.objects.get(key)
+    assume(stored is None or not stored.context)  # where the fast path applies
+    fast, general = copy.deepcopy(replica), copy.deepcopy(replica)
+    value = DELETED if delete else "new"
+    assert fast._supersede(key, value) == general._write(key, value, None)
+    assert whole(fast) == whole(general)
+
+
+def test_a_write_takes_the_fast_path_only_for_a_settled_key():
+    a, b = Replica("a", ["b"]), Replica("b", ["a"])
+    a.write("k", 1)  # its broadcast lost
+    b.receive("k", a.write("k", 2))  # b lacks a's first write: the key keeps a context
+    assert b.objects["k"].context == {"a": 2}
+    assert b.write("k", 3).context == {"a": 2, "b": 1}  # the general path: it goes along
+    assert b.get("k") == [3] and b.objects["k"].context == {"a": 2}
+    assert a.write("k", 4).context == {"a": 3}  # settled: the fast path, the clock's bases
+    assert a.objects["k"] == Dcc({("a", 3): 4})
 
 
 def test_concurrent_puts_resolve_to_the_latest_on_every_node_and_settle():

@@ -4,7 +4,9 @@ kill -9 finds it: what was saved, exactly, and not a dot more."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import msgpack
 import plyvel
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +37,7 @@ def same(loaded: Replica, replica: Replica) -> None:
     assert loaded.watermark.to_dict() == replica.watermark.to_dict()
     assert loaded.dkm == replica.dkm
     assert loaded.unsettled == replica.unsettled
+    assert loaded.synced == replica.synced
 
 
 def test_a_saved_replica_loads_back_as_it_was(db):
@@ -75,9 +78,41 @@ def test_what_gc_forgets_is_forgotten_on_disk_too(db):
     assert loaded.tombstones() == 0 and loaded.dkm == {} and loaded.objects == {}
 
 
+class Recorded:
+    """A LevelDB write batch that also keeps the keys put, to see what a save writes."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+        self.put_keys: list[bytes] = []
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.put_keys.append(key)
+        self.batch.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self.batch.delete(key)
+
+
+def test_a_save_puts_the_id_synced_flag_and_watermark_only_when_they_changed(db):
+    a, b = Replica("a", PEERS), Replica("b", PEERS)
+    commit(db, a)
+    a.write(("sub", "c1"), 1)  # a CONNECT's write
+    with db.write_batch() as written:
+        batch = Recorded(written)
+        storage.save(a, batch, 0)
+    dot, obj = b"g0/d/a\0" + (1).to_bytes(8), b"g0/o/" + msgpack.packb(("sub", "c1"))
+    assert sorted(batch.put_keys) == [dot, b"g0/k", obj]  # its dot, the clock, the object
+    b.write("x", 1)
+    a.repair(b.fetch(a.missing(b.clock)), b.clock)
+    a.finish_exchange(b.id, b.clock.copy(), b.watermark)  # the watermark moves
+    a.synced = True
+    commit(db, a)
+    same(storage.load(db, 0, "a", PEERS), a)
+
+
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["write", "delete", "from-b", "gc", "save"]),
+        st.sampled_from(["write", "delete", "from-b", "gc", "exchange", "synced", "save"]),
         st.sampled_from([("k", 1), ("k", 2), "x"]),
     ),
     max_size=40,
@@ -103,6 +138,11 @@ def test_loading_gives_the_state_of_the_last_save_whatever_came_after(tmp_path_f
             a.receive(key, b.write(key, next(values)))
         elif op == "gc":
             a.gc()
+        elif op == "exchange":  # a pulls from b: the watermark learns b's column
+            a.repair(b.fetch(a.missing(b.clock)), b.clock)
+            a.finish_exchange(b.id, b.clock.copy(), b.watermark)
+        elif op == "synced":
+            a.synced = not a.synced
         else:
             commit(db, a)
             snapshot = storage.load(db, 0, "a", PEERS)

@@ -57,6 +57,8 @@ class Replica:
         "id",
         "objects",
         "peers",
+        "saved_head",
+        "saved_watermark",
         "synced",
         "unsettled",
         "watermark",
@@ -78,6 +80,10 @@ class Replica:
         self.changed: set[Key] = set()
         self.dkm_added: dict[Dot, Key] = {}
         self.dkm_dropped: set[Dot] = set()
+        # What the store last put of the id and synced flag, and of the watermark (None:
+        # nothing yet): it puts them again only when they differ.
+        self.saved_head: tuple[str, bool] | None = None
+        self.saved_watermark: dict[str, dict[str, int]] | None = None
         # Holds the whole group, as one synced member did (a joining node copies it
         # first: the dots the others forgot before it joined cannot be asked for).
         self.synced = False
@@ -109,6 +115,14 @@ class Replica:
     def write(self, key: Key, value: Any, context: dict[str, int] | None = None) -> Dcc:
         """Store a new value under a new dot, superseding what `context` has seen (by
         default what this replica holds now). Returns the object to broadcast."""
+        if context is None:
+            stored = self.objects.get(key)
+            if stored is None or not stored.context:
+                return self._supersede(key, value)
+        return self._write(key, value, context)
+
+    def _write(self, key: Key, value: Any, context: dict[str, int] | None) -> Dcc:
+        """`write`, the general way: any context, any object held."""
         obj = self.read(key)
         obj.discard(obj.context if context is None else context)
         dot = self.clock.event(self.id)
@@ -117,6 +131,23 @@ class Replica:
         shipped = obj.copy()
         self._save(key, obj)
         return shipped
+
+    def _supersede(self, key: Key, value: Any) -> Dcc:
+        """`write` of a key held settled (no context beyond the clock's bases) or not at
+        all, superseding what is held: what the general path comes to, without its
+        copies and merges (every CONNECT writes one). The new dot supersedes every
+        version held (the clock's bases cover them), the object kept is the new version
+        alone (the clock implies its context), and the one broadcast carries the clock's
+        bases as its context."""
+        dot = self.clock.event(self.id)
+        self._index(dot, key)
+        self.changed.add(key)
+        if value is DELETED:
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = Dcc({dot: value})
+        context = {replica: base for replica, (base, _) in self.clock.entries.items() if base}
+        return Dcc({dot: value}, context)
 
     def delete(self, key: Key, context: dict[str, int] | None = None) -> Dcc:
         return self.write(key, DELETED, context)

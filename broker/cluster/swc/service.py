@@ -47,7 +47,7 @@ REQUEST_TIMEOUT = 30.0  # seconds a peer has to answer one request of an exchang
 COPY_PAGE_FACTOR = 10  # a full copy's page: this many times exchange_batch_size keys
 COPY_WAIT = 10.0  # seconds a registration on a joining node waits for its group's copy
 COPIES_AT_ONCE = 2  # groups a joining node copies at a time (each from one member)
-COMMIT_WINDOW = 0.001  # seconds: at most one commit this often (writes wait to share it)
+COMMIT_WINDOW = 0.004  # seconds: at most one commit this often (writes wait to share it)
 
 
 class Transport(Protocol):

@@ -44,7 +44,9 @@ def prefix(group: int) -> bytes:
 def save(replica: Replica, batch: Any, group: int) -> None:
     """Put what changed in `replica` since the last save into `batch` (a plyvel write
     batch, or anything with put and delete): the objects and dot-key entries it lists,
-    and its clock and watermark (small: a few numbers per peer)."""
+    its clock (which nearly every save changes), and its id, synced flag and watermark
+    when they differ from what the last save put (most saves are one CONNECT's write,
+    which changes none of them)."""
     base = prefix(group)
     for key in replica.changed:
         obj = replica.objects.get(key)
@@ -56,10 +58,16 @@ def save(replica: Replica, batch: Any, group: int) -> None:
         batch.delete(base + DKM + _dot(dot))
     for dot, key in replica.dkm_added.items():
         batch.put(base + DKM + _dot(dot), _key(key))
-    batch.put(base + ID, replica.id.encode())
-    batch.put(base + SYNCED, b"1" if replica.synced else b"0")
+    head = (replica.id, replica.synced)
+    if head != replica.saved_head:
+        batch.put(base + ID, replica.id.encode())
+        batch.put(base + SYNCED, b"1" if replica.synced else b"0")
+        replica.saved_head = head
     batch.put(base + CLOCK, msgpack.packb(wire.pack_clock(replica.clock)))
-    batch.put(base + WATERMARK, msgpack.packb(wire.pack_watermark(replica.watermark)))
+    if replica.watermark.rows != replica.saved_watermark:
+        watermark = wire.pack_watermark(replica.watermark)  # (a copy)
+        batch.put(base + WATERMARK, msgpack.packb(watermark))
+        replica.saved_watermark = watermark
     replica.changed.clear()
     replica.dkm_added.clear()
     replica.dkm_dropped.clear()
