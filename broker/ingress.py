@@ -250,8 +250,7 @@ class Ingress:
         they are (Routing.publish_run) and told to the recorder in one call. False when
         they must be published one at a time (`publish`): an on_publish hook, a subscriber
         that is full or would not take them as they are, a message nobody subscribed to
-        while on_message_drop is watched, an ACL rule the recorder must be told of. Then
-        nothing of them was routed."""
+        while on_message_drop is watched. Then nothing of them was routed."""
         chains = self.chains
         client_topic = packets[0].topic
         topic = inside(publisher.mountpoint, client_topic)
@@ -259,7 +258,6 @@ class Ingress:
             self.waits_for(topic)
             or chains.on_publish[publisher.protocol_level == MQTT5]
             or topic.startswith("$SYS")
-            or (matched is not None and chains.recorder is not None)
         ):
             return False
         raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]
@@ -270,7 +268,7 @@ class Ingress:
         recorder = chains.recorder
         if recorder is not None:
             payloads = [packet.payload for packet in packets]
-            recorder.published_run(publisher, client_topic, payloads, receivers)
+            recorder.published_run(publisher, client_topic, payloads, receivers, matched)
         return True
 
     def publish_own(self, message: Message) -> None:

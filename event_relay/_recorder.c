@@ -83,16 +83,16 @@ typedef struct {
 
 static Field D_MESSAGE = {"message"}, D_QOS = {"qos"}, D_RETAIN = {"retain"}, D_SEQ = {"seq"},
              M_TOPIC = {"topic"}, M_PAYLOAD = {"payload"}, M_ACL = {"acl_name"},
-             M_QOS = {"qos"}, M_RETAIN = {"retain"}, A_PATTERN = {"pattern"},
+             M_QOS = {"qos"}, M_RETAIN = {"retain"}, A_NAME = {"name"}, A_PATTERN = {"pattern"},
              P_CLIENT_ID = {"client_id"}, P_MOUNTPOINT = {"mountpoint"},
              P_USERNAME = {"username"}, P_SESSION_ID = {"session_id"},
              R_CLIENT_ID = {"client_id"}, R_MOUNTPOINT = {"mountpoint"},
              R_USERNAME = {"username"}, R_SESSION_ID = {"session_id"};
 static Field *FIELDS[] = {&D_MESSAGE,    &D_QOS,        &D_RETAIN,     &D_SEQ,
                           &M_TOPIC,      &M_PAYLOAD,    &M_ACL,        &M_QOS,
-                          &M_RETAIN,     &A_PATTERN,    &P_CLIENT_ID,  &P_MOUNTPOINT,
-                          &P_USERNAME,   &P_SESSION_ID, &R_CLIENT_ID,  &R_MOUNTPOINT,
-                          &R_USERNAME,   &R_SESSION_ID};
+                          &M_RETAIN,     &A_NAME,       &A_PATTERN,    &P_CLIENT_ID,
+                          &P_MOUNTPOINT, &P_USERNAME,   &P_SESSION_ID, &R_CLIENT_ID,
+                          &R_MOUNTPOINT, &R_USERNAME,   &R_SESSION_ID};
 static Field *PUBLISHER[] = {&P_CLIENT_ID, &P_MOUNTPOINT, &P_USERNAME, &P_SESSION_ID};
 static Field *RECEIVER[] = {&R_CLIENT_ID, &R_MOUNTPOINT, &R_USERNAME, &R_SESSION_ID};
 static PyObject *s_next_seq, *s_turn_ended;
@@ -676,9 +676,25 @@ static PyObject *Recorder_completed(Recorder *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* A run's ACL rule, encoded: its label (a message's acl_name) and its pattern; "" and ""
+ * without one. */
+typedef struct {
+    Buffer name;
+    Buffer pattern;
+} RunAcl;
+
+static int encode_run_acl(RunAcl *acl, PyObject *matched) {
+    if (matched == Py_None)
+        return put_byte(&acl->name, 0xa0) < 0 || put_byte(&acl->pattern, 0xa0) < 0 ? -1 : 0;
+    return put_attr(&acl->name, matched, &A_NAME, put_str) < 0 ||
+                   put_attr(&acl->pattern, matched, &A_PATTERN, put_str) < 0
+               ? -1
+               : 0;
+}
+
 /* published_run's work, on its payloads and receivers as fast sequences. */
 static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObject *payloads,
-                      PyObject *receivers) {
+                      PyObject *receivers, RunAcl *acl) {
     Buffer *b = &self->buffer;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(payloads); i++) {
         PyObject *payload = PySequence_Fast_GET_ITEM(payloads, i);
@@ -689,7 +705,8 @@ static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObjec
             if (put_start(b, 16, PUBLISH_DELIVERIES) < 0 ||
                 put_who(self, b, client, PUBLISHER) < 0 || put_str(b, topic) < 0 ||
                 put_byte(b, 0) < 0 || put_bool(b, 0) < 0 || put_payload(self, b, payload) < 0 ||
-                put_byte(b, 0xa0) < 0 || put_byte(b, 0xa0) < 0 ||
+                put(b, acl->name.data, acl->name.size) < 0 ||
+                put(b, acl->pattern.data, acl->pattern.size) < 0 ||
                 open_run(self, NULL, PUBLISH_DELIVERIES) < 0)
                 goto fail;
             if (!self->deliver) {
@@ -704,7 +721,7 @@ static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObjec
             PyObject *receiver = PySequence_Fast_GET_ITEM(receivers, j);
             if (self->code == 0 &&
                 (put_start(b, 9, DELIVERIES) < 0 || put_str(b, topic) < 0 ||
-                 put_payload(self, b, payload) < 0 || put_byte(b, 0xa0) < 0 ||
+                 put_payload(self, b, payload) < 0 || put(b, acl->name.data, acl->name.size) < 0 ||
                  open_run(self, NULL, DELIVERIES) < 0))
                 goto fail;
             if (add_receiver(self, receiver, NULL) < 0)
@@ -723,16 +740,17 @@ fail:
     return -1;
 }
 
-/* published_run(client, topic, payloads, receivers): for each payload, what published()
- * then delivered() to each receiver record (hooks/recorder.py), from the run's own values:
- * the message's qos 0, unretained, no ACL label nor pattern; each delivery RUN_FLAGS. As
- * published() does, each message ends the open run first, so a message's deliveries
- * always open a run of their own (or join its publish's). */
+/* published_run(client, topic, payloads, receivers, matched_acl): for each payload, what
+ * published() then delivered() to each receiver record (hooks/recorder.py), from the run's
+ * own values: the message's qos 0, unretained, its ACL label and pattern matched_acl's (""
+ * without one); each delivery RUN_FLAGS. As published() does, each message ends the open
+ * run first, so a message's deliveries always open a run of their own (or join its
+ * publish's). */
 static PyObject *Recorder_published_run(Recorder *self, PyObject *const *args,
                                         Py_ssize_t nargs) {
-    if (nargs != 4 || !PyUnicode_Check(args[1])) {
+    if (nargs != 5 || !PyUnicode_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError,
-                        "published_run(client, topic: str, payloads, receivers)");
+                        "published_run(client, topic: str, payloads, receivers, matched_acl)");
         return NULL;
     }
     PyObject *client = args[0], *topic = args[1];
@@ -744,7 +762,12 @@ static PyObject *Recorder_published_run(Recorder *self, PyObject *const *args,
         Py_DECREF(payloads);
         return NULL;
     }
-    int rc = record_run(self, client, topic, payloads, receivers);
+    RunAcl acl = {{NULL, 0, 0}, {NULL, 0, 0}};
+    int rc = encode_run_acl(&acl, args[4]) < 0
+                 ? -1
+                 : record_run(self, client, topic, payloads, receivers, &acl);
+    PyMem_Free(acl.name.data);
+    PyMem_Free(acl.pattern.data);
     Py_DECREF(payloads);
     Py_DECREF(receivers);
     if (rc < 0)
