@@ -228,8 +228,9 @@ class Ingress:
             if context is None:
                 context = context_of(publisher, packet)  # type: ignore[arg-type]
             chains.notify(on_publish, context)
-        full = self.routing.publish(message, shared_policy)
-        if chains.on_message_drop and not self.routing.has_subscribers(message.topic):
+        routing = self.routing
+        full = routing.publish(message, shared_policy)
+        if chains.on_message_drop and not routing.reached_anyone:
             if context is None:
                 context = context_of(publisher, packet)  # type: ignore[arg-type]
             # A copy: on_publish's tasks may still hold the context.

@@ -110,10 +110,9 @@ static int learn(Field *field, PyTypeObject *type) {
     return 1;
 }
 
-/* obj.<field>, a new reference. */
-static PyObject *get(Field *field, PyObject *obj) {
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type == field->type || learn(field, type)) {
+/* obj.<field> when its type's slot offset is not known yet, or it is not a set slot. */
+static PyObject *get_slowly(Field *field, PyObject *obj) {
+    if (learn(field, Py_TYPE(obj))) {
         PyObject *value = *(PyObject **)((char *)obj + field->offset);
         if (value != NULL) {
             Py_INCREF(value);
@@ -121,6 +120,18 @@ static PyObject *get(Field *field, PyObject *obj) {
         }
     }
     return PyObject_GetAttr(obj, field->name); /* also raises for an unset slot */
+}
+
+/* obj.<field>, a new reference. Inline: a QoS 1 message's events read some twenty. */
+static inline PyObject *get(Field *field, PyObject *obj) {
+    if (Py_TYPE(obj) == field->type) {
+        PyObject *value = *(PyObject **)((char *)obj + field->offset);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+    }
+    return get_slowly(field, obj);
 }
 
 /* -- msgpack, into a buffer ------------------------------------------------------------ */
@@ -477,16 +488,12 @@ static int put_who(Recorder *self, Buffer *b, PyObject *who, Field **fields) {
 /* A run's delivery's flags (published_run): QoS 0, not retained, not stored. */
 static const char RUN_FLAGS[3] = {0x00, (char)0xc2, (char)0xc2};
 
-/* One more receiver of the open message run (taken back if it fails halfway); with
- * `delivery` NULL, of a run's message (RUN_FLAGS). */
-static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
+/* One more receiver of the open message run, whose encoded identity is `identity` (taken
+ * back if it fails halfway); with `delivery` NULL, of a run's message (RUN_FLAGS). */
+static int add_identity(Recorder *self, PyObject *identity, PyObject *delivery) {
     Buffer *b = &self->buffer;
     Py_ssize_t before = b->size;
-    PyObject *identity = identity_of(self, session, RECEIVER);
-    if (identity == NULL)
-        return -1;
     int rc = put(b, PyBytes_AS_STRING(identity), PyBytes_GET_SIZE(identity));
-    Py_DECREF(identity);
     Py_ssize_t flags_at = b->size;
     if (rc < 0 || (delivery == NULL ? put(b, RUN_FLAGS, 3) : put_flags(b, delivery)) < 0) {
         b->size = before;
@@ -495,6 +502,15 @@ static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
     self->flags_at = flags_at;
     self->receivers++;
     return 0;
+}
+
+static int add_receiver(Recorder *self, PyObject *session, PyObject *delivery) {
+    PyObject *identity = identity_of(self, session, RECEIVER);
+    if (identity == NULL)
+        return -1;
+    int rc = add_identity(self, identity, delivery);
+    Py_DECREF(identity);
+    return rc;
 }
 
 /* One more item of the open session run: an array of 8, the event's code, the message's
@@ -692,9 +708,11 @@ static int encode_run_acl(RunAcl *acl, PyObject *matched) {
                : 0;
 }
 
-/* published_run's work, on its payloads and receivers as fast sequences. */
+/* published_run's work, on its payloads and receivers as fast sequences. `identities`:
+ * one place per receiver for its encoded identity, looked up at its first delivery and
+ * reused for the run's next messages (a fan-out's cost is per delivery). */
 static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObject *payloads,
-                      PyObject *receivers, RunAcl *acl) {
+                      PyObject *receivers, RunAcl *acl, PyObject **identities) {
     Buffer *b = &self->buffer;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(payloads); i++) {
         PyObject *payload = PySequence_Fast_GET_ITEM(payloads, i);
@@ -724,7 +742,10 @@ static int record_run(Recorder *self, PyObject *client, PyObject *topic, PyObjec
                  put_payload(self, b, payload) < 0 || put(b, acl->name.data, acl->name.size) < 0 ||
                  open_run(self, NULL, DELIVERIES) < 0))
                 goto fail;
-            if (add_receiver(self, receiver, NULL) < 0)
+            if (identities[j] == NULL &&
+                (identities[j] = identity_of(self, receiver, RECEIVER)) == NULL)
+                return -1;
+            if (add_identity(self, identities[j], NULL) < 0)
                 return -1;
             /* A DELIVERIES run knows its receiver while it has one (Recorder_delivered). */
             Py_CLEAR(self->who);
@@ -762,10 +783,17 @@ static PyObject *Recorder_published_run(Recorder *self, PyObject *const *args,
         Py_DECREF(payloads);
         return NULL;
     }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(receivers);
+    PyObject **identities = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
     RunAcl acl = {{NULL, 0, 0}, {NULL, 0, 0}};
-    int rc = encode_run_acl(&acl, args[4]) < 0
-                 ? -1
-                 : record_run(self, client, topic, payloads, receivers, &acl);
+    int rc = -1;
+    if (identities == NULL)
+        PyErr_NoMemory();
+    else if (encode_run_acl(&acl, args[4]) == 0)
+        rc = record_run(self, client, topic, payloads, receivers, &acl, identities);
+    for (Py_ssize_t j = 0; identities != NULL && j < count; j++)
+        Py_XDECREF(identities[j]);
+    PyMem_Free(identities);
     PyMem_Free(acl.name.data);
     PyMem_Free(acl.pattern.data);
     Py_DECREF(payloads);
