@@ -225,8 +225,9 @@ class Ingress:
             if context is None:
                 context = context_of(publisher, packet)  # type: ignore[arg-type]
             chains.notify(on_publish, context)
-        full = self.routing.publish(message, shared_policy)
-        if chains.on_message_drop and not self.routing.has_subscribers(message.topic):
+        routing = self.routing
+        full = routing.publish(message, shared_policy)
+        if chains.on_message_drop and not routing.reached_anyone:
             if context is None:
                 context = context_of(publisher, packet)  # type: ignore[arg-type]
             # A copy: on_publish's tasks may still hold the context.
@@ -247,8 +248,7 @@ class Ingress:
         they are (Routing.publish_run) and told to the recorder in one call. False when
         they must be published one at a time (`publish`): an on_publish hook, a subscriber
         that is full or would not take them as they are, a message nobody subscribed to
-        while on_message_drop is watched, an ACL rule the recorder must be told of. Then
-        nothing of them was routed."""
+        while on_message_drop is watched. Then nothing of them was routed."""
         chains = self.chains
         client_topic = packets[0].topic
         topic = inside(publisher.mountpoint, client_topic)
@@ -256,7 +256,6 @@ class Ingress:
             self.waits_for(topic)
             or chains.on_publish[publisher.protocol_level == MQTT5]
             or topic.startswith("$SYS")
-            or (matched is not None and chains.recorder is not None)
         ):
             return False
         raws: list[bytes] = [packet.raw for packet in packets]  # type: ignore[misc]
@@ -267,7 +266,7 @@ class Ingress:
         recorder = chains.recorder
         if recorder is not None:
             payloads = [packet.payload for packet in packets]
-            recorder.published_run(publisher, client_topic, payloads, receivers)
+            recorder.published_run(publisher, client_topic, payloads, receivers, matched)
         return True
 
     def publish_own(self, message: Message) -> None:

@@ -42,6 +42,9 @@ class Routing:
         self.metrics = metrics
         self.clock = clock
         self.peers: SharedRecords = ALONE  # the cluster's, when this node is in one
+        # Whether the last message `publish` routed matched a subscription (or a shared
+        # group): on_message_drop's "no subscribers" without matching the topic again.
+        self.reached_anyone = False
 
     def publish(
         self, message: Message, shared_policy: str | None = None
@@ -61,6 +64,7 @@ class Routing:
                 self.store.delete_retained(message.topic)
             self.peers.retained(message)
         routes = self.router.match(message.topic)
+        self.reached_anyone = bool(routes)
         congested = None
         if routes:
             self.metrics.router_matches_local += len(routes)  # a RemoteNode takes its back
@@ -68,6 +72,7 @@ class Routing:
         if self.router.group_count:  # $share/<group>/<filter>: one member per group
             policy = shared_policy or self.settings.shared_subscription_policy
             for group in self.router.match_shared(message.topic):
+                self.reached_anyone = True
                 full = self.deliver_shared(group, message, policy)
                 if full is not None:
                     if congested is None:

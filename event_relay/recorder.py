@@ -168,12 +168,14 @@ class Recorder:
         topic: str,
         payloads: Sequence[bytes],
         receivers: Sequence[RecordedClient],
+        matched_acl: MatchedAcl | None,
     ) -> None:
         """A run of QoS 0 messages as the broker's fast path tells it: what it means,
         message by message (hooks/recorder.py)."""
+        acl_name = "" if matched_acl is None else matched_acl.name
         for payload in payloads:
-            message = _RunMessage(topic, payload)
-            self.published(client, message, None)
+            message = _RunMessage(topic, payload, acl_name)
+            self.published(client, message, matched_acl)
             delivery = _RunDelivery(message)
             for receiver in receivers:
                 self.delivered(receiver, delivery)
@@ -294,14 +296,14 @@ class Recorder:
 class _RunMessage:
     """A message of a run (published_run), as a RecordedMessage."""
 
-    __slots__ = ("payload", "topic")
+    __slots__ = ("acl_name", "payload", "topic")
     qos = 0
     retain = False
-    acl_name = ""
 
-    def __init__(self, topic: str, payload: bytes) -> None:
+    def __init__(self, topic: str, payload: bytes, acl_name: str) -> None:
         self.topic = topic
         self.payload = payload
+        self.acl_name = acl_name
 
 
 class _RunDelivery:

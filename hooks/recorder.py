@@ -100,13 +100,15 @@ class MessageRecorder(Protocol):
         topic: str,
         payloads: Sequence[bytes],
         receivers: Sequence[RecordedClient],
+        matched_acl: MatchedAcl | None,
     ) -> None:
         """A run of QoS 0 messages from `client` to `topic`, unretained, without
-        properties or an ACL label (no authorization plugin ran), each delivered at QoS 0,
-        unstored, to every one of `receivers` in turn: the broker's fast path for QoS 0
-        floods, which makes no Message or Delivery for them. It means exactly this, and
-        must record the same: for each payload, published(client, message, None), then
-        delivered(receiver, delivery) for each receiver."""
+        properties, that no authorization plugin changed (None: none ran; else the ACL
+        rule its kept answer names, whose label is each message's acl_name), each
+        delivered at QoS 0, unstored, to every one of `receivers` in turn: the broker's
+        fast path for QoS 0 floods, which makes no Message or Delivery for them. It means
+        exactly this, and must record the same: for each payload, published(client,
+        message, matched_acl), then delivered(receiver, delivery) for each receiver."""
 
 
 # The methods a recorder must have, as the broker calls them (checked when plugins load).

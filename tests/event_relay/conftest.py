@@ -120,6 +120,26 @@ def relay_broker(start_broker) -> Callable[..., RelayBroker]:
     return start
 
 
+# A sampling rule makes the relay record with the Python recorder (event_relay/recorder.py)
+# instead of the compiled one; this one samples nothing out (no message has the label).
+PYTHON_RECORDER = {"sample": {"on_publish": {"no-such-label": 0}}}
+
+
+RECORDERS = ["compiled", "python"]
+
+
+def with_recorder(relay_broker: Any, recorder: str, **sections: Any) -> RelayBroker:
+    """A relay broker recording with `recorder` (the compiled one when it was built)."""
+    relay = PYTHON_RECORDER if recorder == "python" else None
+    broker: RelayBroker = relay_broker(relay=relay, **sections)
+    module = type(broker.plugin._recorder).__module__
+    if recorder == "python":
+        assert module == "event_relay.recorder"
+    elif module == "event_relay.recorder":
+        pytest.skip("the compiled recorder is not built")
+    return broker
+
+
 @pytest.fixture
 def fleet_files(tmp_path: Path) -> dict[str, str]:
     """A password file (alice, bob) and an ACL file with labels."""

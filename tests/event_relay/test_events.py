@@ -607,3 +607,25 @@ def test_payload_modes(relay_broker, raw_client, mode, expected):
             return client.payloads
 
     assert asyncio.run(welcome_payloads()) == mode
+
+
+def test_a_message_only_a_shared_group_takes_is_not_dropped(relay_broker):
+    """ "No subscribers" is said of a message that matches neither a subscription nor a
+    shared group (Routing.publish tells the ingress, which does not match it again)."""
+    broker = relay_broker()
+    sub, pub = RawClient(broker.host, broker.port), RawClient(broker.host, broker.port)
+    try:
+        sub.connect(unique_id("member"))
+        assert sub.subscribe(("$share/g/shared/#", 1)) == [1]
+        pub.connect(unique_id("pub"))
+        pub.publish("shared/x", b"taken", qos=1)
+        pub.publish("nobody/x", b"dropped", qos=1)
+        pub.publish("shared/end", b"end", qos=1)
+        events = broker.read_all(lambda e: e["type"] == "on_deliver" and e["topic"] == "shared/end")
+    finally:
+        sub.close()
+        pub.close()
+    dropped = [(e["topic"], e["reason"]) for e in events if e["type"] == "on_message_drop"]
+    assert dropped == [("nobody/x", "no_matching_subscribers")]
+    delivered = [e["topic"] for e in events if e["type"] == "on_deliver"]
+    assert delivered == ["shared/x", "shared/end"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.broker.helpers import V5, RawClient, publish_packet
 
-from .conftest import RelayBroker, fields
+from .conftest import RECORDERS, RelayBroker, fields, with_recorder
 
 RULES = "topic write t/+ label tee\ntopic read t/#\ntopic other\n"
 
@@ -39,13 +41,36 @@ def traffic(broker: RelayBroker) -> list[dict[str, Any]]:
     return [{k: v for k, v in fields(e).items() if k != "peer_port"} for e in events[first:]]
 
 
-def test_the_events_are_the_same_with_kept_decisions(relay_broker, tmp_path):
+def runs_routed(broker: RelayBroker, topic: str) -> list[int]:
+    """The lengths of the runs to `topic` the broker routes on its fast path
+    (Routing.publish_run), from now on."""
+    routing = broker.server.broker.routing
+    publish_run = routing.publish_run
+    lengths: list[int] = []
+
+    def watched(to: str, packets: list[bytes], publisher: Any) -> Any:
+        receivers = publish_run(to, packets, publisher)
+        if receivers and to == topic:
+            lengths.append(len(packets))
+        return receivers
+
+    routing.publish_run = watched  # type: ignore[method-assign]
+    return lengths
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_the_events_are_the_same_with_kept_decisions(relay_broker, tmp_path, recorder):
+    """With kept decisions, the labelled rule's QoS 0 runs take the fast path, recorded
+    in one call each (published_run, with the rule): the same events as one by one."""
     path = tmp_path / "acl"
     path.write_text(RULES)
     acl = {"enabled": True, "acl_file": str(path)}
-    kept = relay_broker(plugins={"acl": acl})
-    asked = relay_broker(plugins={"acl": {**acl, "module": "tests.broker.kept_plugins:UnkeptAcl"}})
+    kept = with_recorder(relay_broker, recorder, plugins={"acl": acl})
+    unkept = {**acl, "module": "tests.broker.kept_plugins:UnkeptAcl"}
+    asked = with_recorder(relay_broker, recorder, plugins={"acl": unkept})
+    fast_runs = runs_routed(kept, "t/a")  # the labelled rule's
     with_kept, without = traffic(kept), traffic(asked)
+    assert fast_runs, "no run allowed by the kept answer took the fast path"
     assert with_kept == without
     published = [e for e in with_kept if e["type"] == "on_publish"]
     assert len(published) == 3 * (20 + 3 + 1) + 1  # the denied ones are not published

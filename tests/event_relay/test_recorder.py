@@ -309,7 +309,8 @@ def play(h: Harness, op: tuple, whos: list[Any], messages: list[Message]) -> Non
     elif kind == "other":
         h.recorder.append(CODES["on_session_expired"], [0, 1, 0, "c", "", None, "s"])
     elif kind == "run":
-        h.recorder.published_run(whos[who], message.topic, *run_of(op, whos))
+        matched = MatchedAcl("l", "p/#") if stored else None
+        h.recorder.published_run(whos[who], message.topic, *run_of(op, whos), matched)
     else:
         h.end_turn()
 
@@ -441,24 +442,37 @@ def test_a_first_delivery_that_fails_leaves_no_run_of_that_receiver(cls):
 
 @pytest.mark.parametrize("cls", RECORDERS)
 @pytest.mark.parametrize("relayed", [MESSAGE_HOOKS, {"on_deliver"}, {"on_publish"}])
-def test_a_run_records_what_its_messages_would_one_by_one(cls, relayed):
+@pytest.mark.parametrize("matched", [None, MatchedAcl("tee", "a/+")])
+def test_a_run_records_what_its_messages_would_one_by_one(cls, relayed, matched):
     """published_run means published, then delivered to each receiver, per message: the
-    same records as those calls with the broker's own Message and Delivery."""
+    same records as those calls with the broker's own Message and Delivery, the ACL rule
+    of the kept answer that allowed the run (`matched`) included, as Ingress.publish
+    gives it (the rule's label is the message's acl_name)."""
     by_run, one_by_one = Harness(cls, relayed), Harness(cls, relayed)
     publisher, receivers = Who(0), [Who(1), Who(2, None), LooseWho(3)]
     payloads = [b"", b"x" * 40, bytes(300)]
-    by_run.recorder.published_run(publisher, "a/b", payloads, receivers)
-    by_run.recorder.published_run(publisher, "a/b", [b"y"], receivers[:1])  # one receiver
-    by_run.recorder.published_run(publisher, "a/c", [b"z"], [])  # nobody subscribed
+    by_run.recorder.published_run(publisher, "a/b", payloads, receivers, matched)
+    by_run.recorder.published_run(publisher, "a/b", [b"y"], receivers[:1], matched)  # one
+    by_run.recorder.published_run(publisher, "a/c", [b"z"], [], matched)  # nobody subscribed
+
+    def message_of(topic: str, payload: bytes) -> Message:
+        message = Message(topic, payload, 0)
+        if matched is not None:
+            message.acl_name = matched.name
+        return message
+
     for topic, run, to in (("a/b", payloads, receivers), ("a/b", [b"y"], receivers[:1])):
         for payload in run:
-            message = Message(topic, payload, 0)
-            one_by_one.recorder.published(publisher, message, None)
+            message = message_of(topic, payload)
+            one_by_one.recorder.published(publisher, message, matched)
             for receiver in to:
                 one_by_one.recorder.delivered(receiver, Delivery(message, 0, False, ()))
-    one_by_one.recorder.published(publisher, Message("a/c", b"z", 0), None)
+    one_by_one.recorder.published(publisher, message_of("a/c", b"z"), matched)
     assert [decoded(r) for r in by_run.records()] == [decoded(r) for r in one_by_one.records()]
     events = by_run.events()
+    if matched is not None:  # each event names the rule's label, each publish its pattern
+        assert {e[12] for e in events} == {"tee"}
+        assert {e[13] for e in events if e[2] == CODES["on_publish"]} <= {"a/+"}
     published = 3 + 1 + 1 if "on_publish" in relayed else 0
     delivered = 3 * 3 + 1 if "on_deliver" in relayed else 0
     assert len(events) == published + delivered
@@ -470,7 +484,7 @@ def test_a_run_with_one_receiver_then_its_next_event_joins_that_receivers_run(cl
     # As one by one: a message's only delivery, then that receiver's completion.
     h = Harness(cls, {"on_deliver", "on_delivery_complete"})
     receiver = Who(1)
-    h.recorder.published_run(Who(0), "t", [b"1"], [receiver])
+    h.recorder.published_run(Who(0), "t", [b"1"], [receiver], None)
     h.recorder.completed(receiver, Delivery(Message("u", b"2", 1), 1, False, ()))
     records = h.records()
     assert [r[2] for r in records] == [SESSION_EVENTS]

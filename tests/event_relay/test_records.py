@@ -44,7 +44,7 @@ from event_relay.sidecar_pb.on_deliver_pb2 import OnDeliver
 from event_relay.spool import STALE_PER_WRITE, Spool
 from tests.broker.helpers import PUBLISH, V5, V311, RawClient, publish_packet, unique_id
 
-from .conftest import UUID4, RelayBroker, Stream, assert_gap_free, flood
+from .conftest import RECORDERS, UUID4, RelayBroker, Stream, assert_gap_free, flood, with_recorder
 from .test_sidecar import Sidecar, memory_log, running
 
 to_thread = asyncio.to_thread
@@ -1004,26 +1004,6 @@ def fan_out_of(broker: RelayBroker, paho_client: Any, subscribers: int = 3) -> F
         assert sub.subscribe("fan/#", qos % 3) == [qos % 3]
         subs.append(sub)
     return FanOut(broker, subs, paho_client(broker, V5, unique_id("pub")))
-
-
-# A sampling rule makes the relay record with the Python recorder (event_relay/recorder.py)
-# instead of the compiled one; this one samples nothing out (no message has the label).
-PYTHON_RECORDER = {"sample": {"on_publish": {"no-such-label": 0}}}
-
-
-RECORDERS = ["compiled", "python"]
-
-
-def with_recorder(relay_broker: Any, recorder: str, **sections: Any) -> RelayBroker:
-    """A relay broker recording with `recorder` (the compiled one when it was built)."""
-    relay = PYTHON_RECORDER if recorder == "python" else None
-    broker: RelayBroker = relay_broker(relay=relay, **sections)
-    module = type(broker.plugin._recorder).__module__
-    if recorder == "python":
-        assert module == "event_relay.recorder"
-    elif module == "event_relay.recorder":
-        pytest.skip("the compiled recorder is not built")
-    return broker
 
 
 @pytest.fixture(params=RECORDERS)

@@ -688,7 +688,7 @@ class _Recording:
     def completed(self, session, delivery) -> None:
         self.seen.append("completed")
 
-    def published_run(self, client, topic, payloads, receivers) -> None:
+    def published_run(self, client, topic, payloads, receivers, matched_acl) -> None:
         self.seen.append("published_run")
 
 
