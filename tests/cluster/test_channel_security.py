@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,37 +258,52 @@ def test_a_tls_cluster_with_the_leaderless_metadata_joins_through_its_seed(
     no_traceback(a, b)
 
 
-def test_a_certificate_from_another_ca_is_refused(
-    cluster: Cluster, certificates: Certificates
-) -> None:
-    a = cluster.node("a", extra=certificates.keys(certificates.issue("a"))).start()
-    stranger = certificates.issue("b", ca=certificates.other)  # trusts the cluster's CA
-    b = cluster.node("b", extra=certificates.keys(stranger)).start()
-    untrusted = r"its certificate is not trusted \(unable to get local issuer certificate\)$"
-    not_trusted_by = r"it does not trust this node's certificate \(unknown CA\)$"
-    # b's link to a: a finds b's certificate signed by a CA it does not know...
-    wait_log(a, rf"cluster listener: refused a link from {NODE}: TLS handshake failed: {untrusted}")
-    wait_log(b, rf"cluster link to a \({NODE}\): TLS handshake failed: {not_trusted_by}")
-    # ... and so does a's link to b.
-    wait_log(a, rf"cluster link to b \({NODE}\): TLS handshake failed: {untrusted}")
-    wait_log(b, rf"cluster listener: refused a link from {NODE}: TLS handshake failed: ")
-    assert count_log(a, link_up("b")) == count_log(b, link_up("a")) == 0
-    no_traceback(a, b)
+TLS_FAILED = "TLS handshake failed"
+UNTRUSTED = r"its certificate is not trusted \(unable to get local issuer certificate\)$"
+NOT_TRUSTED_BY = r"it does not trust this node's certificate \(unknown CA\)$"
+SHOWN_NAMES = r"the certificate shown names c, c\.cluster\.test, not b"
+# b's certificate -> the lines each side logs about each link, (node, pattern) in turn.
+REFUSED_CERTIFICATES = [
+    pytest.param(
+        # another CA's (b itself trusts the cluster's CA)
+        lambda certificates: certificates.issue("b", ca=certificates.other),
+        [
+            # b's link to a: a finds b's certificate signed by a CA it does not know...
+            ("a", rf"cluster listener: refused a link from {NODE}: {TLS_FAILED}: {UNTRUSTED}"),
+            ("b", rf"cluster link to a \({NODE}\): {TLS_FAILED}: {NOT_TRUSTED_BY}"),
+            # ... and so does a's link to b.
+            ("a", rf"cluster link to b \({NODE}\): {TLS_FAILED}: {UNTRUSTED}"),
+            ("b", rf"cluster listener: refused a link from {NODE}: {TLS_FAILED}: "),
+        ],
+        id="another-ca",
+    ),
+    pytest.param(
+        # the cluster's CA's, for node c
+        lambda certificates: certificates.issue("b", cn="c"),
+        [
+            # b says HELLO as b: a refuses it, b reads why.
+            ("a", rf"cluster listener: refused a link from b \({NODE}\): {SHOWN_NAMES}$"),
+            ("b", rf"node a refused this node's link: {SHOWN_NAMES}$"),
+            # a's link to b: a finds the certificate is not b's, and tells b.
+            ("a", rf"cluster link to b \({NODE}\): refused: {SHOWN_NAMES}; closing it$"),
+            ("b", rf"cluster listener: the link from {NODE} refused this node: {SHOWN_NAMES}$"),
+        ],
+        id="another-node",
+    ),
+]
 
 
-def test_a_certificate_for_another_node_is_refused(
-    cluster: Cluster, certificates: Certificates
+@pytest.mark.parametrize(("b_certificate", "refusals"), REFUSED_CERTIFICATES)
+def test_a_certificate_from_another_ca_or_for_another_node_is_refused(
+    cluster: Cluster,
+    certificates: Certificates,
+    b_certificate: Callable[[Certificates], Cert],
+    refusals: list[tuple[str, str]],
 ) -> None:
     a = cluster.node("a", extra=certificates.keys(certificates.issue("a"))).start()
-    impostor = certificates.issue("b", cn="c")  # the cluster's CA, for node c
-    b = cluster.node("b", extra=certificates.keys(impostor)).start()
-    names = r"the certificate shown names c, c\.cluster\.test, not b"
-    # b says HELLO as b: a refuses it, b reads why.
-    wait_log(a, rf"cluster listener: refused a link from b \({NODE}\): {names}$")
-    wait_log(b, rf"node a refused this node's link: {names}$")
-    # a's link to b: a finds the certificate is not b's, and tells b.
-    wait_log(a, rf"cluster link to b \({NODE}\): refused: {names}; closing it$")
-    wait_log(b, rf"cluster listener: the link from {NODE} refused this node: {names}$")
+    b = cluster.node("b", extra=certificates.keys(b_certificate(certificates))).start()
+    for name, pattern in refusals:
+        wait_log(cluster.nodes[name], pattern)
     assert count_log(a, link_up("b")) == count_log(b, link_up("a")) == 0
     no_traceback(a, b)
 

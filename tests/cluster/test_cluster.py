@@ -28,7 +28,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from testing.redis_server import RedisServer
 from tests.broker.helpers import (
     DISCONNECT,
     PUBACK,
@@ -218,6 +219,45 @@ def three_nodes(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) 
         trio.close()
 
 
+@pytest.fixture(scope="module")
+def running_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trio]:
+    """Nodes a, b, c on a redis-server of their own (the session's is emptied before each
+    test), every link up: one trio for the module's tests that leave it as they found it
+    (`shared_nodes`)."""
+    directory = tmp_path_factory.mktemp("shared")
+    redis_server = RedisServer(directory / "redis").start()
+    trio = Trio(directory, redis_server.url)
+    try:
+        trio.start()
+        yield trio
+    finally:
+        trio.close()
+        redis_server.kill()
+
+
+@pytest.fixture
+def shared_nodes(running_nodes: Trio) -> Iterator[Trio]:
+    """The module's trio; the clients the test connected are closed after it (closed_since)."""
+    before = len(running_nodes.clients)
+    try:
+        yield running_nodes
+    finally:
+        closed_since(running_nodes.clients, before, running_nodes.nodes.values())
+
+
+def closed_since(clients: list[PahoClient], first: int, nodes: Iterable[ClusterNode]) -> None:
+    """Close (and forget) `clients` from index `first` on, and wait until no node counts a
+    remote subscriber: a test sharing the nodes next starts from none."""
+    for client in clients[first:]:
+        client.close()
+    del clients[first:]
+    for node in nodes:
+        eventually(
+            lambda node=node: admin(node, "cluster/status")[0]["remote_subscribers"] == 0,
+            what=f"no remote subscriber left on {node.name}",
+        )
+
+
 @pytest.fixture
 def swc_three_nodes(tmp_path: Path) -> Iterator[Trio]:
     """Nodes a, b, c with the leaderless metadata and no Redis: b and c join through a."""
@@ -369,10 +409,10 @@ def disconnect(client: PahoClient, node: ClusterNode) -> None:
 # --------------------------------------------------------------------------- 1. publish on A
 
 
-def test_publish_on_a_reaches_b_and_c(three_nodes: Trio) -> None:
+def test_publish_on_a_reaches_b_and_c(shared_nodes: Trio) -> None:
     """Exact topics, `+` and `#`, each subscriber at min(publish QoS, subscription QoS),
     and an MQTT 5 message's properties intact on the other node."""
-    trio = three_nodes
+    trio = shared_nodes
     pub = trio.client("a", V5)
     b_exact = trio.client("b", V311)
     b_plus = trio.client("b", V5)
@@ -456,8 +496,8 @@ def test_publish_on_a_reaches_b_and_c(three_nodes: Trio) -> None:
     assert not hasattr(c_exact_got[0].properties, "ContentType")
 
 
-def test_no_local_for_a_publisher_subscribed_on_its_own_node(three_nodes: Trio) -> None:
-    trio = three_nodes
+def test_no_local_for_a_publisher_subscribed_on_its_own_node(shared_nodes: Trio) -> None:
+    trio = shared_nodes
     pub = trio.client("a", V5)
     other = trio.client("a", V5)
     remote = trio.client("b", V5)
@@ -476,10 +516,10 @@ def test_no_local_for_a_publisher_subscribed_on_its_own_node(three_nodes: Trio) 
     assert pub.expect_message().payload == b"end"
 
 
-def test_shared_group_across_nodes_gets_each_message_once(three_nodes: Trio) -> None:
+def test_shared_group_across_nodes_gets_each_message_once(shared_nodes: Trio) -> None:
     """$share/g/... with a member on B and one on C, published on A (no local member:
     prefer_local picks among all): each message to exactly one member, both get some."""
-    trio = three_nodes
+    trio = shared_nodes
     pub = trio.client("a", V5)
     m_b = trio.client("b", V5)
     m_c = trio.client("c", V311)
@@ -514,9 +554,9 @@ def test_shared_group_across_nodes_gets_each_message_once(three_nodes: Trio) -> 
     print(f"\nshared group: {len(got['b'])} to b, {len(got['c'])} to c")
 
 
-def test_shared_group_prefers_the_local_member(three_nodes: Trio) -> None:
+def test_shared_group_prefers_the_local_member(shared_nodes: Trio) -> None:
     """prefer_local (the default): with a member on A online, A's publishes go to it."""
-    trio = three_nodes
+    trio = shared_nodes
     pub = trio.client("a", V5)
     m_a = trio.client("a", V5)
     m_b = trio.client("b", V5)
@@ -543,12 +583,12 @@ def test_shared_group_prefers_the_local_member(three_nodes: Trio) -> None:
 # --------------------------------------------------------------------------- 2. propagation
 
 
-def test_subscription_propagation_delay(three_nodes: Trio) -> None:
+def test_subscription_propagation_delay(shared_nodes: Trio) -> None:
     """After the SUBACK on B, how long until A routes to B: the time until the first of
     the probes published on A (one every few milliseconds from the SUBACK on) arrives.
     That includes one hop A -> B, measured alone for comparison. Printed; bounded
     generously."""
-    trio = three_nodes
+    trio = shared_nodes
     pub = trio.client("a", V311)
     samples = 20
     delays = []
@@ -588,8 +628,8 @@ def test_subscription_propagation_delay(three_nodes: Trio) -> None:
 # --------------------------------------------------------------------------- 3. retained
 
 
-def test_retained_set_on_a_and_cleared_on_b(three_nodes: Trio) -> None:
-    trio = three_nodes
+def test_retained_set_on_a_and_cleared_on_b(shared_nodes: Trio) -> None:
+    trio = shared_nodes
     pub = trio.client("a", V311)
     pub.publish("ret/t", b"kept", 1, retain=True)
     on_c = trio.client("c", V311)
@@ -937,8 +977,8 @@ def test_clean_session_taken_over_by_persistent_connect_is_not_resumed(
 # --------------------------------------------------------------------------- 7. status
 
 
-def test_cluster_status_and_metrics(three_nodes: Trio) -> None:
-    trio = three_nodes
+def test_cluster_status_and_metrics(shared_nodes: Trio) -> None:
+    trio = shared_nodes
     pub = trio.client("a", V311)
     subs = [trio.client("b", V311), trio.client("c", V311)]
     for sub in subs:

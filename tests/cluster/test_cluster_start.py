@@ -5,6 +5,10 @@ READY_WITHIN seconds of the start, a message published on one node reaches a sub
 on another, and none logs the refusal of a node holding another cluster's metadata
 (which still refuses a node that does). One DNS name resolving to the three nodes'
 addresses, as a headless service's, needs an address per node: test_partitions.py.
+
+The tests of one kind (IP, DNS) share one set, started once (`together`, a module
+fixture): each leaves it running and linked, a node a test adds is that test's to stop,
+and the restart test, which kills and starts the set again, comes last.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tests.cluster.test_cluster import (
     take,
     wait_routed,
 )
+from tests.cluster.test_swc_cluster import SwcCluster
 
 NAMES = ("a", "b", "c")
 READY_WITHIN = 15.0  # seconds from the start to a node accepting clients
@@ -61,13 +66,15 @@ def by_name(host: str, port: int) -> dict[str, str]:
     return {"cluster_host": "0.0.0.0", "extra": f'advertise = "{host}:{port}"'}
 
 
-class StartedTogether:
+class StartedTogether(SwcCluster):
     """Nodes a, b, c (not started yet, each with the same seed list), started at once."""
 
-    def __init__(self, nodes: dict[str, Node]) -> None:
+    def __init__(self, tmp_path: Path, nodes: dict[str, Node]) -> None:
+        super().__init__(tmp_path)
         self.nodes = nodes
-        self.clients: list[PahoClient] = []
         self.started_at = 0.0
+        # From the last start together: each node's first client accepted, and when.
+        self.accepted: dict[str, tuple[PahoClient, float]] = {}
 
     @classmethod
     def on_loopback(cls, tmp_path: Path, seed_host: str) -> StartedTogether:
@@ -77,24 +84,24 @@ class StartedTogether:
         finds itself among the seeds by the name it answers with."""
         ports = {name: port_below_ephemeral() for name in NAMES}
         seeds = [(seed_host, ports[name]) for name in NAMES]
-        return cls(
-            {
-                name: Node(
-                    tmp_path / name,
-                    name,
-                    "",
-                    metadata="swc",
-                    cluster_port=ports[name],
-                    seeds=seeds,
-                    **({} if seed_host == HOST else by_name(seed_host, ports[name])),
-                )
-                for name in NAMES
-            }
-        )
+        nodes = {
+            name: Node(
+                tmp_path / name,
+                name,
+                "",
+                metadata="swc",
+                cluster_port=ports[name],
+                seeds=seeds,
+                **({} if seed_host == HOST else by_name(seed_host, ports[name])),
+            )
+            for name in NAMES
+        }
+        return cls(tmp_path, nodes)
 
-    def start(self) -> None:
+    def start(self) -> None:  # type: ignore[override]
         """Every node at once (each thread launches one process and waits until it
-        listens for MQTT; not until it holds the metadata)."""
+        listens for MQTT; not until it holds the metadata), then a client accepted by
+        each (`accepted`)."""
         failures: list[BaseException] = []
 
         def start(node: ClusterNode) -> None:
@@ -104,7 +111,7 @@ class StartedTogether:
                 failures.append(exc)
 
         for node in self.nodes.values():
-            node.prepare()  # (its API key made by a process of its own, before the clock)
+            node.prepare()  # (its config and API key written before the clock)
         threads = [threading.Thread(target=start, args=(node,)) for node in self.nodes.values()]
         self.started_at = time.monotonic()
         for thread in threads:
@@ -112,6 +119,7 @@ class StartedTogether:
         for thread in threads:
             thread.join()
         assert not failures, failures
+        self.accepted = {name: self.connect(name) for name in NAMES}
 
     def connect(self, name: str) -> tuple[PahoClient, float]:
         """A client accepted by node `name` (CONNECTs refused while the node is not ready
@@ -119,7 +127,7 @@ class StartedTogether:
         node = self.nodes[name]
         deadline = self.started_at + READY_WITHIN
         while True:
-            client = PahoClient(node.host, node.port, V311)
+            client = PahoClient(HOST, node.port, V311)
             result = client.connect(expect_code=None)
             if result.reason_code == ACCEPTED:
                 self.clients.append(client)
@@ -127,20 +135,14 @@ class StartedTogether:
             client.close()
             assert time.monotonic() < deadline, f"node {name} refused CONNECT: {result}"
 
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        for node in self.nodes.values():
-            node.kill()
-        for node in self.nodes.values():  # shown when the test failed
-            if node.process is not None:
-                print(f"--- node {node.name} (port {node.port})")
-                print("\n".join(node.drain_log()))
 
-
-@pytest.fixture(params=[HOST, "localhost"], ids=["ip", "dns"])
-def together(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StartedTogether]:
-    cluster = StartedTogether.on_loopback(tmp_path, request.param)
+@pytest.fixture(scope="module", params=[HOST, "localhost"], ids=["ip", "dns"])
+def together(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartedTogether]:
+    """The set started together by IP or by name, shared by the module's tests of that
+    kind (see the module's doc)."""
+    cluster = StartedTogether.on_loopback(tmp_path_factory.mktemp("together"), request.param)
     try:
         cluster.start()
         yield cluster
@@ -155,10 +157,10 @@ def test_nodes_started_together_from_one_seed_list_form_one_cluster(
 
 
 def assert_one_cluster(together: StartedTogether) -> None:
-    """Each node accepts a client within READY_WITHIN of the start, a message crosses,
+    """Each node accepted a client within READY_WITHIN of the start, a message crosses,
     each is ready and linked to the two others; one node started the cluster, and no
     node refused another (or itself) or a link."""
-    clients = {name: together.connect(name) for name in NAMES}
+    clients = together.accepted
     for name, (_, after) in clients.items():
         assert after <= READY_WITHIN, f"{name} accepted its first client {after:.1f}s in"
     subscriber, publisher = clients["c"][0], clients["a"][0]
@@ -184,25 +186,28 @@ def test_a_node_holding_another_clusters_metadata_is_refused_by_the_set(
 ) -> None:
     for name in NAMES:
         together.nodes[name].wait_for_log(COMPLETE_LINE, READY_WITHIN)
-    lone = Node(tmp_path / "z", "z", "", metadata="swc")  # a cluster of its own
-    lone.start()
-    together.nodes["z"] = lone
-    client = PahoClient(HOST, lone.port, V311)
-    client.connect()
-    client.publish("z/topic", b"z's", 1, retain=True)
-    client.close()
-    lone.stop()  # its metadata is written before it exits
-    again = Node(  # its seeds: the set's three, and itself
-        tmp_path / "z",
-        "z",
-        "",
-        metadata="swc",
-        cluster_port=lone.cluster_port,
-        seeds=[(HOST, node.cluster_port) for node in together.nodes.values()],
-    )
-    together.nodes["z"] = again
-    again.start()
-    again.wait_for_log(r"not joining through seed .* holds metadata of another cluster", TIMEOUT)
+    outside = SwcCluster(tmp_path)  # z, not one of the shared set: stopped with the test
+    try:
+        lone = outside.start("z")  # a cluster of its own
+        client = outside.client("z")
+        client.publish("z/topic", b"z's", 1, retain=True)
+        client.close()
+        lone.stop()  # its metadata is written before it exits
+        again = Node(  # its seeds: the set's three, and itself
+            tmp_path / "z",
+            "z",
+            "",
+            metadata="swc",
+            cluster_port=lone.cluster_port,
+            seeds=[(HOST, node.cluster_port) for node in [*together.nodes.values(), lone]],
+        )
+        outside.nodes["z"] = again
+        again.start()
+        again.wait_for_log(
+            r"not joining through seed .* holds metadata of another cluster", TIMEOUT
+        )
+    finally:
+        outside.close()
     for name in NAMES:
         assert not [line for line in together.nodes[name].drain_log() if REFUSAL.search(line)]
 
@@ -251,8 +256,7 @@ def test_the_set_restarted_together_keeps_its_cluster_and_what_it_held(
     for node in together.nodes.values():
         node.kill()
     together.start()
-    clients = {name: together.connect(name)[0] for name in NAMES}
-    seen = retained_seen(clients["c"], "kept/topic")
+    seen = retained_seen(together.accepted["c"][0], "kept/topic")
     assert seen is not None and seen.payload == b"kept"
     lines = [line for node in together.nodes.values() for line in node.drain_log()]
     assert not [line for line in lines if STARTS.search(line) or REFUSAL.search(line)]

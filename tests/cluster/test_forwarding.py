@@ -102,6 +102,19 @@ def two_nodes(cluster: Cluster) -> tuple[ClusterNode, ClusterNode]:
     return a, b
 
 
+def streaming(
+    cluster: Cluster, qos: int, client_id: str
+) -> tuple[ClusterNode, ClusterNode, Subscriber, Stream]:
+    """a and b (two_nodes), a persistent subscriber on b at `qos`, routed from a, and a
+    stream at `qos` from a publisher on a, flowing: (a, b, subscriber, stream)."""
+    a, b = two_nodes(cluster)
+    sub = cluster.subscriber(b, client_id, clean=False)
+    sub.subscribe("load/#", qos)
+    pub = cluster.publisher(a)
+    wait_routed(pub, [sub], "load/probe")
+    return a, b, sub, Stream(pub, "load/s", qos).start()
+
+
 def reconnect(subscriber: Subscriber, node: ClusterNode) -> None:
     """The same paho client (its QoS 2 state kept) connects again, to `node` restarted."""
     assert subscriber.disconnected.wait(TIMEOUT), "the subscriber saw its node go"
@@ -127,12 +140,7 @@ def test_kill_9_of_the_subscribers_node_loses_nothing_acknowledged(
     b is away) is kept by a and sent again once b is back; b queued in its store what it
     had answered for. Nothing acknowledged is lost."""
     cluster = clusters("")
-    a, b = two_nodes(cluster)
-    sub = cluster.subscriber(b, f"kill-b-{qos}", clean=False)
-    sub.subscribe("load/#", qos)
-    pub = cluster.publisher(a)
-    wait_routed(pub, [sub], "load/probe")
-    stream = Stream(pub, "load/s", qos).start()
+    a, b, sub, stream = streaming(cluster, qos, f"kill-b-{qos}")
     try:
         stream.wait_acked(300)
         since_a = mark(a)
@@ -168,12 +176,7 @@ def test_kill_9_of_the_publishers_node_loses_nothing_acknowledged(
     every message b had not acknowledged, and b drops the ones it had queued already.
     Nothing acknowledged is lost (at most once, those waiting on a were lost)."""
     cluster = clusters("")
-    a, b = two_nodes(cluster)
-    sub = cluster.subscriber(b, f"kill-a-{qos}", clean=False)
-    sub.subscribe("load/#", qos)
-    pub = cluster.publisher(a)
-    wait_routed(pub, [sub], "load/probe")
-    stream = Stream(pub, "load/s", qos).start()
+    a, b, sub, stream = streaming(cluster, qos, f"kill-a-{qos}")
     try:
         stream.wait_acked(200)
         since_a = mark(a)

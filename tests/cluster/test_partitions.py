@@ -20,7 +20,9 @@ from silence (`dead_after`), and TCP's retransmissions and back-off are in play.
   /etc/hosts), every node's seeds are `SET_NAME:SET_PORT`, and the three started at once
   form one cluster within test_cluster_start.py's READY_WITHIN.
 
-They need root and iproute2 (`ip`, `tc`); without them they are skipped, saying why.
+The one-way and lossy tests share one trio with the defaults (healed and ready again
+after each); the 30 s cut, with the switches on, has its own. They need root and
+iproute2 (`ip`, `tc`); without them they are skipped, saying why.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,9 +75,10 @@ SET_PORT = 18830
 NETNS_FILES = Path("/etc/netns")  # `ip netns exec NS` mounts NETNS_FILES/NS/hosts on /etc/hosts
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def network() -> Iterator[Network]:
-    """Namespaces a, b and c, every two linked (skipped without root or iproute2)."""
+    """Namespaces a, b and c, every two linked (skipped without root or iproute2): the
+    module's, healed after each test by the trio fixtures."""
     net = Network(NAMES)
     try:
         yield net.create()
@@ -112,28 +116,12 @@ class NamespacedTrio(SwcCluster):
         self.network = network
         self.cluster_keys = cluster_keys  # lines of [cluster], every node's
 
-    def start(self, name: str, seeds: list[str] = ()) -> Node:  # type: ignore[assignment]
-        node = Node(
-            self.tmp_path / name,
-            name,
-            "",
-            metadata="swc",
-            seeds=[(self.nodes[seed].host, self.nodes[seed].cluster_port) for seed in seeds],
-            host=self.network.address(name),
-            prefix=self.network.prefix(name),
-            extra=self.cluster_keys,
-        )
-        self.nodes[name] = node
-        node.start()
-        return node
-
-    def start_all(self) -> None:
-        """a, then b and c joining through a; every link up."""
-        self.start("a")
-        self.start("b", ["a"])
-        self.start("c", ["a"])
-        for name, node in self.nodes.items():
-            node.wait_links([peer for peer in NAMES if peer != name])
+    def node_keys(self, name: str) -> dict[str, Any]:
+        return {
+            "host": self.network.address(name),
+            "prefix": self.network.prefix(name),
+            "extra": self.cluster_keys,
+        }
 
     def client(
         self, node: str, version: int = V311, client_id: str | None = None, clean: bool = True
@@ -154,6 +142,10 @@ class NamespacedTrio(SwcCluster):
         and every node ready."""
         for name in split:
             self.nodes[name].wait_line(READY_AGAIN, since[name], HEAL_TIMEOUT)
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Every node ready (no member unreachable)."""
         for name in NAMES:
             eventually(
                 lambda n=name: self.nodes[n].cluster_status()["metadata"] == "ready",
@@ -166,13 +158,44 @@ class NamespacedTrio(SwcCluster):
 def trio(
     tmp_path: Path, network: Network, request: pytest.FixtureRequest
 ) -> Iterator[NamespacedTrio]:
-    """The three nodes started (parametrized indirectly: their [cluster] keys)."""
-    cluster = NamespacedTrio(tmp_path, network, getattr(request, "param", ""))
+    """The three nodes started, this test's own (parametrized indirectly: their [cluster]
+    keys)."""
+    cluster = NamespacedTrio(tmp_path, network, request.param)
     try:
         cluster.start_all()
         yield cluster
     finally:
         cluster.close()
+        network.heal()
+
+
+@pytest.fixture(scope="module")
+def running_trio(
+    tmp_path_factory: pytest.TempPathFactory, network: Network
+) -> Iterator[NamespacedTrio]:
+    """The three nodes with the default [cluster] keys, for the module's tests that leave
+    them as they found them (shared_trio)."""
+    cluster = NamespacedTrio(tmp_path_factory.mktemp("trio"), network)
+    try:
+        cluster.start_all()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def shared_trio(running_trio: NamespacedTrio, network: Network) -> Iterator[NamespacedTrio]:
+    """The module's trio; after the test, the network healed, the clients it connected
+    closed, and every node ready again."""
+    before = len(running_trio.clients)
+    try:
+        yield running_trio
+    finally:
+        network.heal()
+        for client in running_trio.clients[before:]:
+            client.close()
+        del running_trio.clients[before:]
+        running_trio.wait_ready()
 
 
 def routed(publisher: PahoClient, subscriber: PahoClient, topic: str) -> bool:
@@ -279,13 +302,13 @@ def test_a_node_cut_off_for_30_s_converges_with_what_both_sides_changed(
 
 
 def test_a_one_way_partition_is_noticed_on_both_ends_and_heals(
-    trio: NamespacedTrio, network: Network
+    shared_trio: NamespacedTrio, network: Network
 ) -> None:
     """a's packets to b are dropped, b's to a pass: neither link works (TCP needs both
     ways), so a and b each miss the other and refuse CONNECTs (the defaults); c reaches
     both. Once healed, every node is ready and routes the others' subscriptions."""
-    a, b, c = (trio.nodes[name] for name in NAMES)
-    split_at = trio.log_positions()
+    a, b, c = (shared_trio.nodes[name] for name in NAMES)
+    split_at = shared_trio.log_positions()
     network.cut_one_way("a", "b")
     a.wait_line(r"cluster: not ready: b cannot be reached \(netsplit\)", split_at["a"])
     b.wait_line(r"cluster: not ready: a cannot be reached \(netsplit\)", split_at["b"])
@@ -297,19 +320,19 @@ def test_a_one_way_partition_is_noticed_on_both_ends_and_heals(
         connack = refused.connect(unique_id("split"), expect_code=None)
         assert connack.reason_code == CONNECTION_REFUSED_SERVER_UNAVAILABLE
         refused.close()
-    sub_c = trio.client("c")  # c serves on: CONNECT and SUBSCRIBE accepted
+    sub_c = shared_trio.client("c")  # c serves on: CONNECT and SUBSCRIBE accepted
     subscribe_with_probe(sub_c, ("oneway/c", 1))
 
-    healed_at = trio.log_positions()
+    healed_at = shared_trio.log_positions()
     network.heal()
-    trio.wait_healed(healed_at, "ab")
-    sub_a, sub_b = trio.client("a"), trio.client("b")
+    shared_trio.wait_healed(healed_at, "ab")
+    sub_a, sub_b = shared_trio.client("a"), shared_trio.client("b")
     subscribe_with_probe(sub_a, ("oneway/a", 1))
     subscribe_with_probe(sub_b, ("oneway/b", 1))
-    wait_routed(trio.client("b"), sub_a)
-    wait_routed(trio.client("a"), sub_b)
-    wait_routed(trio.client("a"), sub_c)
-    wait_routed(trio.client("b"), sub_c)
+    wait_routed(shared_trio.client("b"), sub_a)
+    wait_routed(shared_trio.client("a"), sub_b)
+    wait_routed(shared_trio.client("a"), sub_c)
+    wait_routed(shared_trio.client("b"), sub_c)
 
 
 LOSS_PERCENT = 25
@@ -322,18 +345,18 @@ def crossed(publisher: PahoClient, subscriber: PahoClient, payload: bytes) -> bo
     return bool(arrived(subscriber, {payload}, TIMEOUT))
 
 
-def test_qos_1_messages_cross_a_lossy_link(trio: NamespacedTrio, network: Network) -> None:
+def test_qos_1_messages_cross_a_lossy_link(shared_trio: NamespacedTrio, network: Network) -> None:
     """25% of the packets between a and b lost each way, while QoS 1 messages go one
     by one for 15 s from a publisher on a to a subscriber on b (each crosses the lossy
     link before the next is sent): every message arrives, and the cluster is ready on
     every node with the loss still on (a link may drop and come back meanwhile; no split
     stays)."""
-    a = trio.nodes["a"]
-    sub = trio.client("b")
+    a = shared_trio.nodes["a"]
+    sub = shared_trio.client("b")
     subscribe_with_probe(sub, ("lossy/t", 1))
-    pub = trio.client("a")
+    pub = shared_trio.client("a")
     wait_routed(pub, sub)
-    lossy_at = trio.log_positions()
+    lossy_at = shared_trio.log_positions()
     network.lose("a", "b", LOSS_PERCENT)
     end = time.monotonic() + LOSSY_SECONDS
     sent = lost = 0
@@ -343,12 +366,7 @@ def test_qos_1_messages_cross_a_lossy_link(trio: NamespacedTrio, network: Networ
     flaps = [line for line in a.drain_log()[lossy_at["a"] :] if "cluster link to b" in line]
     assert not lost, f"{lost} of {sent} lost; a's link to b: {flaps}"
     assert network.dropped("a", "b") > 0 and network.dropped("b", "a") > 0
-    for name in NAMES:
-        eventually(
-            lambda n=name: trio.nodes[n].cluster_status()["metadata"] == "ready",
-            HEAL_TIMEOUT,
-            what=f"{name} ready",
-        )
+    shared_trio.wait_ready()  # the loss still on
 
 
 def test_three_nodes_started_together_find_each_other_by_one_dns_name(
@@ -379,7 +397,7 @@ def test_three_nodes_started_together_find_each_other_by_one_dns_name(
         assert {line.split()[0] for line in resolved.splitlines()} == {
             network.address(node) for node in NAMES
         }
-    together = StartedTogether(nodes)
+    together = StartedTogether(tmp_path, nodes)
     try:
         together.start()
         assert_one_cluster(together)

@@ -4,9 +4,10 @@ processes on loopback and no Redis at all. Node a starts alone; b and c join thr
 member. Then subscriptions and retained messages replicate: a subscription on one node
 routes publishes from the others (exact, wildcard, `$share`), an unsubscribe removes the
 route everywhere, a retained message set and cleared on one node is seen so on another.
-A node that holds another cluster's metadata is refused at join, in one line. Members
-come and go by command (`nautilus cluster join`, `leave`, `show`); a partition heals to
-one state; a node killed with -9 comes back with what it let out.
+(A node that holds another cluster's metadata is refused at join:
+test_cluster_start.py.) Members come and go by command (`nautilus cluster join`,
+`leave`, `show`); a partition heals to one state; a node killed with -9 comes back with
+what it let out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from tests.cluster.test_cluster import (
     HOST,
     TIMEOUT,
     Node,
+    closed_since,
     disconnect,
     eventually,
     retained_seen,
@@ -57,16 +60,46 @@ class SwcCluster:
         self.clients: list[PahoClient] = []
 
     def start(self, name: str, seeds: list[str] = ()) -> Node:  # type: ignore[assignment]
+        """Node `name` joining through `seeds` (none: a cluster of its own)."""
         node = Node(
             self.tmp_path / name,
             name,
             "",
             metadata="swc",
-            seeds=[(HOST, self.nodes[seed].cluster_port) for seed in seeds],
+            seeds=[(self.nodes[seed].host, self.nodes[seed].cluster_port) for seed in seeds],
+            **self.node_keys(name),
         )
         self.nodes[name] = node
         node.start()
         return node
+
+    def restart(self, name: str, seed: str) -> Node:
+        """Node `name` started again on its own store and cluster port (after a stop or a
+        kill), joining through `seed`."""
+        old = self.nodes[name]
+        node = Node(
+            old.directory,
+            name,
+            "",
+            metadata="swc",
+            cluster_port=old.cluster_port,
+            seeds=[(HOST, self.nodes[seed].cluster_port)],
+        )
+        self.nodes[name] = node
+        node.start()
+        return node
+
+    def node_keys(self, name: str) -> dict[str, Any]:
+        """More of Node's keys for node `name` (a subclass's: where it runs, say)."""
+        return {}
+
+    def start_all(self) -> None:
+        """a alone, then b and c joining through a at once; every link up."""
+        self.start("a")
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda name: self.start(name, ["a"]), ("b", "c")))
+        for name, node in self.nodes.items():
+            node.wait_links([peer for peer in self.nodes if peer != name])
 
     def client(self, node: str, version: int = V311) -> PahoClient:
         client = PahoClient(HOST, self.nodes[node].port, version, None)
@@ -87,17 +120,34 @@ class SwcCluster:
 
 @pytest.fixture
 def swc_trio(tmp_path: Path) -> Iterator[SwcCluster]:
-    """a alone, then b and c joining through a; every link up."""
+    """A trio of this test's own (start_all), which it may stop, kill or add to."""
     cluster = SwcCluster(tmp_path)
     try:
-        cluster.start("a")
-        cluster.start("b", ["a"])
-        cluster.start("c", ["a"])
-        for name, node in cluster.nodes.items():
-            node.wait_links([peer for peer in cluster.nodes if peer != name])
+        cluster.start_all()
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def running_trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwcCluster]:
+    """One trio for the module's tests that leave its members as they found them."""
+    cluster = SwcCluster(tmp_path_factory.mktemp("trio"))
+    try:
+        cluster.start_all()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def shared_trio(running_trio: SwcCluster) -> Iterator[SwcCluster]:
+    """The module's trio; the clients the test connected are closed after it (closed_since)."""
+    before = len(running_trio.clients)
+    try:
+        yield running_trio
+    finally:
+        closed_since(running_trio.clients, before, running_trio.nodes.values())
 
 
 def remote_subscribers(node: Node) -> int:
@@ -105,12 +155,12 @@ def remote_subscribers(node: Node) -> int:
     return int(status["remote_subscribers"])
 
 
-def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster) -> None:
-    sub_a = swc_trio.client("a", V5)
-    sub_c = swc_trio.client("c", V311)
+def test_nodes_join_through_a_seed_and_route_to_each_other(shared_trio: SwcCluster) -> None:
+    sub_a = shared_trio.client("a", V5)
+    sub_c = shared_trio.client("c", V311)
     subscribe_with_probe(sub_a, ("swc/exact", 1), ("swc/+/x", 1))
     subscribe_with_probe(sub_c, ("swc/#", 0))
-    pub_b = swc_trio.client("b", V5)
+    pub_b = shared_trio.client("b", V5)
     wait_routed(pub_b, sub_a)
     wait_routed(pub_b, sub_c)
     pub_b.publish("swc/exact", b"one", 1)
@@ -120,10 +170,10 @@ def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster)
         b"two",
     ]
     assert [sub_c.expect_message().payload for _ in range(2)] == [b"one", b"two"]
-    metrics = swc_trio.nodes["b"].metrics()  # the totals, and per group (labels dropped)
+    metrics = shared_trio.nodes["b"].metrics()  # the totals, and per group (labels dropped)
     assert metrics["swc_objects"] >= 5  # 3 members, 2 subscribers
     assert metrics["swc_exchanges"] > 0 and "swc_group_sync_age_seconds" in metrics
-    c = swc_trio.nodes["c"]  # a joiner: each group synced by its first exchange
+    c = shared_trio.nodes["c"]  # a joiner: each group synced by its first exchange
     status = eventually(
         lambda: (s := c.cluster_status())["swc"]["groups_synced"] == 10 and s,
         what="every group of c synced",
@@ -132,13 +182,13 @@ def test_nodes_join_through_a_seed_and_route_to_each_other(swc_trio: SwcCluster)
     assert status["swc"]["unreachable"] == []
 
 
-def test_a_shared_group_across_nodes_gets_each_message_once(swc_trio: SwcCluster) -> None:
+def test_a_shared_group_across_nodes_gets_each_message_once(shared_trio: SwcCluster) -> None:
     group = unique_id("g")
-    members = [swc_trio.client(name) for name in ("a", "c")]
+    members = [shared_trio.client(name) for name in ("a", "c")]
     for member in members:
         assert member.subscribe(f"$share/{group}/swc/shared", 1) == [1]
         subscribe_with_probe(member)
-    pub = swc_trio.client("b")
+    pub = shared_trio.client("b")
     for member in members:
         wait_routed(pub, member)
     for i in range(20):
@@ -155,47 +205,27 @@ def test_a_shared_group_across_nodes_gets_each_message_once(swc_trio: SwcCluster
     assert sorted(got) == sorted(b"%d" % i for i in range(20))
 
 
-def test_an_unsubscribe_removes_the_route_on_every_node(swc_trio: SwcCluster) -> None:
-    sub = swc_trio.client("a")
+def test_an_unsubscribe_removes_the_route_on_every_node(shared_trio: SwcCluster) -> None:
+    sub = shared_trio.client("a")
     subscribe_with_probe(sub, ("swc/gone", 1))
     for name in ("b", "c"):
-        eventually(lambda n=name: remote_subscribers(swc_trio.nodes[n]) >= 1, what=name)
+        eventually(lambda n=name: remote_subscribers(shared_trio.nodes[n]) >= 1, what=name)
     sub.unsubscribe("swc/gone")
     sub.unsubscribe(f"probe/{sub.client_id}")
     sub.disconnect()
     for name in ("b", "c"):
-        eventually(lambda n=name: remote_subscribers(swc_trio.nodes[n]) == 0, what=name)
+        eventually(lambda n=name: remote_subscribers(shared_trio.nodes[n]) == 0, what=name)
 
 
-def test_retained_set_on_one_node_and_cleared_on_another(swc_trio: SwcCluster) -> None:
+def test_retained_set_on_one_node_and_cleared_on_another(shared_trio: SwcCluster) -> None:
     topic = unique_id("swc/retained")
-    setter = swc_trio.client("a")
+    setter = shared_trio.client("a")
     setter.publish(topic, b"kept", 1, retain=True)
-    reader = swc_trio.client("c")
+    reader = shared_trio.client("c")
     seen = eventually(lambda: retained_seen(reader, topic), what="the retained message on c")
     assert seen.payload == b"kept"
-    swc_trio.client("b").publish(topic, b"", 1, retain=True)  # cleared on b
+    shared_trio.client("b").publish(topic, b"", 1, retain=True)  # cleared on b
     eventually(lambda: retained_seen(reader, topic) is None, what="cleared on c")
-
-
-def test_a_node_with_another_clusters_metadata_is_refused(tmp_path: Path) -> None:
-    cluster = SwcCluster(tmp_path)
-    try:
-        cluster.start("a")  # a cluster with history (an empty one would join z's)
-        cluster.client("a").publish("a/topic", b"a's", 1, retain=True)
-        lone = cluster.start("z")  # a cluster of its own, holding a retained message
-        cluster.client("z").publish("z/topic", b"z's", 1, retain=True)
-        lone.stop()  # its metadata is written before it exits
-        again = Node(
-            tmp_path / "z", "z", "", metadata="swc", seeds=[(HOST, cluster.nodes["a"].cluster_port)]
-        )
-        cluster.nodes["z"] = again
-        again.start()
-        again.wait_for_log(
-            r"not joining through seed .* holds metadata of another cluster", TIMEOUT
-        )
-    finally:
-        cluster.close()
 
 
 def cluster_command(node: ClusterNode, *args: str) -> subprocess.CompletedProcess[str]:
@@ -327,30 +357,16 @@ class ProxiedTrio(SwcCluster):
         self._peers["c"] = {n: from_c[n].address for n in "ab"}
         self._c_keys = c_keys
 
-    def start_all(self) -> None:
-        """a, then b and c joining through a (inside the test's try: close() stops
-        whatever started)."""
-        for name in "abc":
-            keys = self._c_keys if name == "c" else {}
-            self._node(name, self._peers[name], [] if name == "a" else ["a"], **keys)
-        for name, node in self.nodes.items():
-            node.wait_links([peer for peer in "abc" if peer != name])
-
-    def _node(
-        self, name: str, peers: dict[str, tuple[str, int]], seeds: list[str], **keys: str
-    ) -> None:
-        node = Node(
-            self.tmp_path / name,
-            name,
-            "",
-            metadata="swc",
-            cluster_port=self.ports[name],
-            peer_addresses=peers,
-            seeds=[(HOST, self.ports[seed]) for seed in seeds],
-            extra="".join(f"{key} = {value}\n" for key, value in keys.items()),
-        )
-        self.nodes[name] = node
-        node.start()
+    def node_keys(self, name: str) -> dict[str, Any]:
+        """Its fixed cluster port, its peers' addresses (proxies where c is one end),
+        and for c the [cluster] keys given. (start_all() inside the test's try: close()
+        stops whatever started.)"""
+        keys = self._c_keys if name == "c" else {}
+        return {
+            "cluster_port": self.ports[name],
+            "peer_addresses": self._peers[name],
+            "extra": "".join(f"{key} = {value}\n" for key, value in keys.items()),
+        }
 
     def cut(self) -> dict[str, int]:
         """Split c off; each node's log position before it (to wait for what follows)."""
@@ -457,16 +473,7 @@ def test_a_node_killed_and_restarted_keeps_what_it_sent_and_never_reuses_a_write
     wait_routed(swc_trio.client("a"), sub)  # a has every one of b's writes so far
     sub.close()
     b.kill()
-    restarted = Node(
-        b.directory,
-        "b",
-        "",
-        metadata="swc",
-        cluster_port=b.cluster_port,
-        seeds=[(HOST, a.cluster_port)],
-    )
-    swc_trio.nodes["b"] = restarted
-    restarted.start()
+    restarted = swc_trio.restart("b", "a")
     restarted.wait_links(["a", "c"])
     # a took b for a netsplit while it was down: it accepts clients once its link is back.
     eventually(lambda: a.cluster_status()["metadata"] == "ready", what="a reaches b again")
@@ -508,16 +515,7 @@ def test_a_session_that_moved_and_ended_while_its_node_was_down_stays_ended(
     ended.connect(clean=True)  # ends the session [MQTT-3.1.2-6]
     ended.close()
     eventually(lambda: not session_rows(a, client_id), what="the session ended on a")
-    restarted = Node(
-        b.directory,
-        "b",
-        "",
-        metadata="swc",
-        cluster_port=b.cluster_port,
-        seeds=[(HOST, a.cluster_port)],
-    )
-    swc_trio.nodes["b"] = restarted
-    restarted.start()
+    restarted = swc_trio.restart("b", "a")
     # Restored from b's store at its start, then dropped once b learns of the end.
     eventually(lambda: not session_rows(restarted, client_id), what="b dropped its copy")
     back = PahoClient(HOST, restarted.port, V311, client_id)
