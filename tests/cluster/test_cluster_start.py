@@ -127,7 +127,7 @@ class StartedTogether(SwcCluster):
         node = self.nodes[name]
         deadline = self.started_at + READY_WITHIN
         while True:
-            client = PahoClient(HOST, node.port, V311)
+            client = PahoClient(node.host, node.port, V311)
             result = client.connect(expect_code=None)
             if result.reason_code == ACCEPTED:
                 self.clients.append(client)
