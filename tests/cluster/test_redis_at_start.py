@@ -35,7 +35,14 @@ def start_node(directory: Path, redis_url: str, redis_keys: str = "") -> subproc
 
 
 def last_line(process: subprocess.Popen[str]) -> str:
-    _, stderr = process.communicate(timeout=START_LIMIT)
+    """The last line the node wrote, once it has ended (killed if it has not by
+    START_LIMIT: a start that hangs fails the test and leaves no process behind)."""
+    try:
+        _, stderr = process.communicate(timeout=START_LIMIT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
     assert "Traceback" not in stderr, stderr
     return stderr.strip().splitlines()[-1]
 
