@@ -89,6 +89,18 @@ class SwcCluster:
         node.start()
         return node
 
+    def offline_subscriber(self, node: str, prefix: str, topic: str, routed_from: str) -> str:
+        """A persistent client of `node` subscribed to `topic` (QoS 1), routed there from
+        `routed_from`, then disconnected; its client id."""
+        client_id = unique_id(prefix)
+        sub = PahoClient(HOST, self.nodes[node].port, V311, client_id)
+        self.clients.append(sub)
+        sub.connect(clean=False)
+        subscribe_with_probe(sub, (topic, 1))
+        wait_routed(self.client(routed_from), sub)
+        sub.close()
+        return client_id
+
     def node_keys(self, name: str) -> dict[str, Any]:
         """More of Node's keys for node `name` (a subclass's: where it runs, say)."""
         return {}
@@ -249,13 +261,7 @@ def members(node: Node) -> list[str]:
 
 def test_a_dead_member_removed_by_leave_has_its_sessions_taken_over(swc_trio: SwcCluster) -> None:
     a, b, c = (swc_trio.nodes[name] for name in "abc")
-    client_id = unique_id("kept")
-    sub = PahoClient(HOST, c.port, V311, client_id)
-    swc_trio.clients.append(sub)
-    sub.connect(clean=False)
-    subscribe_with_probe(sub, ("left/t", 1))
-    wait_routed(swc_trio.client("b"), sub)
-    sub.close()
+    client_id = swc_trio.offline_subscriber("c", "kept", "left/t", routed_from="b")
     c.kill()  # a crash: its members still list it, its link retries
     result = cluster_command(a, "leave", "c")
     assert result.returncode == 0, result.stderr
@@ -498,13 +504,7 @@ def test_a_session_that_moved_and_ended_while_its_node_was_down_stays_ended(
     learns of the end: it drops the copy instead of writing it back (it used to: the
     session came back to life on b, with its subscriptions routed there)."""
     a, b = swc_trio.nodes["a"], swc_trio.nodes["b"]
-    client_id = unique_id("moved")
-    sub = PahoClient(HOST, b.port, V311, client_id)
-    swc_trio.clients.append(sub)
-    sub.connect(clean=False)
-    subscribe_with_probe(sub, ("moved/t", 1))
-    wait_routed(swc_trio.client("a"), sub)
-    sub.close()
+    client_id = swc_trio.offline_subscriber("b", "moved", "moved/t", routed_from="a")
     assert b.stop() == 0
     moved = PahoClient(HOST, a.port, V311, client_id)
     swc_trio.clients.append(moved)
