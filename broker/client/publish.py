@@ -58,11 +58,6 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
     client = engine.client
     ingress = host.ingress
     host.metrics.mqtt_publish_received += 1
-    closed = ingress.closed_for(packet.qos)
-    if closed is NETSPLIT:
-        # As VerneMQ: QoS 0 is dropped, QoS 1/2 get no acknowledgement, so the client
-        # sends them again.
-        return None
     if client.max_message_rate:
         engine.count_rate()
     properties = packet.properties  # empty below MQTT 5: the checks on them cost nothing
@@ -86,6 +81,13 @@ def on_publish(engine: ClientEngine, packet: Publish) -> None:
         if packet.qos:
             ack = PubAck if packet.qos == 1 else PubRec
             return engine.outlet.send(ack(_packet_id(packet), ReasonCode.PAYLOAD_FORMAT_INVALID))
+        return None
+    # Admission comes after the rules of the connection: a message dropped in a netsplit
+    # still sets the topic alias it carries, which the client's next ones use.
+    closed = ingress.closed_for(packet.qos)
+    if closed is NETSPLIT:
+        # As VerneMQ: QoS 0 is dropped, QoS 1/2 get no acknowledgement, so the client
+        # sends them again.
         return None
     if closed is UNSTORABLE:
         return _refuse_unstorable(engine, packet)

@@ -26,7 +26,7 @@ from broker.flow import FlowControl
 from broker.hook_callers import HookCallers
 from broker.ingress import Ingress
 from broker.metrics import Metrics
-from broker.peers import ALONE, ClientOwnership
+from broker.peers import ALONE, Alone, ClientOwnership
 from broker.protocol import (
     MAX_PACKET_SIZE,
     ConnAck,
@@ -261,6 +261,29 @@ def test_a_qos1_publish_is_delivered_then_acknowledged_as_a_promise():
     assert (delivered.topic, delivered.payload, delivered.qos) == ("t/x", b"hello", 1)
     assert pub.received() == [PubAck(7)]
     assert pub.outlet.acks == 1  # through acknowledge: the writer keeps it for the store
+
+
+class Netsplit(Alone):
+    """A node cut off from its cluster, with allow_publish_during_netsplit off."""
+
+    split = True
+
+    def refuses(self, action: str) -> str:  # type: ignore[override]
+        return f"{action}: netsplit"
+
+
+def test_a_publish_dropped_in_a_netsplit_still_sets_its_topic_alias():
+    broker = make_broker()
+    sub = connected(broker, "sub")
+    sub.send(Subscribe(1, [Subscription("t", 0)]))
+    assert sub.received() == [SubAck(1, [0])]
+    pub = connected(broker, "pub", V5)
+    broker.ingress.routing.peers = Netsplit()
+    pub.send(Publish("t", b"dropped", 0, properties={Property.TOPIC_ALIAS: 1}))
+    broker.ingress.routing.peers = ALONE  # the netsplit heals
+    pub.send(Publish("", b"by alias", 0, properties={Property.TOPIC_ALIAS: 1}))
+    assert pub.received() == []  # no protocol error: the alias was set
+    assert [(p.topic, p.payload) for p in sub.received()] == [("t", b"by alias")]
 
 
 def test_mqtt5_close_tells_the_client_why_before_the_socket_closes():
