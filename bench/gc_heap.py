@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import json
+import sys
 import tempfile
 import time
 from typing import Any
@@ -115,11 +116,17 @@ async def measure(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     result: dict[str, Any] = {"sessions": args.sessions, "old_gc": args.old_gc}
     try:
         started = time.monotonic()
+        blocks = sys.getallocatedblocks()
+        held = len(broker.registry)
         for first in range(0, args.sessions, BATCH):
             batch = range(first, min(first + BATCH, args.sessions))
             await asyncio.gather(*(hold(broker, backend, f"held-{i}") for i in batch))
         result["made_per_s"] = round(args.sessions / (time.monotonic() - started))
         result["grow"] = passes.phase()
+        # The allocator's blocks per session held (broker/collector.py's BLOCKS_PER_HELD
+        # must be above it: more would make its look walk the frozen set for nothing).
+        grown = max(len(broker.registry) - held, 1)
+        result["blocks_per_session"] = round((sys.getallocatedblocks() - blocks) / grown, 1)
         for first in range(0, args.churn, BATCH):
             batch = range(first, min(first + BATCH, args.churn))
             await asyncio.gather(*(come_and_go(broker, backend, f"churn-{i}") for i in batch))

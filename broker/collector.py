@@ -10,17 +10,23 @@ netsplit). So nothing long-lived stays where a collection walks it:
 - **Frozen after every full collection.** What survives a full pass is reachable, so it
   goes into the permanent generation (`gc.freeze()`), which no later pass walks. Full
   passes then walk only what came since the last one, and the thresholds below make
-  them come every ~100,000 objects of growth: about 0.1 s at most, at any size.
+  them come every ~50,000 objects of growth: about 0.05 s, at any size.
 - **Frozen after start-up and bulk loads.** The restored store, the metadata loaded from
   disk, a joining node's copy of the cluster's metadata (broker/cluster/swc/service.py).
 - **Garbage among frozen objects.** A frozen object that later ends in a reference cycle
   (a connection that closes, a session that ends) is never collected while frozen.
-  Every CHECK_INTERVAL the frozen set is compared with what the node holds (sessions,
-  connections, metadata keys): once it has grown to twice what that explains
-  (OBJECTS_PER_HELD for each thing held since the last whole pass), the collector
-  unfreezes, collects everything and freezes again. That pass is as long as the heap is
-  big (the pause this module otherwise avoids), so it comes only when unreachable cycles
-  are about as large as the live state: memory stays within ~2x of what is held.
+  Every CHECK_INTERVAL the collector looks at the memory the allocator holds
+  (`sys.getallocatedblocks()`, a few ms at any size): while it is less than twice what
+  the node's state explains (BLOCKS_PER_HELD for each thing it holds more: sessions,
+  connections, metadata keys), nothing else is done. Past that, the frozen set is
+  counted (a walk over every frozen object: ~2 s at a million sessions, so not every
+  CHECK_INTERVAL, as it was) and compared with what the node holds: if it has grown to
+  twice what that explains (OBJECTS_PER_HELD for each thing held since the last whole
+  pass), the collector unfreezes, collects everything and freezes again. That pass is
+  as long as the heap is big (the pause this module otherwise avoids), so it comes only
+  when unreachable cycles are about as large as the live state: memory stays within ~2x
+  of what is held. If the frozen set explains nothing (the memory went to queues, say),
+  the memory as it is now is the new base: it is counted again only once that doubles.
 
 Every pass is timed (gc.callbacks): `gc_collections` counts them, `gc_pause_seconds_max`
 is the longest, and a pause of LONG_PAUSE or more logs one WARNING per episode.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,9 +47,10 @@ from broker.metrics import Metrics
 log = logging.getLogger("nautilus")
 
 # Young passes every 10,000 allocations (a pass every 700 walked the hot path's
-# short-lived objects for nothing: reference counting frees them), a middle pass every 5
-# young ones, a full pass every 2 middle ones: none walks more than ~100,000 objects.
-GC_THRESHOLDS = (10_000, 5, 1)
+# short-lived objects for nothing: reference counting frees them), a middle pass every 2
+# young ones, a full pass every 2 middle ones: none walks more than ~60,000 objects
+# (at ~1 us each: a full pass every 5 young ones, 120,000 objects, took up to 0.16 s).
+GC_THRESHOLDS = (10_000, 1, 1)
 LONG_PAUSE = 1.0  # seconds: a pause this long is logged (another node may take it for dead)
 EPISODE_GAP = 60.0  # seconds without a long pause: the next one starts a new episode
 CHECK_INTERVAL = 60.0  # seconds between looks at the frozen set's growth
@@ -50,6 +58,10 @@ CHECK_INTERVAL = 60.0  # seconds between looks at the frozen set's growth
 # (its connection, engine, writer, session...), an offline session's ~12, a key of the
 # leaderless metadata's ~5.
 OBJECTS_PER_HELD = 25
+# Allocator blocks a thing the node holds may account for: its tracked objects and the
+# strings, numbers and buffers they hold (an offline session: 25, `python -m
+# bench.gc_heap`; a connected client more).
+BLOCKS_PER_HELD = 100
 GROWTH_LIMIT = 2.0  # the frozen set this many times what is held explains: a whole pass
 
 
@@ -63,18 +75,25 @@ class Collector:
         metrics: Metrics,
         held: Callable[[], int],
         long_pause: float = LONG_PAUSE,
+        allocated: Callable[[], int] = sys.getallocatedblocks,
     ) -> None:
         self.loop = loop
         self.metrics = metrics
         self.held = held
         self.long_pause = long_pause
+        self.allocated = allocated  # the allocator's blocks in use
         self.pause_max = 0.0  # seconds, the longest pause since start
         self._began = 0.0
         self._last_long = float("-inf")  # when the last long pause ended (monotonic)
         # What the last whole pass left frozen, and what the node held then.
         self._frozen_base = 0
         self._held_base = 0
-        # Counted at each look (counting walks every frozen object: not at each $SYS round).
+        # The allocator's blocks when the frozen set was last counted, and what the node
+        # held then: the frozen set is counted again once they have doubled.
+        self._blocks_base = 0
+        self._blocks_held = 0
+        # As of the last count (counting walks every frozen object: done only when the
+        # memory grew past what is held, not at each $SYS round or look).
         self.frozen = 0
         self._thresholds = gc.get_threshold()
         self._check: asyncio.TimerHandle | None = None
@@ -136,27 +155,39 @@ class Collector:
     def _rebase(self) -> None:
         self._frozen_base = self.frozen = gc.get_freeze_count()
         self._held_base = self.held()
+        self._rebase_blocks(self._held_base)
+
+    def _rebase_blocks(self, held: int) -> None:
+        self._blocks_base = self.allocated()
+        self._blocks_held = held
 
     def _tick(self) -> None:
         self._check = self.loop.call_later(CHECK_INTERVAL, self._tick)
         self.look()
 
     def look(self) -> bool:
-        """Every CHECK_INTERVAL: a whole pass if the frozen set grew past what the
-        node's state explains (garbage among frozen objects, see above). Whether it
-        made one."""
+        """Every CHECK_INTERVAL: a whole pass if the memory and then the frozen set grew
+        past what the node's state explains (garbage among frozen objects, see above).
+        Whether it made one."""
+        held = self.held()
+        blocks = self.allocated()
+        if blocks <= GROWTH_LIMIT * (
+            self._blocks_base + BLOCKS_PER_HELD * max(0, held - self._blocks_held)
+        ):
+            return False  # nothing to explain: the frozen set is not walked
         frozen = self.frozen = gc.get_freeze_count()
-        explained = self._frozen_base + OBJECTS_PER_HELD * max(0, self.held() - self._held_base)
-        if frozen > GROWTH_LIMIT * explained:
-            log.info(
-                "garbage collection: %d objects frozen, %.1fx what the node holds "
-                "explains: collecting them all once",
-                frozen,
-                frozen / max(explained, 1),
-            )
-            self.collect_all()
-            return True
-        return False
+        explained = self._frozen_base + OBJECTS_PER_HELD * max(0, held - self._held_base)
+        if frozen <= GROWTH_LIMIT * explained:
+            self._rebase_blocks(held)  # the memory went elsewhere: counted again at 2x
+            return False
+        log.info(
+            "garbage collection: %d objects frozen, %.1fx what the node holds "
+            "explains: collecting them all once",
+            frozen,
+            frozen / max(explained, 1),
+        )
+        self.collect_all()
+        return True
 
     def collect_all(self) -> int:
         """Unfreeze, collect everything and freeze what survived (a pause as long as

@@ -79,7 +79,7 @@ HELP = {
     "retain_messages": "retained messages, counting retained $SYS ones",
     "cluster_messages_at_risk": "messages this node holds only in memory (clean sessions' queues and in-flight windows; every session's with the memory store), which a kill would lose; counted every liveness_interval, less often with very many sessions",
     "gc_pause_seconds_max": "the longest pause a garbage collection made since start-up, in seconds",
-    "gc_frozen_objects": "objects frozen out of the garbage collector's passes (what start-up loaded and what survived a full pass), counted every 60 s",
+    "gc_frozen_objects": "objects frozen out of the garbage collector's passes (what start-up loaded and what survived a full pass), as of the last count (at start, after a whole pass, when the memory doubled)",
     "swc_objects": 'metadata = "swc": keys this node holds (members, subscribers, retained messages), over every group',
     "swc_tombstones": "deletes still remembered, until every member has them",
     "swc_dotkeymap_entries": "writes not yet known to every member",

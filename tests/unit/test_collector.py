@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -29,13 +30,17 @@ class Cycle:
 
 @pytest.fixture
 def make_collector() -> Iterator[Callable[..., Collector]]:
-    """make_collector(held=..., long_pause=...) -> a started Collector on a loop of its
-    own; stopped, and every object unfrozen again, after the test."""
+    """make_collector(held=..., long_pause=..., allocated=...) -> a started Collector on a
+    loop of its own; stopped, and every object unfrozen again, after the test."""
     loop = asyncio.new_event_loop()
     made: list[Collector] = []
 
-    def make(held: Callable[[], int] = lambda: 0, long_pause: float = 1.0) -> Collector:
-        collector = Collector(loop, Metrics(), held, long_pause)
+    def make(
+        held: Callable[[], int] = lambda: 0,
+        long_pause: float = 1.0,
+        allocated: Callable[[], int] = sys.getallocatedblocks,
+    ) -> Collector:
+        collector = Collector(loop, Metrics(), held, long_pause, allocated)
         collector.start()
         collector.started()
         made.append(collector)
@@ -79,7 +84,8 @@ def test_a_long_pause_is_logged_once_per_episode(make_collector, caplog):
 
 def test_garbage_among_frozen_objects_goes_once_it_outgrows_what_is_held(make_collector):
     held = [0]
-    collector = make_collector(held=lambda: held[0])
+    blocks = [1000]  # the allocator's blocks in use, as the test says they are
+    collector = make_collector(held=lambda: held[0], allocated=lambda: blocks[0])
     # Twice the frozen set in new tracked objects: even if some of what was frozen is
     # freed meanwhile (reference counting frees frozen objects too), the set outgrows
     # twice its base.
@@ -89,10 +95,33 @@ def test_garbage_among_frozen_objects_goes_once_it_outgrows_what_is_held(make_co
     del cycles  # now garbage that no pass walks
     gc.collect()
     assert probe() is not None
-    held[0] = 10**9  # a node holding that much explains it all
+    counted = collector.frozen
+    assert not collector.look()  # the memory did not grow: the frozen set is not walked
+    assert collector.frozen == counted
+    blocks[0] = 3000  # it grew...
+    held[0] = 10**9  # ...but a node holding that much explains it all
     assert not collector.look()
     assert probe() is not None
-    held[0] = 0  # nothing held explains it: unfreeze, collect, freeze
-    assert collector.look()
+    held[0] = 0  # nothing held explains it: the frozen set is counted, and it grew
+    blocks[0] = 7000  # (twice what the last count left as the base)
+    assert collector.look()  # so: unfreeze, collect, freeze
     assert probe() is None
     assert not collector.look()  # the next look starts from what that pass left
+
+
+def test_memory_that_went_elsewhere_is_counted_again_only_once_it_doubles(make_collector):
+    blocks = [1000]
+    collector = make_collector(allocated=lambda: blocks[0])
+    kept = [Cycle() for _ in range(1000)]
+    gc.collect()  # frozen: a walk would count them, a look without one would not
+    blocks[0] = 2500  # past twice the base, and the frozen set explains none of it
+    assert not collector.look()  # walked (counted), and nothing to collect
+    assert collector.frozen == gc.get_freeze_count()
+    kept += [Cycle() for _ in range(1000)]
+    gc.collect()
+    blocks[0] = 4900  # less than twice the memory the last count left as its base
+    assert not collector.look()
+    assert collector.frozen < gc.get_freeze_count()  # not walked
+    blocks[0] = 5100  # twice: walked again
+    assert not collector.look()
+    assert collector.frozen == gc.get_freeze_count()
