@@ -58,6 +58,7 @@ SWITCHES = "".join(
 )
 READY_TIMEOUT = 30.0
 CONVERGE_TIMEOUT = 300.0
+ATTEMPTS = 3  # tries to make one subscriber (make_subscribers)
 
 
 class SwcNode(Node):
@@ -165,16 +166,31 @@ def _make_part(
 async def _make(
     port: int, first: int, last: int, concurrency: int, prefix: str, persistent: bool
 ) -> None:
-    gate = asyncio.Semaphore(concurrency)
+    """`concurrency` workers taking the numbers in turn: not a task per subscriber, whose
+    cancelling (after one failure) took a generator's core for half an hour at 500,000."""
+    numbers = iter(range(first, last))
 
-    async def one(i: int) -> None:
-        async with gate:
-            client = await open_client(HOST, port, f"{prefix}-{i}", clean_session=not persistent)
-            await subscribe(client, f"{prefix}/{i}", 1)
-            client.transport.write(b"\xe0\x00")  # DISCONNECT
-            client.transport.close()
+    async def worker() -> None:
+        for i in numbers:
+            await _make_one(port, f"{prefix}-{i}", f"{prefix}/{i}", persistent)
 
-    await asyncio.gather(*(one(i) for i in range(first, last)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _make_one(port: int, client_id: str, topic_filter: str, persistent: bool) -> None:
+    """One subscriber made (CONNECT, SUBSCRIBE, DISCONNECT), tried again up to ATTEMPTS
+    times: a connect that times out on a loaded machine does not end the run."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            client = await open_client(HOST, port, client_id, clean_session=not persistent)
+            await subscribe(client, topic_filter, 1)
+        except (OSError, TimeoutError) as exc:
+            if attempt == ATTEMPTS:
+                raise RuntimeError(f"{client_id}: {ATTEMPTS} attempts failed: {exc!r}") from exc
+            continue
+        client.transport.write(b"\xe0\x00")  # DISCONNECT
+        client.transport.close()
+        return
 
 
 async def generator_ceiling(args: argparse.Namespace) -> int:
